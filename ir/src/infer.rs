@@ -1,0 +1,311 @@
+//! Shape and dtype inference: the one place that decides whether an op is legal on its
+//! operands and what it produces. Graph construction, the frontend and the verifier all
+//! call [`infer`], so they cannot disagree.
+
+use crate::dtype::DType;
+use crate::error::{IntList, IrError, TensorType};
+use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp, ViewOp};
+use crate::shape::Shape;
+
+const CAST_FIRST: &str = "bool has no arithmetic; cast it to a number first";
+
+/// The result type of `op` applied to operands of the given types.
+pub fn infer(op: &Op, operands: &[TensorType]) -> Result<TensorType, IrError> {
+    let name = op.name();
+    if operands.len() != op.arity() {
+        return Err(IrError::Arity {
+            op: name,
+            expected: op.arity(),
+            got: operands.len(),
+        });
+    }
+    match op {
+        Op::Input { .. } | Op::Const { .. } => Err(IrError::NotInferable { op: name }),
+        Op::Unary(u) => infer_unary(*u, &operands[0]),
+        Op::Binary(b) => infer_binary(*b, &operands[0], &operands[1]),
+        Op::Where => {
+            let (c, a, b) = (&operands[0], &operands[1], &operands[2]);
+            if c.dtype != DType::Bool {
+                return Err(IrError::BadDType {
+                    op: name,
+                    operand: c.clone(),
+                    why: "the condition must be bool (compare, or cast to bool)",
+                });
+            }
+            same_shape(name, c, a)?;
+            same_shape(name, a, b)?;
+            same_dtype(name, a, b)?;
+            Ok(a.clone())
+        }
+        Op::Cast { to } => Ok(TensorType {
+            dtype: *to,
+            shape: operands[0].shape.clone(),
+        }),
+        Op::Reduce { op: r, axes, keepdims } => infer_reduce(*r, axes, *keepdims, &operands[0]),
+        Op::ArgReduce { op: r, axis, keepdims } => {
+            let x = &operands[0];
+            check_axes(r.name(), &[*axis], x)?;
+            check_nonempty(r.name(), &[*axis], x)?;
+            Ok(TensorType {
+                dtype: DType::I64,
+                shape: reduced_shape(&x.shape, &[*axis], *keepdims),
+            })
+        }
+        Op::View(v) => infer_view(v, &operands[0]),
+    }
+}
+
+fn infer_unary(u: UnaryOp, x: &TensorType) -> Result<TensorType, IrError> {
+    let bad = |why| {
+        Err(IrError::BadDType {
+            op: u.name(),
+            operand: x.clone(),
+            why,
+        })
+    };
+    match (u, x.dtype) {
+        (UnaryOp::Not, DType::Bool) => Ok(x.clone()),
+        (UnaryOp::Not, _) => bad("`not` takes bool; compare with 0 first"),
+        (_, DType::Bool) => bad(CAST_FIRST),
+        (_, d) if u.is_float_only() && !d.is_float() => {
+            bad("defined on floats only; cast the integer operand to a float dtype first")
+        }
+        _ => Ok(x.clone()),
+    }
+}
+
+fn infer_binary(b: BinaryOp, x: &TensorType, y: &TensorType) -> Result<TensorType, IrError> {
+    let name = b.name();
+    same_shape(name, x, y)?;
+    same_dtype(name, x, y)?;
+    let bad = |why| {
+        Err(IrError::BadDType {
+            op: name,
+            operand: x.clone(),
+            why,
+        })
+    };
+    if b.is_logical() {
+        return if x.dtype == DType::Bool {
+            Ok(x.clone())
+        } else {
+            bad("logical ops take bool operands; compare first")
+        };
+    }
+    if b.is_comparison() {
+        return Ok(TensorType {
+            dtype: DType::Bool,
+            shape: x.shape.clone(),
+        });
+    }
+    match (b, x.dtype) {
+        (_, DType::Bool) => bad(CAST_FIRST),
+        (BinaryOp::Div, d) if d.is_int() => {
+            bad("`/` is true division; cast integer operands to a float dtype first")
+        }
+        _ => Ok(x.clone()),
+    }
+}
+
+fn infer_reduce(
+    r: ReduceOp,
+    axes: &[usize],
+    keepdims: bool,
+    x: &TensorType,
+) -> Result<TensorType, IrError> {
+    let name = r.name();
+    check_axes(name, axes, x)?;
+    if r.needs_nonempty() {
+        check_nonempty(name, axes, x)?;
+    }
+    let dtype = match (r, x.dtype) {
+        (_, DType::Bool) => {
+            return Err(IrError::BadDType {
+                op: name,
+                operand: x.clone(),
+                why: CAST_FIRST,
+            })
+        }
+        // numpy accumulates integer sums and products in the platform integer (i64).
+        (ReduceOp::Sum | ReduceOp::Prod, d) if d.is_int() => DType::I64,
+        (ReduceOp::Max | ReduceOp::Min | ReduceOp::Sum | ReduceOp::Prod, d) => d,
+        (_, d) if d.is_float() => d,
+        _ => {
+            return Err(IrError::BadDType {
+                op: name,
+                operand: x.clone(),
+                why: "float-valued reduction; cast the integer operand to a float dtype first",
+            })
+        }
+    };
+    Ok(TensorType {
+        dtype,
+        shape: reduced_shape(&x.shape, axes, keepdims),
+    })
+}
+
+fn infer_view(v: &ViewOp, x: &TensorType) -> Result<TensorType, IrError> {
+    let rank = x.shape.rank();
+    let shape = match v {
+        ViewOp::Reshape(to) => {
+            if to.numel() != x.shape.numel() {
+                return Err(IrError::Reshape {
+                    from: x.clone(),
+                    to: IntList(to.dims().iter().map(|&d| d as i64).collect()),
+                    why: "element counts differ",
+                });
+            }
+            to.clone()
+        }
+        ViewOp::Permute(perm) => {
+            let mut seen = vec![false; rank];
+            let ok = perm.len() == rank
+                && perm
+                    .iter()
+                    .all(|&p| p < rank && !std::mem::replace(&mut seen[p], true));
+            if !ok {
+                return Err(IrError::BadPermutation {
+                    perm: IntList(perm.iter().map(|&p| p as i64).collect()),
+                    operand: x.clone(),
+                });
+            }
+            Shape(perm.iter().map(|&p| x.shape.dims()[p]).collect())
+        }
+        ViewOp::Slice(slices) => {
+            let bad = |why: String| IrError::BadSlice {
+                why,
+                operand: x.clone(),
+            };
+            if slices.len() != rank {
+                return Err(bad(format!("{} slices given for {rank} axes", slices.len())));
+            }
+            for (axis, (s, &dim)) in slices.iter().zip(x.shape.dims()).enumerate() {
+                if s.step == 0 {
+                    return Err(bad(format!("step 0 on axis {axis}")));
+                }
+                let last = s.start + (s.len as i64 - 1) * s.step;
+                let inside = |i: i64| (0..dim as i64).contains(&i);
+                if s.len > 0 && !(inside(s.start) && inside(last)) {
+                    return Err(bad(format!("{s} leaves axis {axis} of extent {dim}")));
+                }
+            }
+            Shape(slices.iter().map(|s| s.len).collect())
+        }
+        ViewOp::BroadcastTo(to) => {
+            if !x.shape.broadcasts_to(to) {
+                return Err(IrError::BroadcastTo {
+                    operand: x.clone(),
+                    to: to.clone(),
+                });
+            }
+            to.clone()
+        }
+        ViewOp::ExpandDims(axis) => {
+            if *axis > rank {
+                return Err(IrError::AxisOutOfRange {
+                    op: "expand_dims",
+                    axis: *axis as i64,
+                    operand: x.clone(),
+                });
+            }
+            let mut d = x.shape.dims().to_vec();
+            d.insert(*axis, 1);
+            Shape(d)
+        }
+        ViewOp::Squeeze(axes) => {
+            check_axes("squeeze", axes, x)?;
+            if let Some(&axis) = axes.iter().find(|&&a| x.shape.dims()[a] != 1) {
+                return Err(IrError::SqueezeNotOne {
+                    axis,
+                    operand: x.clone(),
+                });
+            }
+            Shape(
+                (0..rank)
+                    .filter(|i| !axes.contains(i))
+                    .map(|i| x.shape.dims()[i])
+                    .collect(),
+            )
+        }
+    };
+    Ok(TensorType {
+        dtype: x.dtype,
+        shape,
+    })
+}
+
+/// Axes must be in range, sorted and unique (the frontend normalises user axes).
+fn check_axes(op: &'static str, axes: &[usize], x: &TensorType) -> Result<(), IrError> {
+    for (i, &a) in axes.iter().enumerate() {
+        if a >= x.shape.rank() {
+            return Err(IrError::AxisOutOfRange {
+                op,
+                axis: a as i64,
+                operand: x.clone(),
+            });
+        }
+        if i > 0 && axes[i - 1] >= a {
+            return Err(IrError::DuplicateAxis {
+                op,
+                axis: a,
+                operand: x.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A reduction without identity over zero elements is an error unless the result is
+/// itself empty (numpy: `zeros((0,3)).max(axis=1)` is fine, `.max(axis=0)` is not).
+fn check_nonempty(op: &'static str, axes: &[usize], x: &TensorType) -> Result<(), IrError> {
+    let reduced: usize = axes.iter().map(|&a| x.shape.dims()[a]).product();
+    let kept = reduced_shape(&x.shape, axes, false).numel();
+    if reduced == 0 && kept > 0 {
+        return Err(IrError::EmptyReduction {
+            op,
+            operand: x.clone(),
+            axes: axes.to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// The shape after reducing `axes`, with them kept as 1s or dropped.
+pub fn reduced_shape(shape: &Shape, axes: &[usize], keepdims: bool) -> Shape {
+    Shape(
+        shape
+            .dims()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
+                (false, _) => Some(d),
+                (true, true) => Some(1),
+                (true, false) => None,
+            })
+            .collect(),
+    )
+}
+
+fn same_shape(op: &'static str, a: &TensorType, b: &TensorType) -> Result<(), IrError> {
+    if a.shape == b.shape {
+        Ok(())
+    } else {
+        Err(IrError::ShapeMismatch {
+            op,
+            lhs: a.clone(),
+            rhs: b.clone(),
+        })
+    }
+}
+
+fn same_dtype(op: &'static str, a: &TensorType, b: &TensorType) -> Result<(), IrError> {
+    if a.dtype == b.dtype {
+        Ok(())
+    } else {
+        Err(IrError::DTypeMismatch {
+            op,
+            lhs: a.clone(),
+            rhs: b.clone(),
+        })
+    }
+}

@@ -1,0 +1,32 @@
+//! # ndfuse-ir
+//!
+//! The intermediate representation every other ndfuse crate speaks: element types and
+//! promotion ([`DType`]), shapes and zero-copy views ([`Shape`], [`View`]), the one closed
+//! op enum ([`Op`]), the graph on petgraph ([`Graph`]) with shape/dtype inference
+//! ([`infer()`]), a verifier that reports every problem ([`verify()`]), a stable text
+//! printer and Graphviz output, the kernel description handed from passes to codegens
+//! ([`Kernel`]), and the f64 reference interpreter ([`interp`]) that every backend is
+//! tested against.
+
+pub mod array;
+pub mod dtype;
+pub mod error;
+pub mod graph;
+pub mod infer;
+pub mod interp;
+pub mod kernel;
+pub mod op;
+mod print;
+pub mod round;
+pub mod shape;
+pub mod verify;
+
+pub use array::{Element, HostArray, Storage};
+pub use dtype::{DKind, DType, Scalar};
+pub use error::{IntList, IrError, TensorType};
+pub use graph::{Graph, NodeId, Slot};
+pub use infer::{infer, reduced_shape};
+pub use kernel::{Buffer, Expr, Instr, Kernel, Plan, Store, ValueId};
+pub use op::{ArgReduceOp, BinaryOp, Node, Op, ReduceOp, UnaryOp, ViewOp};
+pub use shape::{AxisSlice, Shape, View};
+pub use verify::{verify, VerifyError, VerifyErrors};

@@ -1,0 +1,432 @@
+//! The one closed set of operations a graph node can hold, grouped in ND4J's families
+//! (transform, pairwise, reduce, index reduce, views, cast), with predicates that passes
+//! and codegens use instead of downcasting.
+//!
+//! Element-wise ops take operands of one identical shape: numpy broadcasting is made
+//! explicit by the frontend with `broadcast_to` views, as XLA does, so that every later
+//! stage sees the broadcast and can fold it into an index map.
+
+use crate::dtype::{DType, Scalar};
+use crate::shape::{AxisSlice, Shape};
+
+/// Unary element-wise ops (ND4J's "transform" family).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnaryOp {
+    /// `-x`
+    Neg,
+    /// `|x|`
+    Abs,
+    /// -1, 0 or 1 with the sign of x; `sign(±0) = ±0`, `sign(NaN) = NaN`.
+    Sign,
+    /// `e^x`
+    Exp,
+    /// natural log; `log(0) = -inf`, `log(x<0) = NaN`.
+    Log,
+    /// `log(1 + x)`, accurate near 0.
+    Log1p,
+    /// `e^x - 1`, accurate near 0.
+    Expm1,
+    /// square root; `sqrt(-0) = -0`.
+    Sqrt,
+    /// `1 / sqrt(x)`
+    Rsqrt,
+    /// `x * x`
+    Square,
+    /// `1 / x`
+    Recip,
+    /// sine
+    Sin,
+    /// cosine
+    Cos,
+    /// hyperbolic tangent
+    Tanh,
+    /// `1 / (1 + e^-x)`
+    Sigmoid,
+    /// `maximum(x, 0)`: `relu(NaN) = NaN`, `relu(-0) = +0`.
+    Relu,
+    /// the error function
+    Erf,
+    /// round toward -inf
+    Floor,
+    /// round toward +inf
+    Ceil,
+    /// round half to even (numpy's `round`)
+    Round,
+    /// logical not (bool only)
+    Not,
+}
+
+impl UnaryOp {
+    /// Every unary op.
+    pub const ALL: [UnaryOp; 21] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Sign,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Log1p,
+        UnaryOp::Expm1,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Square,
+        UnaryOp::Recip,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::Erf,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Round,
+        UnaryOp::Not,
+    ];
+
+    /// The name used in IR dumps and kernel names.
+    pub const fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Log1p => "log1p",
+            UnaryOp::Expm1 => "expm1",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Square => "square",
+            UnaryOp::Recip => "recip",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Floor => "floor",
+            UnaryOp::Ceil => "ceil",
+            UnaryOp::Round => "round",
+            UnaryOp::Not => "not",
+        }
+    }
+
+    /// Whether the op is only defined on floats. The frontend casts integer operands
+    /// to f64 first, as numpy does (`np.exp(np.int32(1)).dtype == float64`); neg, abs,
+    /// sign, square and relu keep integer dtypes, and `not` takes bool.
+    pub const fn is_float_only(self) -> bool {
+        !matches!(
+            self,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Square | UnaryOp::Relu | UnaryOp::Not
+        )
+    }
+}
+
+/// Binary element-wise ops (ND4J's "pairwise", "scalar" and "broadcast" families: a
+/// scalar operand is a constant node, a broadcast operand a `broadcast_to` view).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BinaryOp {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a * b`
+    Mul,
+    /// true division `a / b` (ints promote to f64, as numpy's `/`).
+    Div,
+    /// `a ** b`
+    Pow,
+    /// `maximum(a, b)`, NaN-propagating, `+0 > -0`.
+    Max,
+    /// `minimum(a, b)`, NaN-propagating, `-0 < +0`.
+    Min,
+    /// `a == b` -> bool
+    Eq,
+    /// `a != b` -> bool
+    Ne,
+    /// `a < b` -> bool
+    Lt,
+    /// `a <= b` -> bool
+    Le,
+    /// `a > b` -> bool
+    Gt,
+    /// `a >= b` -> bool
+    Ge,
+    /// logical and (bool only)
+    And,
+    /// logical or (bool only)
+    Or,
+}
+
+impl BinaryOp {
+    /// Every binary op.
+    pub const ALL: [BinaryOp; 15] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::Eq,
+        BinaryOp::Ne,
+        BinaryOp::Lt,
+        BinaryOp::Le,
+        BinaryOp::Gt,
+        BinaryOp::Ge,
+        BinaryOp::And,
+        BinaryOp::Or,
+    ];
+
+    /// The name used in IR dumps and kernel names.
+    pub const fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Max => "max",
+            BinaryOp::Min => "min",
+            BinaryOp::Eq => "eq",
+            BinaryOp::Ne => "ne",
+            BinaryOp::Lt => "lt",
+            BinaryOp::Le => "le",
+            BinaryOp::Gt => "gt",
+            BinaryOp::Ge => "ge",
+            BinaryOp::And => "and",
+            BinaryOp::Or => "or",
+        }
+    }
+
+    /// Comparisons return bool.
+    pub const fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
+        )
+    }
+
+    /// Logical ops take and return bool.
+    pub const fn is_logical(self) -> bool {
+        matches!(self, BinaryOp::And | BinaryOp::Or)
+    }
+}
+
+/// Reductions over a set of axes (ND4J's "reduce" family).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReduceOp {
+    /// sum; empty sum is 0.
+    Sum,
+    /// arithmetic mean; empty mean is NaN.
+    Mean,
+    /// maximum, NaN-propagating; empty is an error at build time.
+    Max,
+    /// minimum, NaN-propagating; empty is an error at build time.
+    Min,
+    /// product; empty product is 1.
+    Prod,
+    /// sum of absolute values.
+    Norm1,
+    /// square root of the sum of squares.
+    Norm2,
+    /// population variance (ddof = 0); empty is NaN.
+    Var,
+    /// population standard deviation (ddof = 0); empty is NaN.
+    Std,
+}
+
+impl ReduceOp {
+    /// Every reduce op.
+    pub const ALL: [ReduceOp; 9] = [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Prod,
+        ReduceOp::Norm1,
+        ReduceOp::Norm2,
+        ReduceOp::Var,
+        ReduceOp::Std,
+    ];
+
+    /// The name used in IR dumps and kernel names.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+            ReduceOp::Max => "reduce_max",
+            ReduceOp::Min => "reduce_min",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Norm1 => "norm1",
+            ReduceOp::Norm2 => "norm2",
+            ReduceOp::Var => "var",
+            ReduceOp::Std => "std",
+        }
+    }
+
+    /// Whether the reduction has no identity, so reducing zero elements is an error.
+    pub const fn needs_nonempty(self) -> bool {
+        matches!(self, ReduceOp::Max | ReduceOp::Min)
+    }
+}
+
+/// Index reductions (ND4J's "index reduce" family): the position along one axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ArgReduceOp {
+    /// index of the first maximum (the first NaN, if any: numpy's rule).
+    ArgMax,
+    /// index of the first minimum (the first NaN, if any: numpy's rule).
+    ArgMin,
+}
+
+impl ArgReduceOp {
+    /// The name used in IR dumps.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ArgReduceOp::ArgMax => "argmax",
+            ArgReduceOp::ArgMin => "argmin",
+        }
+    }
+}
+
+/// Zero-copy view ops: each is a function on [`crate::View`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ViewOp {
+    /// Same elements in row-major order, new shape (same element count).
+    Reshape(Shape),
+    /// Axis `i` of the result is axis `perm[i]` of the operand.
+    Permute(Vec<usize>),
+    /// One normalised slice per axis.
+    Slice(Vec<AxisSlice>),
+    /// numpy's `broadcast_to`.
+    BroadcastTo(Shape),
+    /// Insert a size-1 axis at this position.
+    ExpandDims(usize),
+    /// Remove these size-1 axes (sorted, unique).
+    Squeeze(Vec<usize>),
+}
+
+impl ViewOp {
+    /// The name used in IR dumps.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            ViewOp::Reshape(_) => "reshape",
+            ViewOp::Permute(_) => "permute",
+            ViewOp::Slice(_) => "slice",
+            ViewOp::BroadcastTo(_) => "broadcast_to",
+            ViewOp::ExpandDims(_) => "expand_dims",
+            ViewOp::Squeeze(_) => "squeeze",
+        }
+    }
+}
+
+/// What a graph node computes. One closed enum: passes and codegens match on it
+/// exhaustively.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// A tensor supplied at evaluation time, by name.
+    Input {
+        /// Name shown in dumps and used by the CLI to bind data.
+        name: String,
+    },
+    /// A tensor whose every element is `value` (a scalar literal or `full`).
+    Const {
+        /// The value, already converted to the node's dtype.
+        value: Scalar,
+    },
+    /// Unary element-wise op.
+    Unary(UnaryOp),
+    /// Binary element-wise op; operands have one shape (see the module docs).
+    Binary(BinaryOp),
+    /// `where(cond, a, b)`: operand 0 is a bool condition.
+    Where,
+    /// Conversion to another dtype (see [`crate::Scalar::cast`] for the rules).
+    Cast {
+        /// The target dtype, equal to the node's dtype.
+        to: DType,
+    },
+    /// Reduction over `axes` (sorted, unique), keeping them as size-1 axes if `keepdims`.
+    Reduce {
+        /// Which reduction.
+        op: ReduceOp,
+        /// Reduced axes of the operand, sorted and unique.
+        axes: Vec<usize>,
+        /// Keep reduced axes with extent 1.
+        keepdims: bool,
+    },
+    /// Index reduction along one axis, returning i64.
+    ArgReduce {
+        /// argmax or argmin.
+        op: ArgReduceOp,
+        /// The axis searched.
+        axis: usize,
+        /// Keep the axis with extent 1.
+        keepdims: bool,
+    },
+    /// A zero-copy view of the operand.
+    View(ViewOp),
+}
+
+impl Op {
+    /// Number of operands this op takes.
+    pub fn arity(&self) -> usize {
+        match self {
+            Op::Input { .. } | Op::Const { .. } => 0,
+            Op::Unary(_)
+            | Op::Cast { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::View(_) => 1,
+            Op::Binary(_) => 2,
+            Op::Where => 3,
+        }
+    }
+
+    /// Element-wise compute: output element `i` depends only on operand elements `i`.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(
+            self,
+            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } | Op::Const { .. }
+        )
+    }
+
+    /// Reductions, including index reductions.
+    pub fn is_reduce(&self) -> bool {
+        matches!(self, Op::Reduce { .. } | Op::ArgReduce { .. })
+    }
+
+    /// Zero-copy views.
+    pub fn is_view(&self) -> bool {
+        matches!(self, Op::View(_))
+    }
+
+    /// Graph inputs.
+    pub fn is_input(&self) -> bool {
+        matches!(self, Op::Input { .. })
+    }
+
+    /// The op's short name, as printed in dumps and used in kernel names.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input { .. } => "input",
+            Op::Const { .. } => "const",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Where => "where",
+            Op::Cast { .. } => "cast",
+            Op::Reduce { op, .. } => op.name(),
+            Op::ArgReduce { op, .. } => op.name(),
+            Op::View(v) => v.name(),
+        }
+    }
+}
+
+/// A node's op together with its result type, the payload of a graph node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    /// What the node computes.
+    pub op: Op,
+    /// Element type of the result.
+    pub dtype: DType,
+    /// Shape of the result.
+    pub shape: Shape,
+}

@@ -1,0 +1,133 @@
+//! The stable text form of a graph: topological order, renumbered from `%0`, one node a
+//! line, `%4 = add %2, %3 : f32[4,8]`, then `return` with the outputs. What a snapshot
+//! pins is exactly what a user sees in a dump. Also Graphviz output (`to_dot`).
+
+use crate::graph::{Graph, NodeId};
+use crate::op::{Op, ViewOp};
+use std::collections::HashMap;
+use std::fmt::{self, Write as _};
+
+/// Numbering of the printed form: node id -> printed number.
+fn numbering(order: &[NodeId]) -> HashMap<NodeId, usize> {
+    order.iter().enumerate().map(|(i, &n)| (n, i)).collect()
+}
+
+fn print_order(g: &Graph) -> Vec<NodeId> {
+    // A cyclic graph (only ever seen by the verifier) still prints, in id order.
+    g.topo_order().unwrap_or_else(|_| g.node_ids())
+}
+
+/// Writes the attributes of `op` after its operands (`, axes=[1]`), or before them for
+/// inputs and constants.
+fn write_op(out: &mut String, g: &Graph, id: NodeId, num: &HashMap<NodeId, usize>) {
+    let node = g.node(id);
+    let name = |n: NodeId| num.get(&n).map_or_else(|| format!("{n}?"), |i| format!("%{i}"));
+    let operands: Vec<String> = g.operands(id).into_iter().map(name).collect();
+    let _ = write!(out, "{}", node.op.name());
+    match &node.op {
+        Op::Input { name } => {
+            let _ = write!(out, " {name:?}");
+        }
+        Op::Const { value } => {
+            let _ = write!(out, " {value}");
+        }
+        _ => {}
+    }
+    if !operands.is_empty() {
+        let _ = write!(out, " {}", operands.join(", "));
+    }
+    let _ = match &node.op {
+        Op::Reduce { axes, keepdims, .. } => write!(
+            out,
+            ", axes={axes:?}{}",
+            if *keepdims { ", keepdims" } else { "" }
+        ),
+        Op::ArgReduce { axis, keepdims, .. } => write!(
+            out,
+            ", axis={axis}{}",
+            if *keepdims { ", keepdims" } else { "" }
+        ),
+        Op::View(v) => match v {
+            ViewOp::Reshape(s) | ViewOp::BroadcastTo(s) => write!(out, ", {s}"),
+            ViewOp::Permute(p) => write!(out, ", {p:?}"),
+            ViewOp::Slice(sl) => {
+                let parts: Vec<String> = sl.iter().map(ToString::to_string).collect();
+                write!(out, ", [{}]", parts.join(", "))
+            }
+            ViewOp::ExpandDims(a) => write!(out, ", axis={a}"),
+            ViewOp::Squeeze(a) => write!(out, ", axes={a:?}"),
+        },
+        _ => Ok(()),
+    };
+    let _ = write!(out, " : {}{}", node.dtype, node.shape);
+}
+
+impl Graph {
+    /// The text form with a note after each node (`  ; k0 jit`), when `note` gives one.
+    pub fn to_text_with(&self, note: &dyn Fn(NodeId) -> Option<String>) -> String {
+        let order = print_order(self);
+        let num = numbering(&order);
+        let mut out = String::new();
+        for &id in &order {
+            let _ = write!(out, "%{} = ", num[&id]);
+            write_op(&mut out, self, id, &num);
+            if let Some(n) = note(id) {
+                let _ = write!(out, "  ; {n}");
+            }
+            out.push('\n');
+        }
+        let outs: Vec<String> = self
+            .outputs()
+            .iter()
+            .map(|o| num.get(o).map_or_else(|| format!("{o}?"), |i| format!("%{i}")))
+            .collect();
+        let _ = writeln!(out, "return {}", outs.join(", "));
+        out
+    }
+
+    /// The printed number (`%n` in [`Graph`]'s Display) of each node.
+    pub fn print_numbering(&self) -> HashMap<NodeId, usize> {
+        numbering(&print_order(self))
+    }
+
+    /// Graphviz `dot` text: one box per node labelled like the text form, edges labelled
+    /// with their operand slot when the user has more than one operand.
+    pub fn to_dot(&self) -> String {
+        let order = print_order(self);
+        let num = numbering(&order);
+        let mut out = String::from("digraph ndfuse {\n  node [shape=box, fontname=monospace];\n");
+        for &id in &order {
+            let mut label = String::new();
+            write_op(&mut label, self, id, &num);
+            let style = if self.is_output(id) { ", style=bold" } else { "" };
+            let _ = writeln!(
+                out,
+                "  n{} [label=\"%{} = {}\"{style}];",
+                num[&id],
+                num[&id],
+                label.replace('\\', "\\\\").replace('"', "\\\"")
+            );
+        }
+        for &id in &order {
+            let ops = self.operands(id);
+            for (slot, o) in ops.iter().enumerate() {
+                let (Some(a), Some(b)) = (num.get(o), num.get(&id)) else {
+                    continue;
+                };
+                if ops.len() > 1 {
+                    let _ = writeln!(out, "  n{a} -> n{b} [label=\"{slot}\"];");
+                } else {
+                    let _ = writeln!(out, "  n{a} -> n{b};");
+                }
+            }
+        }
+        out.push_str("}\n");
+        out
+    }
+}
+
+impl fmt::Display for Graph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_text_with(&|_| None))
+    }
+}
