@@ -210,7 +210,11 @@ impl HostArray {
     /// # Panics
     /// When `vals.len()` differs from the shape's element count (a bug in the caller).
     pub fn from_f64s(dtype: DType, shape: Shape, vals: &[f64]) -> HostArray {
-        assert_eq!(shape.numel(), vals.len(), "HostArray::from_f64s: length is a bug");
+        assert_eq!(
+            shape.numel(),
+            vals.len(),
+            "HostArray::from_f64s: length is a bug"
+        );
         HostArray {
             shape,
             data: Storage::from_f64s(dtype, vals),

@@ -144,7 +144,9 @@ pub enum IrError {
         operand: TensorType,
     },
     /// A max/min/argmax/argmin over zero elements (no identity, like numpy's error).
-    #[error("{op}: cannot reduce {operand} over axes {axes:?}: zero-size reduction has no identity")]
+    #[error(
+        "{op}: cannot reduce {operand} over axes {axes:?}: zero-size reduction has no identity"
+    )]
     EmptyReduction {
         /// The op being built.
         op: &'static str,

@@ -218,7 +218,9 @@ impl Graph {
         while let Some(std::cmp::Reverse(n)) = ready.pop() {
             order.push(NodeId(n));
             for e in self.g.edges_directed(n, Direction::Outgoing) {
-                let d = indegree.get_mut(&e.target()).expect("edge target is a node");
+                let d = indegree
+                    .get_mut(&e.target())
+                    .expect("edge target is a node");
                 *d -= 1;
                 if *d == 0 {
                     ready.push(std::cmp::Reverse(e.target()));

@@ -41,8 +41,16 @@ pub fn infer(op: &Op, operands: &[TensorType]) -> Result<TensorType, IrError> {
             dtype: *to,
             shape: operands[0].shape.clone(),
         }),
-        Op::Reduce { op: r, axes, keepdims } => infer_reduce(*r, axes, *keepdims, &operands[0]),
-        Op::ArgReduce { op: r, axis, keepdims } => {
+        Op::Reduce {
+            op: r,
+            axes,
+            keepdims,
+        } => infer_reduce(*r, axes, *keepdims, &operands[0]),
+        Op::ArgReduce {
+            op: r,
+            axis,
+            keepdims,
+        } => {
             let x = &operands[0];
             check_axes(r.name(), &[*axis], x)?;
             check_nonempty(r.name(), &[*axis], x)?;
@@ -177,7 +185,10 @@ fn infer_view(v: &ViewOp, x: &TensorType) -> Result<TensorType, IrError> {
                 operand: x.clone(),
             };
             if slices.len() != rank {
-                return Err(bad(format!("{} slices given for {rank} axes", slices.len())));
+                return Err(bad(format!(
+                    "{} slices given for {rank} axes",
+                    slices.len()
+                )));
             }
             for (axis, (s, &dim)) in slices.iter().zip(x.shape.dims()).enumerate() {
                 if s.step == 0 {

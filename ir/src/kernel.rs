@@ -188,13 +188,24 @@ impl Kernel {
             match (self.body.get(s.value.index()), self.outputs.get(s.output)) {
                 (Some(ins), Some(out)) => {
                     if ins.dtype != out.dtype {
-                        errs.push(format!("out{} of {} stores {} {}", s.output, out.dtype, ins.dtype, s.value));
+                        errs.push(format!(
+                            "out{} of {} stores {} {}",
+                            s.output, out.dtype, ins.dtype, s.value
+                        ));
                     }
                     if out.len != self.domain.numel() {
-                        errs.push(format!("out{} holds {} elements, domain has {}", s.output, out.len, self.domain.numel()));
+                        errs.push(format!(
+                            "out{} holds {} elements, domain has {}",
+                            s.output,
+                            out.len,
+                            self.domain.numel()
+                        ));
                     }
                 }
-                _ => errs.push(format!("store of {} into out{} is out of range", s.value, s.output)),
+                _ => errs.push(format!(
+                    "store of {} into out{} is out of range",
+                    s.value, s.output
+                )),
             }
         }
         if errs.is_empty() {
@@ -207,7 +218,11 @@ impl Kernel {
 
 impl fmt::Display for Kernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "kernel {}  domain={}  plan={}  ; {}", self.name, self.domain, self.plan, self.plan_reason)?;
+        writeln!(
+            f,
+            "kernel {}  domain={}  plan={}  ; {}",
+            self.name, self.domain, self.plan, self.plan_reason
+        )?;
         for (i, b) in self.inputs.iter().enumerate() {
             writeln!(f, "  in{i}: {}[{}]", b.dtype, b.len)?;
         }
@@ -225,7 +240,11 @@ impl fmt::Display for Kernel {
         }
         for s in &self.stores {
             let out = &self.outputs[s.output];
-            writeln!(f, "  out{} = {} : {}{}", s.output, s.value, out.dtype, self.domain)?;
+            writeln!(
+                f,
+                "  out{} = {} : {}{}",
+                s.output, s.value, out.dtype, self.domain
+            )?;
         }
         Ok(())
     }

@@ -115,7 +115,12 @@ impl UnaryOp {
     pub const fn is_float_only(self) -> bool {
         !matches!(
             self,
-            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Square | UnaryOp::Relu | UnaryOp::Not
+            UnaryOp::Neg
+                | UnaryOp::Abs
+                | UnaryOp::Sign
+                | UnaryOp::Square
+                | UnaryOp::Relu
+                | UnaryOp::Not
         )
     }
 }

@@ -3,6 +3,7 @@
 //! pins is exactly what a user sees in a dump. Also Graphviz output (`to_dot`).
 
 use crate::graph::{Graph, NodeId};
+use crate::dtype::{DType, Scalar};
 use crate::op::{Op, ViewOp};
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
@@ -21,7 +22,10 @@ fn print_order(g: &Graph) -> Vec<NodeId> {
 /// inputs and constants.
 fn write_op(out: &mut String, g: &Graph, id: NodeId, num: &HashMap<NodeId, usize>) {
     let node = g.node(id);
-    let name = |n: NodeId| num.get(&n).map_or_else(|| format!("{n}?"), |i| format!("%{i}"));
+    let name = |n: NodeId| {
+        num.get(&n)
+            .map_or_else(|| format!("{n}?"), |i| format!("%{i}"))
+    };
     let operands: Vec<String> = g.operands(id).into_iter().map(name).collect();
     let _ = write!(out, "{}", node.op.name());
     match &node.op {
@@ -29,7 +33,7 @@ fn write_op(out: &mut String, g: &Graph, id: NodeId, num: &HashMap<NodeId, usize
             let _ = write!(out, " {name:?}");
         }
         Op::Const { value } => {
-            let _ = write!(out, " {value}");
+            let _ = write!(out, " {}", const_text(*value, node.dtype));
         }
         _ => {}
     }
@@ -39,7 +43,8 @@ fn write_op(out: &mut String, g: &Graph, id: NodeId, num: &HashMap<NodeId, usize
     let _ = match &node.op {
         Op::Reduce { axes, keepdims, .. } => write!(
             out,
-            ", axes={axes:?}{}",
+            ", axes={}{}",
+            list(axes),
             if *keepdims { ", keepdims" } else { "" }
         ),
         Op::ArgReduce { axis, keepdims, .. } => write!(
@@ -49,17 +54,42 @@ fn write_op(out: &mut String, g: &Graph, id: NodeId, num: &HashMap<NodeId, usize
         ),
         Op::View(v) => match v {
             ViewOp::Reshape(s) | ViewOp::BroadcastTo(s) => write!(out, ", {s}"),
-            ViewOp::Permute(p) => write!(out, ", {p:?}"),
+            ViewOp::Permute(p) => write!(out, ", {}", list(p)),
             ViewOp::Slice(sl) => {
-                let parts: Vec<String> = sl.iter().map(ToString::to_string).collect();
+                let dims = g.operands(id).first().map(|&o| g.node(o).shape.clone());
+                let parts: Vec<String> = sl
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| match dims.as_ref().and_then(|d| d.dims().get(i)) {
+                        Some(&d) if s.is_full(d) => ":".to_string(),
+                        _ => s.to_string(),
+                    })
+                    .collect();
                 write!(out, ", [{}]", parts.join(", "))
             }
             ViewOp::ExpandDims(a) => write!(out, ", axis={a}"),
-            ViewOp::Squeeze(a) => write!(out, ", axes={a:?}"),
+            ViewOp::Squeeze(a) => write!(out, ", axes={}", list(a)),
         },
         _ => Ok(()),
     };
     let _ = write!(out, " : {}{}", node.dtype, node.shape);
+}
+
+/// `[0,2]`: lists print like shapes, without spaces.
+fn list(v: &[usize]) -> String {
+    let parts: Vec<String> = v.iter().map(ToString::to_string).collect();
+    format!("[{}]", parts.join(","))
+}
+
+/// A constant as the shortest text that reads back to the same value of its dtype
+/// (`0.044715` for an f32, not the f64 expansion of its bits).
+fn const_text(value: Scalar, dtype: DType) -> String {
+    match (value, dtype) {
+        (Scalar::F(v), DType::F32) => format!("{:?}", v as f32),
+        (Scalar::F(v), DType::F16) => format!("{:?}", half::f16::from_f64(v).to_f32()),
+        (Scalar::F(v), DType::BF16) => format!("{:?}", half::bf16::from_f64(v).to_f32()),
+        (v, _) => v.to_string(),
+    }
 }
 
 impl Graph {
@@ -79,7 +109,10 @@ impl Graph {
         let outs: Vec<String> = self
             .outputs()
             .iter()
-            .map(|o| num.get(o).map_or_else(|| format!("{o}?"), |i| format!("%{i}")))
+            .map(|o| {
+                num.get(o)
+                    .map_or_else(|| format!("{o}?"), |i| format!("%{i}"))
+            })
             .collect();
         let _ = writeln!(out, "return {}", outs.join(", "));
         out
@@ -99,7 +132,11 @@ impl Graph {
         for &id in &order {
             let mut label = String::new();
             write_op(&mut label, self, id, &num);
-            let style = if self.is_output(id) { ", style=bold" } else { "" };
+            let style = if self.is_output(id) {
+                ", style=bold"
+            } else {
+                ""
+            };
             let _ = writeln!(
                 out,
                 "  n{} [label=\"%{} = {}\"{style}];",

@@ -323,8 +323,16 @@ impl View {
     pub fn squeeze(&self, axes: &[usize]) -> View {
         let keep = |i: &usize| !axes.contains(i);
         View {
-            shape: Shape((0..self.shape.rank()).filter(keep).map(|i| self.shape.0[i]).collect()),
-            strides: (0..self.shape.rank()).filter(keep).map(|i| self.strides[i]).collect(),
+            shape: Shape(
+                (0..self.shape.rank())
+                    .filter(keep)
+                    .map(|i| self.shape.0[i])
+                    .collect(),
+            ),
+            strides: (0..self.shape.rank())
+                .filter(keep)
+                .map(|i| self.strides[i])
+                .collect(),
             offset: self.offset,
         }
     }
@@ -425,16 +433,51 @@ mod tests {
     fn python_slice_normalisation() {
         let n = |dim, a, b, st| AxisSlice::normalize(dim, a, b, st).expect("step != 0");
         // x[1:9:2] over 10 -> 1,3,5,7
-        assert_eq!(n(10, Some(1), Some(9), 2), AxisSlice { start: 1, step: 2, len: 4 });
+        assert_eq!(
+            n(10, Some(1), Some(9), 2),
+            AxisSlice {
+                start: 1,
+                step: 2,
+                len: 4
+            }
+        );
         // x[::-1] over 5 -> 4,3,2,1,0
-        assert_eq!(n(5, None, None, -1), AxisSlice { start: 4, step: -1, len: 5 });
+        assert_eq!(
+            n(5, None, None, -1),
+            AxisSlice {
+                start: 4,
+                step: -1,
+                len: 5
+            }
+        );
         // x[-2:] over 5 -> 3,4
-        assert_eq!(n(5, Some(-2), None, 1), AxisSlice { start: 3, step: 1, len: 2 });
+        assert_eq!(
+            n(5, Some(-2), None, 1),
+            AxisSlice {
+                start: 3,
+                step: 1,
+                len: 2
+            }
+        );
         // x[3:0:-2] over 5 -> 3,1
-        assert_eq!(n(5, Some(3), Some(0), -2), AxisSlice { start: 3, step: -2, len: 2 });
+        assert_eq!(
+            n(5, Some(3), Some(0), -2),
+            AxisSlice {
+                start: 3,
+                step: -2,
+                len: 2
+            }
+        );
         // x[10:20] over 5 -> empty; x[-100:2] -> 0,1
         assert_eq!(n(5, Some(10), Some(20), 1).len, 0);
-        assert_eq!(n(5, Some(-100), Some(2), 1), AxisSlice { start: 0, step: 1, len: 2 });
+        assert_eq!(
+            n(5, Some(-100), Some(2), 1),
+            AxisSlice {
+                start: 0,
+                step: 1,
+                len: 2
+            }
+        );
         // x[:-100:-1] over 5 -> all, reversed
         assert_eq!(n(5, None, Some(-100), -1).len, 5);
         assert_eq!(AxisSlice::normalize(5, None, None, 0), None);
@@ -446,7 +489,9 @@ mod tests {
     #[test]
     fn reshape_without_copy() {
         let v = View::contiguous(Shape(vec![4, 6]));
-        let r = v.reshape(&Shape(vec![2, 2, 3, 2])).expect("contiguous reshapes");
+        let r = v
+            .reshape(&Shape(vec![2, 2, 3, 2]))
+            .expect("contiguous reshapes");
         assert!(r.is_contiguous());
         // A transpose cannot be flattened without a copy...
         let t = v.permute(&[1, 0]);
@@ -455,7 +500,14 @@ mod tests {
         let s = t.reshape(&Shape(vec![2, 3, 4])).expect("split axis");
         assert_eq!(s.strides, vec![2, 1, 6]);
         // Column slice [:, 1:3] then reshape rows: [4,2] -> [2,2,2] keeps strides.
-        let c = v.slice(&[AxisSlice::full(4), AxisSlice { start: 1, step: 1, len: 2 }]);
+        let c = v.slice(&[
+            AxisSlice::full(4),
+            AxisSlice {
+                start: 1,
+                step: 1,
+                len: 2,
+            },
+        ]);
         let cr = c.reshape(&Shape(vec![2, 2, 2])).expect("split rows");
         assert_eq!((cr.strides.clone(), cr.offset), (vec![12, 6, 1], 1));
         assert!(c.reshape(&Shape(vec![8])).is_none());
@@ -464,7 +516,14 @@ mod tests {
     #[test]
     fn span_and_negative_strides() {
         let v = View::contiguous(Shape(vec![3, 4]));
-        let r = v.slice(&[AxisSlice { start: 2, step: -1, len: 3 }, AxisSlice::full(4)]);
+        let r = v.slice(&[
+            AxisSlice {
+                start: 2,
+                step: -1,
+                len: 3,
+            },
+            AxisSlice::full(4),
+        ]);
         assert_eq!(r.offset_of(&[0, 0]), 8);
         assert_eq!(r.span(), Some((0, 11)));
         let b = View::contiguous(Shape(vec![4])).broadcast_to(&Shape(vec![5, 4]));

@@ -48,19 +48,28 @@ pub fn verify(g: &Graph) -> Result<(), VerifyErrors> {
         if slots != want {
             err(
                 Some(id),
-                format!("{} expects operand slots {want:?}, has {slots:?}", node.op.name()),
+                format!(
+                    "{} expects operand slots {want:?}, has {slots:?}",
+                    node.op.name()
+                ),
             );
             continue;
         }
         match &node.op {
             Op::Input { name } => {
                 if let Some(prev) = names.insert(name, id) {
-                    err(Some(id), format!("input name {name:?} is also used by {prev}"));
+                    err(
+                        Some(id),
+                        format!("input name {name:?} is also used by {prev}"),
+                    );
                 }
             }
             Op::Const { value } => {
                 if value.cast(node.dtype) != *value {
-                    err(Some(id), format!("constant {value} is not a {} value", node.dtype));
+                    err(
+                        Some(id),
+                        format!("constant {value} is not a {} value", node.dtype),
+                    );
                 }
             }
             op => {

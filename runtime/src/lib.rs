@@ -1,1 +1,15 @@
-//! placeholder
+//! # ndfuse-runtime
+//!
+//! Runs graphs on a backend: schedules them with `ndfuse-passes`, compiles each kernel
+//! with a codegen (CPU: Cranelift JIT), falls back to the reference interpreter for what
+//! a codegen cannot compile yet, and manages the buffers of an evaluation (each
+//! intermediate is dropped as soon as its last reader ran).
+//!
+//! Backend discovery, priorities, configuration, caching allocators and the CUDA device
+//! grow here; this version has the CPU JIT path and the interpreter.
+
+mod error;
+mod executor;
+
+pub use error::RuntimeError;
+pub use executor::{execute, BackendKind, Evaluation, StepPath};

@@ -1,0 +1,492 @@
+//! Lowering: one [`Kernel`] to one Cranelift function, a scalar loop over a range of
+//! flat domain positions.
+//!
+//! ```text
+//! block0(ptrs, start, end):   brif start < end, block1, block3
+//! block1:                     buffer pointers from ptrs; loads of fixed elements
+//!                             jump block2(start)
+//! block2(i):                  index math, loads, the body, stores
+//!                             brif i + 1 < end, block2(i + 1), block3
+//! block3:                     return
+//! ```
+//!
+//! Values are typed as the kernel says: f32/f64 as F32/F64, i32/i64 as I32/I64, bool as
+//! an I8 holding 0 or 1 (`supports` guarantees no instruction can produce anything
+//! else, which keeps stores into `Vec<bool>` sound). All index arithmetic is in i64.
+
+use crate::index::{self, Access, IndexPlan};
+use crate::libcalls::{self, Libcall};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::immediates::{Ieee32, Ieee64};
+use cranelift_codegen::ir::{
+    types, AbiParam, FuncRef, Function, InstBuilder, MemFlagsData, Signature, Type, UserFuncName,
+    Value,
+};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_module::{Linkage, Module, ModuleResult};
+use ndfuse_ir::{BinaryOp, DKind, DType, Expr, Kernel, Scalar, UnaryOp, View};
+use std::collections::BTreeMap;
+
+/// The signature of every kernel: `(ptrs: *const *mut u8, start: i64, end: i64)`.
+pub(crate) fn kernel_signature<M: Module>(module: &M) -> Signature {
+    let mut sig = module.make_signature();
+    sig.params.push(AbiParam::new(module.target_config().pointer_type()));
+    sig.params.push(AbiParam::new(types::I64));
+    sig.params.push(AbiParam::new(types::I64));
+    sig
+}
+
+/// The Cranelift type holding values of `dtype`.
+fn cl_type(dtype: DType) -> Type {
+    match dtype {
+        DType::F32 => types::F32,
+        DType::F64 => types::F64,
+        DType::I32 => types::I32,
+        DType::I64 => types::I64,
+        DType::Bool => types::I8,
+        DType::F16 | DType::BF16 => {
+            panic!("half dtypes are rejected by supports(); lowering one is a bug")
+        }
+    }
+}
+
+/// log2 of the element size, to scale an element offset into bytes with a shift.
+fn size_shift(dtype: DType) -> i64 {
+    i64::from(dtype.size_bytes().trailing_zeros())
+}
+
+/// Loads of inputs: the buffers are never written while the kernel runs (inputs and
+/// outputs are distinct Rust borrows), and `supports` proved every access in bounds.
+fn input_flags() -> MemFlagsData {
+    MemFlagsData::trusted().with_readonly()
+}
+
+/// Writes `kernel` as the body of `func` (whose name and signature this sets).
+/// Transcendentals become calls to imported [`libcalls`], declared in `module`.
+pub(crate) fn lower<M: Module>(
+    kernel: &Kernel,
+    module: &mut M,
+    func: &mut Function,
+    fctx: &mut FunctionBuilderContext,
+) -> ModuleResult<()> {
+    func.signature = kernel_signature(module);
+    func.name = UserFuncName::testcase(&kernel.name);
+    let ptr_ty = module.target_config().pointer_type();
+    let b = FunctionBuilder::new(func, fctx);
+    let mut lw = Lowering {
+        b,
+        module,
+        ptr_ty,
+        imports: BTreeMap::new(),
+    };
+    lw.kernel(kernel)?;
+    lw.b.seal_all_blocks();
+    let config = lw.module.target_config();
+    lw.b.finalize(config);
+    Ok(())
+}
+
+struct Lowering<'f, 'm, M: Module> {
+    b: FunctionBuilder<'f>,
+    module: &'m mut M,
+    ptr_ty: Type,
+    /// Imported functions already declared in this function, by symbol.
+    imports: BTreeMap<&'static str, FuncRef>,
+}
+
+impl<M: Module> Lowering<'_, '_, M> {
+    fn kernel(&mut self, kernel: &Kernel) -> ModuleResult<()> {
+        let entry = self.b.create_block();
+        self.b.append_block_params_for_function_params(entry);
+        self.b.switch_to_block(entry);
+        let params = self.b.block_params(entry).to_vec();
+        let (ptrs, start, end) = (params[0], params[1], params[2]);
+
+        // An empty domain has no element to read; its views need not even be
+        // decomposable, so emit no loop at all.
+        if kernel.domain.numel() == 0 {
+            self.b.ins().return_(&[]);
+            return Ok(());
+        }
+
+        let preheader = self.b.create_block();
+        let body = self.b.create_block();
+        let exit = self.b.create_block();
+        let i = self.b.append_block_param(body, types::I64);
+
+        let nonempty = self.b.ins().icmp(IntCC::SignedLessThan, start, end);
+        self.b.ins().brif(nonempty, preheader, &[], exit, &[]);
+
+        // Preheader: everything that does not depend on the position.
+        self.b.switch_to_block(preheader);
+        let n_ptrs = kernel.inputs.len() + kernel.outputs.len();
+        let word = i32::try_from(self.ptr_ty.bytes()).expect("a pointer is 4 or 8 bytes");
+        let bases: Vec<Value> = (0..n_ptrs)
+            .map(|k| {
+                let at = i32::try_from(k).ok().and_then(|k| k.checked_mul(word));
+                let at = at.expect("fewer than 2^28 kernel arguments is a bug to exceed");
+                self.b.ins().load(self.ptr_ty, input_flags(), ptrs, at)
+            })
+            .collect();
+        let (in_bases, out_bases) = bases.split_at(kernel.inputs.len());
+
+        let views: Vec<&View> = kernel
+            .body
+            .iter()
+            .filter_map(|ins| match &ins.expr {
+                Expr::Load { view, .. } => Some(view),
+                _ => None,
+            })
+            .collect();
+        let (plan, accesses) = index::plan(&kernel.domain, &views);
+        let mut accesses = accesses.into_iter();
+
+        // Loads of one fixed element (broadcast scalars) are loop-invariant; in bounds
+        // whenever the loop runs, since the domain is not empty.
+        let mut values: Vec<Option<Value>> = vec![None; kernel.body.len()];
+        let mut load_access: Vec<Option<Access>> = vec![None; kernel.body.len()];
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if let Expr::Load { input, .. } = &ins.expr {
+                let access = accesses.next().expect("one access per load");
+                if let Access::Fixed(offset) = access {
+                    let off = self.b.ins().iconst(types::I64, offset);
+                    values[v] = Some(self.load_at(in_bases[*input], off, ins.dtype));
+                } else {
+                    load_access[v] = Some(access);
+                }
+            }
+        }
+        self.b.ins().jump(body, &[start.into()]);
+
+        // Loop body.
+        self.b.switch_to_block(body);
+        let indices = self.decompose(&plan, i);
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if values[v].is_some() {
+                continue;
+            }
+            let operand = |x: &ndfuse_ir::ValueId| values[x.index()].expect("SSA order: defined before use");
+            let value = match &ins.expr {
+                Expr::Load { input, .. } => {
+                    let access = load_access[v].take().expect("a load's access was planned");
+                    let off = self.element_offset(&access, &indices, i);
+                    self.load_at(in_bases[*input], off, ins.dtype)
+                }
+                Expr::Const(c) => self.constant(*c, ins.dtype),
+                Expr::Unary(op, a) => {
+                    let (a, ad) = (operand(a), kernel.body[a.index()].dtype);
+                    self.unary(*op, a, ad)?
+                }
+                Expr::Binary(op, x, y) => {
+                    let (xd, x, y) = (kernel.body[x.index()].dtype, operand(x), operand(y));
+                    self.binary(*op, x, y, xd)?
+                }
+                Expr::Where(c, x, y) => {
+                    let (c, x, y) = (operand(c), operand(x), operand(y));
+                    // `c` holds 0 or 1; select tests it for non-zero.
+                    self.b.ins().select(c, x, y)
+                }
+                Expr::Cast(a) => {
+                    let (a, from) = (operand(a), kernel.body[a.index()].dtype);
+                    self.cast(a, from, ins.dtype)
+                }
+            };
+            values[v] = Some(value);
+        }
+        for s in &kernel.stores {
+            let value = values[s.value.index()].expect("stored values are defined");
+            let dtype = kernel.body[s.value.index()].dtype;
+            let addr = self.address(out_bases[s.output], i, dtype);
+            self.b.ins().store(MemFlagsData::trusted(), value, addr, 0);
+        }
+        let next = self.b.ins().iadd_imm_s(i, 1);
+        let more = self.b.ins().icmp(IntCC::SignedLessThan, next, end);
+        self.b.ins().brif(more, body, &[next.into()], exit, &[]);
+
+        self.b.switch_to_block(exit);
+        self.b.ins().return_(&[]);
+        Ok(())
+    }
+
+    /// Group indices of the flat position `i`, innermost first by division by constant
+    /// extents; only the groups some strided load needs, and only as far out as needed.
+    /// The outermost group needs no remainder: `i < numel` bounds it.
+    fn decompose(&mut self, plan: &IndexPlan, i: Value) -> Vec<Option<Value>> {
+        let mut idx = vec![None; plan.extents.len()];
+        let Some(first) = plan.outermost_needed() else {
+            return idx;
+        };
+        let mut rest = i;
+        for g in (first..plan.extents.len()).rev() {
+            if g == 0 {
+                idx[0] = Some(rest);
+                break;
+            }
+            let extent = self.b.ins().iconst(types::I64, plan.extents[g]);
+            let quot = self.b.ins().udiv(rest, extent);
+            if plan.needed[g] {
+                let whole = self.b.ins().imul(quot, extent);
+                idx[g] = Some(self.b.ins().isub(rest, whole));
+            }
+            rest = quot;
+        }
+        idx
+    }
+
+    /// The element offset of a contiguous or strided load at position `i`.
+    fn element_offset(&mut self, access: &Access, idx: &[Option<Value>], i: Value) -> Value {
+        match access {
+            Access::Contiguous => i,
+            Access::Fixed(offset) => self.b.ins().iconst(types::I64, *offset),
+            Access::Strided { offset, strides } => {
+                let mut sum: Option<Value> = None;
+                for (g, &stride) in strides.iter().enumerate() {
+                    if stride == 0 {
+                        continue;
+                    }
+                    let ix = idx[g].expect("indices of groups with a non-zero stride are computed");
+                    let term = if stride == 1 {
+                        ix
+                    } else {
+                        self.b.ins().imul_imm_s(ix, stride)
+                    };
+                    sum = Some(match sum {
+                        None => term,
+                        Some(acc) => self.b.ins().iadd(acc, term),
+                    });
+                }
+                match sum {
+                    None => self.b.ins().iconst(types::I64, *offset),
+                    Some(s) if *offset == 0 => s,
+                    Some(s) => self.b.ins().iadd_imm_s(s, *offset),
+                }
+            }
+        }
+    }
+
+    /// Byte address of element `offset` of a buffer of `dtype` at `base`.
+    fn address(&mut self, base: Value, offset: Value, dtype: DType) -> Value {
+        let shift = size_shift(dtype);
+        let bytes = if shift == 0 {
+            offset
+        } else {
+            self.b.ins().ishl_imm_u(offset, shift)
+        };
+        self.b.ins().iadd(base, bytes)
+    }
+
+    fn load_at(&mut self, base: Value, offset: Value, dtype: DType) -> Value {
+        let addr = self.address(base, offset, dtype);
+        self.b.ins().load(cl_type(dtype), input_flags(), addr, 0)
+    }
+
+    fn constant(&mut self, c: Scalar, dtype: DType) -> Value {
+        // The IR promises constants of the instruction's dtype; converting again makes
+        // a mismatched one harmless instead of a wrong bit pattern.
+        match (c.cast(dtype), dtype) {
+            (Scalar::F(v), DType::F32) => self.b.ins().f32const(Ieee32::with_float(v as f32)),
+            (Scalar::F(v), _) => self.b.ins().f64const(Ieee64::with_float(v)),
+            (Scalar::I(v), _) => self.b.ins().iconst(cl_type(dtype), v),
+            (Scalar::B(v), _) => self.b.ins().iconst(types::I8, i64::from(v)),
+        }
+    }
+
+    fn float_const(&mut self, dtype: DType, v: f64) -> Value {
+        match dtype {
+            DType::F32 => self.b.ins().f32const(Ieee32::with_float(v as f32)),
+            _ => self.b.ins().f64const(Ieee64::with_float(v)),
+        }
+    }
+
+    fn call(&mut self, call: Libcall, ty: Type, args: &[Value]) -> ModuleResult<Value> {
+        let fref = match self.imports.get(call.name) {
+            Some(f) => *f,
+            None => {
+                let mut sig = self.module.make_signature();
+                for _ in 0..call.arity {
+                    sig.params.push(AbiParam::new(ty));
+                }
+                sig.returns.push(AbiParam::new(ty));
+                let id = self.module.declare_function(call.name, Linkage::Import, &sig)?;
+                let fref = self.module.declare_func_in_func(id, self.b.func);
+                self.imports.insert(call.name, fref);
+                fref
+            }
+        };
+        let inst = self.b.ins().call(fref, args);
+        Ok(self.b.inst_results(inst)[0])
+    }
+
+    fn unary(&mut self, op: UnaryOp, x: Value, dtype: DType) -> ModuleResult<Value> {
+        let ty = cl_type(dtype);
+        if let Some(call) = libcalls::unary(op, dtype) {
+            return self.call(call, ty, &[x]);
+        }
+        let ins = self.b.ins();
+        Ok(match (op, dtype.kind()) {
+            (UnaryOp::Not, _) => ins.bxor_imm_u(x, 1),
+            (UnaryOp::Neg, DKind::Float) => ins.fneg(x),
+            (UnaryOp::Neg, _) => ins.ineg(x),
+            (UnaryOp::Abs, DKind::Float) => ins.fabs(x),
+            (UnaryOp::Abs, _) => {
+                // Wraps like the reference: |MIN| is MIN.
+                let neg = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, x, 0);
+                let minus = self.b.ins().ineg(x);
+                self.b.ins().select(neg, minus, x)
+            }
+            (UnaryOp::Sign, DKind::Float) => {
+                // x > 0 ? 1 : x < 0 ? -1 : x, so that ±0 and NaN come back unchanged.
+                let zero = self.float_const(dtype, 0.0);
+                let one = self.float_const(dtype, 1.0);
+                let minus_one = self.float_const(dtype, -1.0);
+                let gt = self.b.ins().fcmp(FloatCC::GreaterThan, x, zero);
+                let lt = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
+                let low = self.b.ins().select(lt, minus_one, x);
+                self.b.ins().select(gt, one, low)
+            }
+            (UnaryOp::Sign, _) => {
+                let one = self.b.ins().iconst(ty, 1);
+                let minus_one = self.b.ins().iconst(ty, -1);
+                let gt = self.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, x, 0);
+                let lt = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, x, 0);
+                let low = self.b.ins().select(lt, minus_one, x);
+                self.b.ins().select(gt, one, low)
+            }
+            (UnaryOp::Sqrt, _) => ins.sqrt(x),
+            (UnaryOp::Rsqrt, _) if dtype == DType::F32 => {
+                // In f64, like the reference: one rounding to f32 at the end instead of
+                // two (sqrt, then the division), so the result is the reference's.
+                let wide = self.b.ins().fpromote(types::F64, x);
+                let root = self.b.ins().sqrt(wide);
+                let one = self.b.ins().f64const(Ieee64::with_float(1.0));
+                let r = self.b.ins().fdiv(one, root);
+                self.b.ins().fdemote(types::F32, r)
+            }
+            (UnaryOp::Rsqrt, _) => {
+                let root = self.b.ins().sqrt(x);
+                let one = self.float_const(dtype, 1.0);
+                self.b.ins().fdiv(one, root)
+            }
+            (UnaryOp::Square, DKind::Float) => ins.fmul(x, x),
+            (UnaryOp::Square, _) => ins.imul(x, x),
+            (UnaryOp::Recip, _) => {
+                let one = self.float_const(dtype, 1.0);
+                self.b.ins().fdiv(one, x)
+            }
+            (UnaryOp::Relu, DKind::Float) => {
+                // fmax propagates NaN and orders -0 < +0, so relu(-0) = +0.
+                let zero = self.float_const(dtype, 0.0);
+                self.b.ins().fmax(x, zero)
+            }
+            (UnaryOp::Relu, _) => {
+                let zero = self.b.ins().iconst(ty, 0);
+                self.b.ins().smax(x, zero)
+            }
+            (UnaryOp::Floor, _) => ins.floor(x),
+            (UnaryOp::Ceil, _) => ins.ceil(x),
+            (UnaryOp::Round, _) => ins.nearest(x),
+            (
+                UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Log1p
+                | UnaryOp::Expm1
+                | UnaryOp::Sin
+                | UnaryOp::Cos
+                | UnaryOp::Tanh
+                | UnaryOp::Sigmoid
+                | UnaryOp::Erf,
+                _,
+            ) => panic!("{} on {dtype} has no libcall; supports() admitting it is a bug", op.name()),
+        })
+    }
+
+    fn binary(&mut self, op: BinaryOp, x: Value, y: Value, dtype: DType) -> ModuleResult<Value> {
+        let ty = cl_type(dtype);
+        if let Some(call) = libcalls::binary(op, dtype) {
+            return self.call(call, ty, &[x, y]);
+        }
+        let ins = self.b.ins();
+        Ok(match (op, dtype.kind()) {
+            (BinaryOp::Add, DKind::Float) => ins.fadd(x, y),
+            (BinaryOp::Sub, DKind::Float) => ins.fsub(x, y),
+            (BinaryOp::Mul, DKind::Float) => ins.fmul(x, y),
+            (BinaryOp::Div, DKind::Float) => ins.fdiv(x, y),
+            // NaN-propagating, and maximum(-0, +0) = +0 (the WebAssembly rules).
+            (BinaryOp::Max, DKind::Float) => ins.fmax(x, y),
+            (BinaryOp::Min, DKind::Float) => ins.fmin(x, y),
+            // Integer arithmetic wraps, as the reference's.
+            (BinaryOp::Add, _) => ins.iadd(x, y),
+            (BinaryOp::Sub, _) => ins.isub(x, y),
+            (BinaryOp::Mul, _) => ins.imul(x, y),
+            (BinaryOp::Max, _) => ins.smax(x, y),
+            (BinaryOp::Min, _) => ins.smin(x, y),
+            (BinaryOp::And, _) => ins.band(x, y),
+            (BinaryOp::Or, _) => ins.bor(x, y),
+            (cmp, DKind::Float) => {
+                // Ordered comparisons are false on NaN; `!=` is the unordered one, true.
+                let cc = match cmp {
+                    BinaryOp::Eq => FloatCC::Equal,
+                    BinaryOp::Ne => FloatCC::NotEqual,
+                    BinaryOp::Lt => FloatCC::LessThan,
+                    BinaryOp::Le => FloatCC::LessThanOrEqual,
+                    BinaryOp::Gt => FloatCC::GreaterThan,
+                    BinaryOp::Ge => FloatCC::GreaterThanOrEqual,
+                    _ => panic!("{} on {dtype} passed supports(); that is a bug", op.name()),
+                };
+                ins.fcmp(cc, x, y)
+            }
+            (cmp, kind) => {
+                // Bools are 0/1, so unsigned order gives false < true.
+                let signed = kind == DKind::Int;
+                let cc = match (cmp, signed) {
+                    (BinaryOp::Eq, _) => IntCC::Equal,
+                    (BinaryOp::Ne, _) => IntCC::NotEqual,
+                    (BinaryOp::Lt, true) => IntCC::SignedLessThan,
+                    (BinaryOp::Le, true) => IntCC::SignedLessThanOrEqual,
+                    (BinaryOp::Gt, true) => IntCC::SignedGreaterThan,
+                    (BinaryOp::Ge, true) => IntCC::SignedGreaterThanOrEqual,
+                    (BinaryOp::Lt, false) => IntCC::UnsignedLessThan,
+                    (BinaryOp::Le, false) => IntCC::UnsignedLessThanOrEqual,
+                    (BinaryOp::Gt, false) => IntCC::UnsignedGreaterThan,
+                    (BinaryOp::Ge, false) => IntCC::UnsignedGreaterThanOrEqual,
+                    _ => panic!("{} on {dtype} passed supports(); that is a bug", op.name()),
+                };
+                ins.icmp(cc, x, y)
+            }
+        })
+    }
+
+    /// Conversions with the reference's rules (`Scalar::cast`): float to int saturates
+    /// to i64 (NaN to 0) and then wraps to i32; anything to bool is `!= 0` (NaN is true).
+    fn cast(&mut self, x: Value, from: DType, to: DType) -> Value {
+        use DType::*;
+        let to_ty = cl_type(to);
+        match (from, to) {
+            _ if from == to => x,
+            (F32, F64) => self.b.ins().fpromote(types::F64, x),
+            (F64, F32) => self.b.ins().fdemote(types::F32, x),
+            (F32 | F64, I64) => self.b.ins().fcvt_to_sint_sat(types::I64, x),
+            (F32 | F64, I32) => {
+                let wide = self.b.ins().fcvt_to_sint_sat(types::I64, x);
+                self.b.ins().ireduce(types::I32, wide)
+            }
+            (F32 | F64, Bool) => {
+                let zero = self.float_const(from, 0.0);
+                // Unordered not-equal: NaN != 0 is true.
+                self.b.ins().fcmp(FloatCC::NotEqual, x, zero)
+            }
+            // One rounding, as the reference's `int_to_float` (i64 -> f64 -> f32 would
+            // round twice beyond 2^53).
+            (I32 | I64, F32 | F64) => self.b.ins().fcvt_from_sint(to_ty, x),
+            (I32, I64) => self.b.ins().sextend(types::I64, x),
+            (I64, I32) => self.b.ins().ireduce(types::I32, x),
+            (I32 | I64, Bool) => self.b.ins().icmp_imm_s(IntCC::NotEqual, x, 0),
+            (Bool, I32 | I64) => self.b.ins().uextend(to_ty, x),
+            (Bool, F32 | F64) => {
+                let wide = self.b.ins().uextend(types::I32, x);
+                self.b.ins().fcvt_from_sint(to_ty, wide)
+            }
+            _ => panic!("cast {from} -> {to} passed supports(); that is a bug"),
+        }
+    }
+}

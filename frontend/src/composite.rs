@@ -1,0 +1,42 @@
+//! Composite ops built from primitives, so that fusion, not a hand-written kernel, is
+//! what makes them fast: softmax, log_softmax, layernorm, gelu.
+
+use crate::tensor::Tensor;
+
+impl Tensor {
+    /// `exp(x - max) / sum(exp(x - max))` along `axis` (max-subtracted for stability).
+    #[track_caller]
+    pub fn softmax(&self, axis: i64) -> Tensor {
+        let shifted = self - &self.max_keepdims(axis);
+        let e = shifted.exp();
+        &e / &e.sum_keepdims(axis)
+    }
+
+    /// `x - max - log(sum(exp(x - max)))` along `axis`.
+    #[track_caller]
+    pub fn log_softmax(&self, axis: i64) -> Tensor {
+        let shifted = self - &self.max_keepdims(axis);
+        &shifted - &shifted.exp().sum_keepdims(axis).log()
+    }
+
+    /// `(x - mean) / sqrt(var + eps)` along `axis`, without affine parameters.
+    #[track_caller]
+    pub fn layernorm(&self, axis: i64, eps: f64) -> Tensor {
+        let centered = self - &self.mean_keepdims(axis);
+        &centered * &(self.var_keepdims(axis) + eps).rsqrt()
+    }
+
+    /// GELU, tanh form: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    #[track_caller]
+    pub fn gelu(&self) -> Tensor {
+        let c = (2.0 / std::f64::consts::PI).sqrt();
+        let inner = (self + &(self * &self.square() * 0.044715)) * c;
+        self * 0.5 * (inner.tanh() + 1.0)
+    }
+
+    /// GELU, erf form: `0.5 x (1 + erf(x / sqrt 2))`.
+    #[track_caller]
+    pub fn gelu_erf(&self) -> Tensor {
+        self * 0.5 * ((self * std::f64::consts::FRAC_1_SQRT_2).erf() + 1.0)
+    }
+}

@@ -1,0 +1,347 @@
+//! The context: default dtype (ND4J's `setDTypeForContext`), backend choice,
+//! constructors, and evaluation of several outputs sharing one graph.
+
+use crate::array::Array;
+use crate::error::{Error, Result};
+use crate::random::SplitMix64;
+use crate::tensor::{Inner, Tensor};
+use ndfuse_ir::{DType, Element, Graph, HostArray, NodeId, Scalar, Shape, Storage};
+use ndfuse_runtime::{BackendKind, Evaluation};
+use std::collections::HashMap;
+use std::panic::Location;
+use std::sync::{Arc, OnceLock, RwLock};
+
+#[derive(Debug)]
+struct Settings {
+    dtype: DType,
+    backend: BackendKind,
+}
+
+/// Where tensors are made and evaluated: holds the default dtype used by constructors
+/// and the backend `eval` runs on. Cheap to clone (shared); `Send + Sync`.
+///
+/// ```
+/// use ndfuse::{Context, DType};
+/// let ctx = Context::builder().dtype(DType::F64).build()?;
+/// let x = ctx.ones(&[2, 3]);
+/// assert_eq!(x.dtype()?, DType::F64);
+/// # Ok::<(), ndfuse::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Context(Arc<RwLock<Settings>>);
+
+impl Default for Context {
+    fn default() -> Context {
+        Context::new()
+    }
+}
+
+/// Builder for a [`Context`].
+#[derive(Debug, Clone)]
+pub struct ContextBuilder {
+    dtype: DType,
+    backend: BackendKind,
+}
+
+impl ContextBuilder {
+    /// The default dtype of constructors (a float dtype; f32 if not set).
+    pub fn dtype(mut self, dtype: DType) -> ContextBuilder {
+        self.dtype = dtype;
+        self
+    }
+
+    /// The backend `eval` uses (auto if not set).
+    pub fn backend(mut self, backend: BackendKind) -> ContextBuilder {
+        self.backend = backend;
+        self
+    }
+
+    /// The context; `Err` when the dtype is not a float dtype.
+    #[track_caller]
+    pub fn build(self) -> Result<Context> {
+        check_default_dtype(self.dtype, Location::caller())?;
+        Ok(Context(Arc::new(RwLock::new(Settings {
+            dtype: self.dtype,
+            backend: self.backend,
+        }))))
+    }
+}
+
+fn check_default_dtype(dtype: DType, at: &'static Location<'static>) -> Result<()> {
+    if dtype.is_float() {
+        Ok(())
+    } else {
+        Err(Error::Argument {
+            what: "default dtype",
+            why: format!("{dtype} is not a float dtype (use f16, bf16, f32 or f64)"),
+            at,
+        })
+    }
+}
+
+impl Context {
+    /// A context with default dtype f32 and the auto backend.
+    pub fn new() -> Context {
+        Context(Arc::new(RwLock::new(Settings {
+            dtype: DType::F32,
+            backend: BackendKind::Auto,
+        })))
+    }
+
+    /// A builder for a context with other settings.
+    pub fn builder() -> ContextBuilder {
+        ContextBuilder {
+            dtype: DType::F32,
+            backend: BackendKind::Auto,
+        }
+    }
+
+    /// The process-wide context used by [`Tensor::from_vec`] and friends.
+    pub fn global() -> &'static Context {
+        static GLOBAL: OnceLock<Context> = OnceLock::new();
+        GLOBAL.get_or_init(Context::new)
+    }
+
+    fn settings(&self) -> std::sync::RwLockReadGuard<'_, Settings> {
+        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn settings_mut(&self) -> std::sync::RwLockWriteGuard<'_, Settings> {
+        self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The dtype constructors use when none is given.
+    pub fn default_dtype(&self) -> DType {
+        self.settings().dtype
+    }
+
+    /// Sets the default dtype, like ND4J's `setDTypeForContext`. Affects tensors made
+    /// afterwards; `Err` for a non-float dtype.
+    #[track_caller]
+    pub fn set_default_dtype(&self, dtype: DType) -> Result<()> {
+        check_default_dtype(dtype, Location::caller())?;
+        self.settings_mut().dtype = dtype;
+        Ok(())
+    }
+
+    /// The backend `eval` uses.
+    pub fn backend(&self) -> BackendKind {
+        self.settings().backend
+    }
+
+    /// Chooses the backend `eval` uses.
+    pub fn set_backend(&self, backend: BackendKind) {
+        self.settings_mut().backend = backend;
+    }
+
+    // ----- constructors -----
+
+    /// A tensor holding `data` (row-major) with `shape`; `Err` when the element count
+    /// does not match. The dtype is `T`'s (`f32` -> F32, `half::f16` -> F16, ...).
+    #[track_caller]
+    pub fn from_vec<T: Element>(&self, data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
+        let shape = Shape::from(shape);
+        let count = data.len();
+        let arr = HostArray::new(shape.clone(), T::into_storage(data)).ok_or_else(|| {
+            Error::ElementCount {
+                what: "from_vec",
+                count,
+                shape: shape.clone(),
+                expected: shape.numel(),
+                at: Location::caller(),
+            }
+        })?;
+        Ok(Tensor::leaf(self, arr))
+    }
+
+    /// Like [`Context::from_vec`], copying from a slice.
+    #[track_caller]
+    pub fn from_slice<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<Tensor> {
+        self.from_vec(data.to_vec(), shape)
+    }
+
+    /// A tensor of an evaluated array's data (to feed results back in).
+    pub fn from_array(&self, a: &Array) -> Tensor {
+        Tensor::leaf(self, a.0.clone())
+    }
+
+    /// A scalar (shape `[]`) of the default dtype.
+    pub fn scalar(&self, value: f64) -> Tensor {
+        Tensor::constant(self, Scalar::F(value), self.default_dtype(), Shape::scalar())
+    }
+
+    /// `shape` filled with `value`, of the default dtype.
+    pub fn full(&self, shape: &[usize], value: f64) -> Tensor {
+        self.full_dtype(shape, value, self.default_dtype())
+    }
+
+    /// `shape` filled with `value` converted to `dtype` (numpy's cast rules).
+    pub fn full_dtype(&self, shape: &[usize], value: f64, dtype: DType) -> Tensor {
+        Tensor::constant(self, Scalar::F(value), dtype, Shape::from(shape))
+    }
+
+    /// Zeros of the default dtype.
+    pub fn zeros(&self, shape: &[usize]) -> Tensor {
+        self.full(shape, 0.0)
+    }
+
+    /// Ones of the default dtype.
+    pub fn ones(&self, shape: &[usize]) -> Tensor {
+        self.full(shape, 1.0)
+    }
+
+    /// `start, start + step, ...` below `stop` (above it for a negative step), like
+    /// numpy's `arange`, of the default dtype. `Err` for a zero or non-finite step.
+    #[track_caller]
+    pub fn arange(&self, start: f64, stop: f64, step: f64) -> Result<Tensor> {
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !stop.is_finite() {
+            return Err(Error::Argument {
+                what: "arange",
+                why: format!("start {start}, stop {stop}, step {step}: need finite values and a non-zero step"),
+                at: Location::caller(),
+            });
+        }
+        let n = ((stop - start) / step).ceil().max(0.0) as usize;
+        let vals: Vec<f64> = (0..n).map(|i| start + i as f64 * step).collect();
+        Ok(self.leaf_f64(&vals, Shape(vec![n])))
+    }
+
+    /// Uniform random values in `[low, high)` of the default dtype, from `seed`: the
+    /// same seed gives the same tensor in every release.
+    pub fn rand_uniform(&self, shape: &[usize], low: f64, high: f64, seed: u64) -> Tensor {
+        let mut rng = SplitMix64::new(seed);
+        let shape = Shape::from(shape);
+        let vals: Vec<f64> = (0..shape.numel())
+            .map(|_| low + (high - low) * rng.next_f64())
+            .collect();
+        self.leaf_f64(&vals, shape)
+    }
+
+    /// Normal random values with `mean` and `std` of the default dtype, from `seed`.
+    pub fn rand_normal(&self, shape: &[usize], mean: f64, std: f64, seed: u64) -> Tensor {
+        let mut rng = SplitMix64::new(seed);
+        let shape = Shape::from(shape);
+        let vals: Vec<f64> = (0..shape.numel())
+            .map(|_| mean + std * rng.next_normal())
+            .collect();
+        self.leaf_f64(&vals, shape)
+    }
+
+    fn leaf_f64(&self, vals: &[f64], shape: Shape) -> Tensor {
+        let arr = HostArray::new(shape, Storage::from_f64s(self.default_dtype(), vals))
+            .expect("value count matches the shape by construction");
+        Tensor::leaf(self, arr)
+    }
+
+    // ----- evaluation -----
+
+    /// Evaluates several tensors in one graph (shared subexpressions are computed once)
+    /// on this context's backend.
+    pub fn eval(&self, outputs: &[&Tensor]) -> Result<Vec<Array>> {
+        Ok(self.eval_report(outputs)?.0)
+    }
+
+    /// Like [`Context::eval`], also returning what happened: the kernels, the path each
+    /// part took, and timings.
+    pub fn eval_report(&self, outputs: &[&Tensor]) -> Result<(Vec<Array>, Report)> {
+        let (graph, inputs) = build_graph(outputs)?;
+        let ev = ndfuse_runtime::execute(&graph, &inputs, self.backend())?;
+        let arrays = ev.outputs.iter().cloned().map(Array).collect();
+        Ok((arrays, Report { graph, ev }))
+    }
+
+    /// The graph the given tensors compile to, in the stable text form, before any
+    /// pass ran (`%4 = add %2, %3 : f32[4,8]`).
+    pub fn graph_text(&self, outputs: &[&Tensor]) -> Result<String> {
+        Ok(build_graph(outputs)?.0.to_string())
+    }
+}
+
+/// What an evaluation did: see [`Context::eval_report`].
+#[derive(Debug)]
+pub struct Report {
+    graph: Graph,
+    ev: Evaluation,
+}
+
+impl Report {
+    /// The graph that was evaluated.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The graph with each node's kernel, whether it was stored and why, and the path it
+    /// took (`jit`, or `interp: ...` with the reason).
+    pub fn annotated_graph(&self) -> String {
+        self.ev.annotated_graph(&self.graph)
+    }
+
+    /// Number of kernels launched (interpreter-only steps excluded).
+    pub fn kernel_count(&self) -> usize {
+        self.ev.schedule.as_ref().map_or(0, ndfuse_passes::Schedule::kernel_count)
+    }
+
+    /// The kernels as text (each kernel description in full).
+    pub fn kernels_text(&self) -> String {
+        self.ev
+            .schedule
+            .as_ref()
+            .map_or_else(String::new, |s| s.to_text(&self.graph))
+    }
+
+    /// The backend-level details: schedule, paths, timings.
+    pub fn evaluation(&self) -> &Evaluation {
+        &self.ev
+    }
+}
+
+/// Lowers the expression DAG under `outputs` into an IR graph plus the data of its
+/// leaves. Shared subexpressions become one node. Leaves are named `in0, in1, ...` in
+/// the order they are first reached, so equal expressions print identically.
+pub(crate) fn build_graph(outputs: &[&Tensor]) -> Result<(Graph, HashMap<NodeId, Arc<HostArray>>)> {
+    let mut g = Graph::new();
+    let mut ids: HashMap<*const Inner, NodeId> = HashMap::new();
+    let mut data = HashMap::new();
+    for &t in outputs {
+        t.expr()?;
+    }
+    for &out in outputs {
+        // Iterative post-order: deep expression chains must not overflow the stack.
+        let mut stack: Vec<(&Tensor, bool)> = vec![(out, false)];
+        while let Some((t, expanded)) = stack.pop() {
+            let key = Arc::as_ptr(&t.inner);
+            if ids.contains_key(&key) {
+                continue;
+            }
+            let e = t.expr()?;
+            if !expanded {
+                stack.push((t, true));
+                for s in e.src.iter().rev() {
+                    stack.push((s, false));
+                }
+                continue;
+            }
+            let id = match &e.data {
+                Some(arr) => {
+                    let id = g.add_input(format!("in{}", data.len()), e.dtype, e.shape.clone());
+                    data.insert(id, Arc::clone(arr));
+                    id
+                }
+                None => {
+                    let srcs: Vec<NodeId> = e.src.iter().map(|s| ids[&Arc::as_ptr(&s.inner)]).collect();
+                    g.add_node(
+                        ndfuse_ir::Node {
+                            op: e.op.clone(),
+                            dtype: e.dtype,
+                            shape: e.shape.clone(),
+                        },
+                        &srcs,
+                    )
+                }
+            };
+            ids.insert(key, id);
+        }
+        g.add_output(ids[&Arc::as_ptr(&out.inner)]);
+    }
+    Ok((g, data))
+}

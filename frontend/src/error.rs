@@ -1,0 +1,66 @@
+//! The errors a user of `ndfuse` can get. Each op error names the shapes and dtypes
+//! involved and the user's own call site.
+
+use ndfuse_ir::{DType, IrError, Shape};
+use std::panic::Location;
+use std::sync::Arc;
+
+/// Everything that can go wrong in the `ndfuse` API.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// An op that is not legal on its operands (shape, axis or dtype), at the call that
+    /// built it. Ops on such a tensor carry this first error on to `eval`.
+    #[error("{source} (at {at})")]
+    Op {
+        /// What is wrong, with the shapes and dtypes involved.
+        source: IrError,
+        /// The user's call that built the op.
+        at: &'static Location<'static>,
+    },
+    /// Data whose length does not match the shape it was given.
+    #[error("{what}: {count} elements given for shape {shape}, which holds {expected} (at {at})")]
+    ElementCount {
+        /// The constructor.
+        what: &'static str,
+        /// Elements supplied.
+        count: usize,
+        /// Shape requested.
+        shape: Shape,
+        /// Elements that shape holds.
+        expected: usize,
+        /// The user's call.
+        at: &'static Location<'static>,
+    },
+    /// A bad argument to a constructor or setting (zero step, non-float default dtype).
+    #[error("{what}: {why} (at {at})")]
+    Argument {
+        /// The function called.
+        what: &'static str,
+        /// What is wrong.
+        why: String,
+        /// The user's call.
+        at: &'static Location<'static>,
+    },
+    /// Reading an array as an element type it does not hold.
+    #[error("{what}::<{want}>() on an array of {got} (cast the tensor before eval)")]
+    TypeMismatch {
+        /// The accessor.
+        what: &'static str,
+        /// Type asked for.
+        want: DType,
+        /// Type held.
+        got: DType,
+    },
+    /// Evaluation failed in a backend.
+    #[error(transparent)]
+    Runtime(Arc<ndfuse_runtime::RuntimeError>),
+}
+
+impl From<ndfuse_runtime::RuntimeError> for Error {
+    fn from(e: ndfuse_runtime::RuntimeError) -> Error {
+        Error::Runtime(Arc::new(e))
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

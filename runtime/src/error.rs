@@ -1,0 +1,43 @@
+//! Errors of evaluating a graph on a backend.
+
+use ndfuse_ir::{TensorType, VerifyErrors};
+
+/// Why an evaluation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The graph does not verify (a bug in whoever built it).
+    #[error(transparent)]
+    Invalid(#[from] VerifyErrors),
+    /// An input node has no data bound to it.
+    #[error("input {name:?} ({expected}) has no data bound to it")]
+    MissingInput {
+        /// The input's name.
+        name: String,
+        /// Its declared type.
+        expected: TensorType,
+    },
+    /// Data bound to an input does not match its declared type.
+    #[error("input {name:?} is declared {expected} but the data bound to it is {got}")]
+    InputMismatch {
+        /// The input's name.
+        name: String,
+        /// Its declared type.
+        expected: TensorType,
+        /// The bound data's type.
+        got: TensorType,
+    },
+    /// The requested backend cannot run here.
+    #[error("backend {backend} is not available: {reason}")]
+    Unavailable {
+        /// The backend asked for.
+        backend: &'static str,
+        /// Why it is absent.
+        reason: String,
+    },
+    /// The reference interpreter failed.
+    #[error(transparent)]
+    Interp(#[from] ndfuse_ir::interp::InterpError),
+    /// CPU code generation or a JIT call failed.
+    #[error(transparent)]
+    Codegen(#[from] ndfuse_codegen_cpu::CodegenError),
+}

@@ -1,0 +1,278 @@
+//! The executor: runs a schedule step by step on host buffers and reports which path
+//! (JIT or interpreter) every step took and how long compiling and running took.
+
+use crate::error::RuntimeError;
+use ndfuse_codegen_cpu::CompiledKernel;
+use ndfuse_ir::interp;
+use ndfuse_ir::{verify, Graph, HostArray, Kernel, NodeId, Op, TensorType};
+use ndfuse_passes::{Schedule, Step};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Which backend evaluates a graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    /// The best backend present (the CPU backend in this version).
+    #[default]
+    Auto,
+    /// Fused kernels JIT-compiled with Cranelift; what the JIT cannot compile yet runs
+    /// in the interpreter, and the report says so.
+    Cpu,
+    /// The CUDA backend.
+    Cuda,
+    /// The f64 reference interpreter, node by node, no fusion.
+    Interp,
+}
+
+impl BackendKind {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Auto => "auto",
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Interp => "interp",
+        }
+    }
+}
+
+/// How one step of the schedule ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepPath {
+    /// A JIT-compiled kernel; `cached` when the compiled code was reused.
+    Jit {
+        /// Whether compilation was skipped thanks to the kernel cache.
+        cached: bool,
+    },
+    /// A kernel the codegen cannot compile yet, evaluated by the interpreter.
+    KernelInterp {
+        /// What the codegen cannot do.
+        reason: String,
+    },
+    /// A node the passes left to the interpreter.
+    Interp,
+}
+
+impl std::fmt::Display for StepPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StepPath::Jit { cached: false } => f.write_str("jit"),
+            StepPath::Jit { cached: true } => f.write_str("jit, cached"),
+            StepPath::KernelInterp { reason } => write!(f, "interp: {reason}"),
+            StepPath::Interp => f.write_str("interp"),
+        }
+    }
+}
+
+/// The result of one evaluation.
+#[derive(Debug)]
+pub struct Evaluation {
+    /// One array per graph output, in order.
+    pub outputs: Vec<HostArray>,
+    /// The backend that ran.
+    pub backend: BackendKind,
+    /// The schedule (absent for the interpreter backend, which does not fuse).
+    pub schedule: Option<Schedule>,
+    /// How each step ran, parallel to `schedule.steps`.
+    pub paths: Vec<StepPath>,
+    /// Time spent compiling kernels (zero when all came from the cache).
+    pub compile_time: Duration,
+    /// Time spent running steps.
+    pub run_time: Duration,
+}
+
+impl Evaluation {
+    /// The graph's text form with, after each node, its kernel and the path it took.
+    pub fn annotated_graph(&self, g: &Graph) -> String {
+        match &self.schedule {
+            Some(s) => s.annotate(g, &|i| self.paths.get(i).map(ToString::to_string)),
+            None => g.to_text_with(&|id| (!g.node(id).op.is_input()).then(|| "interp".to_string())),
+        }
+    }
+}
+
+/// Compiled kernels by description: a hit skips Cranelift entirely. Descriptions carry
+/// shapes, strides and dtypes, so equal descriptions compile to identical code.
+fn kernel_cache() -> &'static Mutex<HashMap<Kernel, Arc<CompiledKernel>>> {
+    static CACHE: OnceLock<Mutex<HashMap<Kernel, Arc<CompiledKernel>>>> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+/// Checks that every input the outputs need has data of the declared type.
+fn check_inputs(g: &Graph, inputs: &HashMap<NodeId, Arc<HostArray>>) -> Result<(), RuntimeError> {
+    for n in g.live_nodes() {
+        let node = g.node(n);
+        let Op::Input { name } = &node.op else { continue };
+        let expected = g.ty(n);
+        let data = inputs.get(&n).ok_or_else(|| RuntimeError::MissingInput {
+            name: name.clone(),
+            expected: expected.clone(),
+        })?;
+        let got = TensorType {
+            dtype: data.dtype(),
+            shape: data.shape().clone(),
+        };
+        if got != expected {
+            return Err(RuntimeError::InputMismatch {
+                name: name.clone(),
+                expected,
+                got,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Evaluates the outputs of `g` on `backend`, with `inputs` bound to its input nodes.
+/// Input data is shared, never copied (except by the interpreter backend).
+pub fn execute(
+    g: &Graph,
+    inputs: &HashMap<NodeId, Arc<HostArray>>,
+    backend: BackendKind,
+) -> Result<Evaluation, RuntimeError> {
+    verify(g)?;
+    check_inputs(g, inputs)?;
+    match backend {
+        BackendKind::Interp => {
+            let start = Instant::now();
+            let owned: HashMap<NodeId, HostArray> =
+                inputs.iter().map(|(&n, a)| (n, HostArray::clone(a))).collect();
+            let outputs = interp::eval(g, &owned)?;
+            Ok(Evaluation {
+                outputs,
+                backend,
+                schedule: None,
+                paths: Vec::new(),
+                compile_time: Duration::ZERO,
+                run_time: start.elapsed(),
+            })
+        }
+        BackendKind::Cuda => Err(RuntimeError::Unavailable {
+            backend: "cuda",
+            reason: "the CUDA backend is not built yet in this version of ndfuse".into(),
+        }),
+        BackendKind::Auto | BackendKind::Cpu => run_cpu(g, inputs),
+    }
+}
+
+/// A buffer of the evaluation: borrowed from the caller or produced by a step.
+enum Buf<'a> {
+    Borrowed(&'a HostArray),
+    Owned(HostArray),
+}
+
+impl Buf<'_> {
+    fn get(&self) -> &HostArray {
+        match self {
+            Buf::Borrowed(a) => a,
+            Buf::Owned(a) => a,
+        }
+    }
+}
+
+fn run_cpu(g: &Graph, inputs: &HashMap<NodeId, Arc<HostArray>>) -> Result<Evaluation, RuntimeError> {
+    let schedule = ndfuse_passes::schedule(g);
+    // The last step that reads each buffer: it is dropped right after.
+    let mut last_read: HashMap<NodeId, usize> = HashMap::new();
+    for (i, s) in schedule.steps.iter().enumerate() {
+        for &r in s.reads() {
+            last_read.insert(r, i);
+        }
+    }
+    let mut bufs: HashMap<NodeId, Buf<'_>> =
+        inputs.iter().map(|(&n, a)| (n, Buf::Borrowed(&**a))).collect();
+    let mut paths = Vec::with_capacity(schedule.steps.len());
+    let (mut compile_time, mut run_time) = (Duration::ZERO, Duration::ZERO);
+    for (i, step) in schedule.steps.iter().enumerate() {
+        let read = |n: &NodeId| -> &HostArray {
+            bufs.get(n)
+                .unwrap_or_else(|| panic!("step {i} reads {n} before it is written (a scheduling bug)"))
+                .get()
+        };
+        let (results, path) = match step {
+            Step::Kernel {
+                kernel,
+                inputs: ins,
+                outputs: outs,
+            } => {
+                let args: Vec<&HostArray> = ins.iter().map(read).collect();
+                let start = Instant::now();
+                let (results, path, compiled_in) = run_kernel(kernel, &args)?;
+                compile_time += compiled_in;
+                run_time += start.elapsed().saturating_sub(compiled_in);
+                (outs.iter().copied().zip(results).collect::<Vec<_>>(), path)
+            }
+            Step::Interp { node, operands, .. } => {
+                let args: Vec<&HostArray> = operands.iter().map(read).collect();
+                let start = Instant::now();
+                let out = interp::eval_node(g.node(*node), &args)?;
+                run_time += start.elapsed();
+                (vec![(*node, out)], StepPath::Interp)
+            }
+        };
+        for (n, a) in results {
+            bufs.insert(n, Buf::Owned(a));
+        }
+        paths.push(path);
+        for &r in step.reads() {
+            if last_read.get(&r) == Some(&i) && !g.is_output(r) {
+                bufs.remove(&r);
+            }
+        }
+    }
+    let outputs = g
+        .outputs()
+        .iter()
+        .map(|o| {
+            bufs.get(o)
+                .map(|b| b.get().clone())
+                .unwrap_or_else(|| panic!("output {o} was never computed (a scheduling bug)"))
+        })
+        .collect();
+    Ok(Evaluation {
+        outputs,
+        backend: BackendKind::Cpu,
+        schedule: Some(schedule),
+        paths,
+        compile_time,
+        run_time,
+    })
+}
+
+/// Runs one kernel: from the cache, freshly compiled, or in the interpreter when the
+/// codegen cannot compile it yet. Returns the outputs, the path and the compile time.
+fn run_kernel(
+    kernel: &Kernel,
+    args: &[&HostArray],
+) -> Result<(Vec<HostArray>, StepPath, Duration), RuntimeError> {
+    if let Err(reason) = ndfuse_codegen_cpu::supports(kernel) {
+        let outs = interp::eval_kernel(kernel, args)?;
+        return Ok((outs, StepPath::KernelInterp { reason }, Duration::ZERO));
+    }
+    let cached = kernel_cache()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(kernel)
+        .cloned();
+    let (compiled, path, took) = match cached {
+        Some(c) => (c, StepPath::Jit { cached: true }, Duration::ZERO),
+        None => {
+            let c = Arc::new(ndfuse_codegen_cpu::compile(kernel)?);
+            let took = c.compile_time();
+            kernel_cache()
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(kernel.clone(), Arc::clone(&c));
+            (c, StepPath::Jit { cached: false }, took)
+        }
+    };
+    let mut outs: Vec<HostArray> = kernel
+        .outputs
+        .iter()
+        .map(|b| HostArray::zeros(b.dtype, kernel.domain.clone()))
+        .collect();
+    let mut out_refs: Vec<&mut HostArray> = outs.iter_mut().collect();
+    compiled.run(args, &mut out_refs)?;
+    Ok((outs, path, took))
+}
