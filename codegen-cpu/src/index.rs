@@ -139,7 +139,10 @@ mod tests {
     #[test]
     fn contiguous_and_fixed_need_no_divisions() {
         let d = Shape::new([4, 8]);
-        let (p, a) = plan(&d, &[&View::contiguous(d.clone()), &view(&[4, 8], &[0, 0], 5)]);
+        let (p, a) = plan(
+            &d,
+            &[&View::contiguous(d.clone()), &view(&[4, 8], &[0, 0], 5)],
+        );
         assert_eq!(a, vec![Access::Contiguous, Access::Fixed(5)]);
         assert!(p.extents.is_empty());
     }
@@ -151,18 +154,36 @@ mod tests {
         let (p, a) = plan(&d, &[&t]);
         assert_eq!(p.extents, vec![3, 4]);
         assert_eq!(p.needed, vec![true, true]);
-        assert_eq!(a, vec![Access::Strided { offset: 0, strides: vec![1, 3] }]);
+        assert_eq!(
+            a,
+            vec![Access::Strided {
+                offset: 0,
+                strides: vec![1, 3]
+            }]
+        );
     }
 
     #[test]
     fn sliced_rows_merge_into_one_group() {
         // x[1:, :] of a [5, 6] buffer: contiguous rows at offset 6, no division needed.
         let d = Shape::new([4, 6]);
-        let v = View::contiguous(Shape::new([5, 6]))
-            .slice(&[AxisSlice { start: 1, step: 1, len: 4 }, AxisSlice::full(6)]);
+        let v = View::contiguous(Shape::new([5, 6])).slice(&[
+            AxisSlice {
+                start: 1,
+                step: 1,
+                len: 4,
+            },
+            AxisSlice::full(6),
+        ]);
         let (p, a) = plan(&d, &[&v]);
         assert_eq!(p.extents, vec![24]);
-        assert_eq!(a, vec![Access::Strided { offset: 6, strides: vec![1] }]);
+        assert_eq!(
+            a,
+            vec![Access::Strided {
+                offset: 6,
+                strides: vec![1]
+            }]
+        );
     }
 
     #[test]
@@ -177,7 +198,13 @@ mod tests {
         let (p, a) = plan(&d, &[&rev, &bc]);
         assert_eq!(p.extents, vec![2, 3, 4]);
         assert_eq!(p.needed, vec![true, true, true]);
-        assert_eq!(a[1], Access::Strided { offset: 0, strides: vec![4, 0, 1] });
+        assert_eq!(
+            a[1],
+            Access::Strided {
+                offset: 0,
+                strides: vec![4, 0, 1]
+            }
+        );
     }
 
     #[test]
@@ -187,6 +214,12 @@ mod tests {
         assert_eq!(p.extents, vec![4, 8]);
         assert_eq!(p.needed, vec![false, true]);
         assert_eq!(p.outermost_needed(), Some(1));
-        assert_eq!(a, vec![Access::Strided { offset: 0, strides: vec![0, 1] }]);
+        assert_eq!(
+            a,
+            vec![Access::Strided {
+                offset: 0,
+                strides: vec![0, 1]
+            }]
+        );
     }
 }

@@ -33,7 +33,8 @@ fn host_isa() -> Result<OwnedTargetIsa, String> {
         set(&mut flags, "use_colocated_libcalls", "false")?;
         set(&mut flags, "is_pic", "false")?;
         let isa = cranelift_native::builder().map_err(|e| format!("host not supported: {e}"))?;
-        isa.finish(settings::Flags::new(flags)).map_err(|e| format!("building the host ISA: {e}"))
+        isa.finish(settings::Flags::new(flags))
+            .map_err(|e| format!("building the host ISA: {e}"))
     })
     .clone()
 }
@@ -75,7 +76,9 @@ struct CodeMemory {
 
 impl CodeMemory {
     fn module(&mut self) -> &mut JITModule {
-        self.module.as_mut().expect("the module is only taken by drop")
+        self.module
+            .as_mut()
+            .expect("the module is only taken by drop")
     }
 }
 
@@ -123,15 +126,22 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
     let id = module
         .declare_function(&kernel.name, Linkage::Export, &sig)
         .map_err(|e| cranelift(e.to_string()))?;
-    lower::lower(kernel, module, &mut ctx.func, &mut fctx).map_err(|e| cranelift(e.to_string()))?;
-    let clif = ctx.func.display().to_string();
+    let imports = lower::lower(kernel, module, &mut ctx.func, &mut fctx).map_err(cranelift)?;
+    // The text names imports only by id; a comment legend says which function each is.
+    let mut clif = String::new();
+    for (name, id) in imports {
+        clif.push_str(&format!("; u0:{} = {name}\n", id.as_u32()));
+    }
+    clif.push_str(&ctx.func.display().to_string());
     module.define_function(id, &mut ctx).map_err(|e| match e {
-        ModuleError::Compilation(err) => {
-            cranelift(cranelift_codegen::print_errors::pretty_error(&ctx.func, err))
-        }
+        ModuleError::Compilation(err) => cranelift(cranelift_codegen::print_errors::pretty_error(
+            &ctx.func, err,
+        )),
         other => cranelift(other.to_string()),
     })?;
-    module.finalize_definitions().map_err(|e| cranelift(e.to_string()))?;
+    module
+        .finalize_definitions()
+        .map_err(|e| cranelift(e.to_string()))?;
     let entry = entry_point(module.get_finalized_function(id));
 
     Ok(CompiledKernel {
@@ -146,10 +156,19 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
     })
 }
 
+/// `1 input`, `2 inputs`.
+fn count(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
 /// Whether `array` can back `buffer`: same dtype, same number of elements.
 fn check_array(role: &str, k: usize, array: &HostArray, buffer: &Buffer) -> Result<(), String> {
     if array.dtype() != buffer.dtype {
-        return Err(format!("{role} {k} is {}, the kernel needs {}", array.dtype(), buffer.dtype));
+        return Err(format!(
+            "{role} {k} is {}, the kernel needs {}",
+            array.dtype(),
+            buffer.dtype
+        ));
     }
     if array.len() != buffer.len {
         return Err(format!(
@@ -169,7 +188,8 @@ fn entry_point(code: *const u8) -> KernelFn {
     unsafe { std::mem::transmute::<*const u8, KernelFn>(code) }
 }
 
-/// Runs the kernel's code over positions `[start, end)`.
+/// Runs the kernel's code over positions `[start, end)`. Only `run_range` calls it,
+/// after the checks its SAFETY comment relies on.
 fn invoke(entry: KernelFn, ptrs: &[*mut u8], start: i64, end: i64) {
     // SAFETY: `run_range` has checked, before building `ptrs`, that there is one pointer
     // per kernel buffer (inputs, then outputs), each to an array of the buffer's dtype
@@ -187,8 +207,9 @@ impl CompiledKernel {
     }
 
     /// The Cranelift IR of the kernel as generated, before Cranelift's optimisations:
-    /// for dumps (`NDFUSE_DEBUG=4`) and snapshot tests. The same kernel always gives the
-    /// same text.
+    /// for dumps (`NDFUSE_DEBUG=4`) and snapshot tests. Imported math functions appear
+    /// as `u0:<id>`; leading `;` comment lines name them. The same kernel always gives
+    /// the same text.
     pub fn clif(&self) -> &str {
         &self.clif
     }
@@ -203,7 +224,11 @@ impl CompiledKernel {
     /// `inputs` and `outputs` must match the kernel's buffers in number, dtype and
     /// length (shapes are not checked: buffers are flat); otherwise
     /// [`CodegenError::Args`] names the first argument that does not, and nothing runs.
-    pub fn run(&self, inputs: &[&HostArray], outputs: &mut [&mut HostArray]) -> Result<(), CodegenError> {
+    pub fn run(
+        &self,
+        inputs: &[&HostArray],
+        outputs: &mut [&mut HostArray],
+    ) -> Result<(), CodegenError> {
         self.run_range(inputs, outputs, 0, self.numel)
     }
 
@@ -222,10 +247,18 @@ impl CompiledKernel {
             detail,
         };
         if inputs.len() != self.inputs.len() {
-            return Err(bad(format!("expected {} inputs, got {}", self.inputs.len(), inputs.len())));
+            return Err(bad(format!(
+                "expected {}, got {}",
+                count(self.inputs.len(), "input"),
+                inputs.len()
+            )));
         }
         if outputs.len() != self.outputs.len() {
-            return Err(bad(format!("expected {} outputs, got {}", self.outputs.len(), outputs.len())));
+            return Err(bad(format!(
+                "expected {}, got {}",
+                count(self.outputs.len(), "output"),
+                outputs.len()
+            )));
         }
         for (k, (array, buffer)) in inputs.iter().zip(&self.inputs).enumerate() {
             check_array("input", k, array, buffer).map_err(bad)?;

@@ -4,8 +4,10 @@
 //! Each has one f32 and one f64 version (integer pow: i32 and i64). They stand in until
 //! an inline vector math library replaces the calls; until then their accuracy is that
 //! of the host's libm (the f32 versions of `sigmoid` and `pow` go through f64 to round
-//! once). The measured bound per op is in `tests/differential.rs`.
+//! once; `sigmoid` uses the `libm` crate's exp, as the reference does). The tolerance per
+//! op is in `tests/differential.rs`.
 
+use ndfuse_ir::interp::{binary_f64, binary_i64, unary_f64};
 use ndfuse_ir::{BinaryOp, DType, UnaryOp};
 
 /// A function the generated code calls, by symbol name.
@@ -93,108 +95,43 @@ pub(crate) fn symbols() -> [(&'static str, *const u8); 22] {
     ]
 }
 
-extern "C" fn ndfuse_expf(x: f32) -> f32 {
-    x.exp()
+/// Defines the f32 and f64 wrapper of a unary op. Both call the reference
+/// interpreter's own scalar function: f64 directly, f32 computed in f64 and rounded
+/// once. So the JIT and the reference agree bit for bit, and the property tests can
+/// demand exact equality until the inline vector library brings its own ulp budget.
+macro_rules! unary_libcalls {
+    ($($op:ident => $f32:ident, $f64:ident;)*) => {$(
+        extern "C" fn $f32(x: f32) -> f32 {
+            unary_f64(UnaryOp::$op, f64::from(x)) as f32
+        }
+        extern "C" fn $f64(x: f64) -> f64 {
+            unary_f64(UnaryOp::$op, x)
+        }
+    )*};
 }
-extern "C" fn ndfuse_exp(x: f64) -> f64 {
-    x.exp()
-}
-extern "C" fn ndfuse_logf(x: f32) -> f32 {
-    x.ln()
-}
-extern "C" fn ndfuse_log(x: f64) -> f64 {
-    x.ln()
-}
-extern "C" fn ndfuse_log1pf(x: f32) -> f32 {
-    x.ln_1p()
-}
-extern "C" fn ndfuse_log1p(x: f64) -> f64 {
-    x.ln_1p()
-}
-extern "C" fn ndfuse_expm1f(x: f32) -> f32 {
-    x.exp_m1()
-}
-extern "C" fn ndfuse_expm1(x: f64) -> f64 {
-    x.exp_m1()
-}
-extern "C" fn ndfuse_sinf(x: f32) -> f32 {
-    x.sin()
-}
-extern "C" fn ndfuse_sin(x: f64) -> f64 {
-    x.sin()
-}
-extern "C" fn ndfuse_cosf(x: f32) -> f32 {
-    x.cos()
-}
-extern "C" fn ndfuse_cos(x: f64) -> f64 {
-    x.cos()
-}
-extern "C" fn ndfuse_tanhf(x: f32) -> f32 {
-    x.tanh()
-}
-extern "C" fn ndfuse_tanh(x: f64) -> f64 {
-    x.tanh()
-}
-extern "C" fn ndfuse_erff(x: f32) -> f32 {
-    libm::erff(x)
-}
-extern "C" fn ndfuse_erf(x: f64) -> f64 {
-    libm::erf(x)
+unary_libcalls! {
+    Exp => ndfuse_expf, ndfuse_exp;
+    Log => ndfuse_logf, ndfuse_log;
+    Log1p => ndfuse_log1pf, ndfuse_log1p;
+    Expm1 => ndfuse_expm1f, ndfuse_expm1;
+    Sin => ndfuse_sinf, ndfuse_sin;
+    Cos => ndfuse_cosf, ndfuse_cos;
+    Tanh => ndfuse_tanhf, ndfuse_tanh;
+    Erf => ndfuse_erff, ndfuse_erf;
+    Sigmoid => ndfuse_sigmoidf, ndfuse_sigmoid;
 }
 
-/// Computed in f64 so the f32 result is rounded once, like the reference.
-extern "C" fn ndfuse_sigmoidf(x: f32) -> f32 {
-    ndfuse_sigmoid(f64::from(x)) as f32
-}
-
-/// The reference's split form: `1 / (1 + e^-x)` for `x >= 0`, `e^x / (1 + e^x)` below,
-/// which keeps the tiny results the first form loses once `e^-x` overflows (x < -709)
-/// and, unlike `e^x / (1 + e^x)` everywhere, never computes inf/inf: no NaN from a
-/// number.
-extern "C" fn ndfuse_sigmoid(x: f64) -> f64 {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    }
-}
-
-/// Computed in f64 (exact for f32 operands up to the final rounding) so that the f32
-/// result is rounded once instead of carrying powf's own error.
+/// `pow` in f64 (exact for f32 operands up to the final rounding), as the reference.
 extern "C" fn ndfuse_powf(x: f32, y: f32) -> f32 {
-    f64::from(x).powf(f64::from(y)) as f32
+    binary_f64(BinaryOp::Pow, f64::from(x), f64::from(y)) as f32
 }
 extern "C" fn ndfuse_pow(x: f64, y: f64) -> f64 {
-    x.powf(y)
+    binary_f64(BinaryOp::Pow, x, y)
 }
 
-/// Wrapping integer power, the reference's rule: a non-negative exponent multiplies by
-/// squaring with wrap-around; a negative one gives `1 / base` truncated toward zero,
-/// i.e. 1 for base 1, ±1 for base -1 by the exponent's parity, and 0 otherwise.
+/// Wrapping integer power, the reference's rule (see `interp::binary_i64`).
 extern "C" fn ndfuse_ipow64(base: i64, exp: i64) -> i64 {
-    if exp < 0 {
-        return match base {
-            1 => 1,
-            -1 => {
-                if exp % 2 == 0 {
-                    1
-                } else {
-                    -1
-                }
-            }
-            _ => 0,
-        };
-    }
-    let (mut acc, mut b, mut e) = (1i64, base, exp);
-    while e > 0 {
-        if e & 1 == 1 {
-            acc = acc.wrapping_mul(b);
-        }
-        b = b.wrapping_mul(b);
-        e >>= 1;
-    }
-    acc
+    binary_i64(BinaryOp::Pow, base, exp)
 }
 
 /// The i64 power wrapped to i32: wrapping products agree modulo 2^32.

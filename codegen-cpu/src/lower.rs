@@ -23,14 +23,15 @@ use cranelift_codegen::ir::{
     Value,
 };
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use cranelift_module::{Linkage, Module, ModuleResult};
+use cranelift_module::{FuncId, Linkage, Module};
 use ndfuse_ir::{BinaryOp, DKind, DType, Expr, Kernel, Scalar, UnaryOp, View};
 use std::collections::BTreeMap;
 
 /// The signature of every kernel: `(ptrs: *const *mut u8, start: i64, end: i64)`.
 pub(crate) fn kernel_signature<M: Module>(module: &M) -> Signature {
     let mut sig = module.make_signature();
-    sig.params.push(AbiParam::new(module.target_config().pointer_type()));
+    sig.params
+        .push(AbiParam::new(module.target_config().pointer_type()));
     sig.params.push(AbiParam::new(types::I64));
     sig.params.push(AbiParam::new(types::I64));
     sig
@@ -61,14 +62,17 @@ fn input_flags() -> MemFlagsData {
     MemFlagsData::trusted().with_readonly()
 }
 
-/// Writes `kernel` as the body of `func` (whose name and signature this sets).
-/// Transcendentals become calls to imported [`libcalls`], declared in `module`.
+/// Writes `kernel` as the body of `func` (whose name and signature this sets). Fails
+/// only when `module` refuses an import.
+/// Transcendentals become calls to imported [`libcalls`], declared in `module`; the
+/// imports are returned in the order of their ids, for a legend of the CLIF text (which
+/// shows them only as `u0:<id>`).
 pub(crate) fn lower<M: Module>(
     kernel: &Kernel,
     module: &mut M,
     func: &mut Function,
     fctx: &mut FunctionBuilderContext,
-) -> ModuleResult<()> {
+) -> Result<Vec<(&'static str, FuncId)>, String> {
     func.signature = kernel_signature(module);
     func.name = UserFuncName::testcase(&kernel.name);
     let ptr_ty = module.target_config().pointer_type();
@@ -77,25 +81,44 @@ pub(crate) fn lower<M: Module>(
         b,
         module,
         ptr_ty,
-        imports: BTreeMap::new(),
+        imports: Vec::new(),
+        consts: BTreeMap::new(),
+        scaled: BTreeMap::new(),
     };
     lw.kernel(kernel)?;
     lw.b.seal_all_blocks();
     let config = lw.module.target_config();
     lw.b.finalize(config);
-    Ok(())
+    Ok(lw
+        .imports
+        .into_iter()
+        .map(|(name, id, _)| (name, id))
+        .collect())
 }
 
 struct Lowering<'f, 'm, M: Module> {
     b: FunctionBuilder<'f>,
     module: &'m mut M,
     ptr_ty: Type,
-    /// Imported functions already declared in this function, by symbol.
-    imports: BTreeMap<&'static str, FuncRef>,
+    /// Imported functions declared so far, in declaration order.
+    imports: Vec<(&'static str, FuncId, FuncRef)>,
+    /// i64 constants already materialised. Every block that creates one (entry,
+    /// preheader, loop) dominates the later users, so one definition serves all.
+    consts: BTreeMap<i64, Value>,
+    /// Element offsets already scaled to bytes, by (offset, shift): contiguous loads and
+    /// stores of one element size share one address computation.
+    scaled: BTreeMap<(Value, i64), Value>,
+}
+
+/// An element offset: a variable part (`None` for none) plus constant elements, which
+/// end up in the load's or store's immediate offset when they fit.
+struct Offset {
+    var: Option<Value>,
+    elems: i64,
 }
 
 impl<M: Module> Lowering<'_, '_, M> {
-    fn kernel(&mut self, kernel: &Kernel) -> ModuleResult<()> {
+    fn kernel(&mut self, kernel: &Kernel) -> Result<(), String> {
         let entry = self.b.create_block();
         self.b.append_block_params_for_function_params(entry);
         self.b.switch_to_block(entry);
@@ -124,7 +147,7 @@ impl<M: Module> Lowering<'_, '_, M> {
         let bases: Vec<Value> = (0..n_ptrs)
             .map(|k| {
                 let at = i32::try_from(k).ok().and_then(|k| k.checked_mul(word));
-                let at = at.expect("fewer than 2^28 kernel arguments is a bug to exceed");
+                let at = at.expect("a kernel with over 2^28 buffers is a bug");
                 self.b.ins().load(self.ptr_ty, input_flags(), ptrs, at)
             })
             .collect();
@@ -148,8 +171,8 @@ impl<M: Module> Lowering<'_, '_, M> {
         for (v, ins) in kernel.body.iter().enumerate() {
             if let Expr::Load { input, .. } = &ins.expr {
                 let access = accesses.next().expect("one access per load");
-                if let Access::Fixed(offset) = access {
-                    let off = self.b.ins().iconst(types::I64, offset);
+                if let Access::Fixed(elems) = access {
+                    let off = Offset { var: None, elems };
                     values[v] = Some(self.load_at(in_bases[*input], off, ins.dtype));
                 } else {
                     load_access[v] = Some(access);
@@ -165,7 +188,8 @@ impl<M: Module> Lowering<'_, '_, M> {
             if values[v].is_some() {
                 continue;
             }
-            let operand = |x: &ndfuse_ir::ValueId| values[x.index()].expect("SSA order: defined before use");
+            let operand =
+                |x: &ndfuse_ir::ValueId| values[x.index()].expect("SSA order: defined before use");
             let value = match &ins.expr {
                 Expr::Load { input, .. } => {
                     let access = load_access[v].take().expect("a load's access was planned");
@@ -196,10 +220,17 @@ impl<M: Module> Lowering<'_, '_, M> {
         for s in &kernel.stores {
             let value = values[s.value.index()].expect("stored values are defined");
             let dtype = kernel.body[s.value.index()].dtype;
-            let addr = self.address(out_bases[s.output], i, dtype);
-            self.b.ins().store(MemFlagsData::trusted(), value, addr, 0);
+            let at = Offset {
+                var: Some(i),
+                elems: 0,
+            };
+            let (addr, imm) = self.address(out_bases[s.output], at, dtype);
+            self.b
+                .ins()
+                .store(MemFlagsData::trusted(), value, addr, imm);
         }
-        let next = self.b.ins().iadd_imm_s(i, 1);
+        let one = self.iconst(1);
+        let next = self.b.ins().iadd(i, one);
         let more = self.b.ins().icmp(IntCC::SignedLessThan, next, end);
         self.b.ins().brif(more, body, &[next.into()], exit, &[]);
 
@@ -222,7 +253,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                 idx[0] = Some(rest);
                 break;
             }
-            let extent = self.b.ins().iconst(types::I64, plan.extents[g]);
+            let extent = self.iconst(plan.extents[g]);
             let quot = self.b.ins().udiv(rest, extent);
             if plan.needed[g] {
                 let whole = self.b.ins().imul(quot, extent);
@@ -233,11 +264,17 @@ impl<M: Module> Lowering<'_, '_, M> {
         idx
     }
 
-    /// The element offset of a contiguous or strided load at position `i`.
-    fn element_offset(&mut self, access: &Access, idx: &[Option<Value>], i: Value) -> Value {
+    /// The element offset of a load at position `i`.
+    fn element_offset(&mut self, access: &Access, idx: &[Option<Value>], i: Value) -> Offset {
         match access {
-            Access::Contiguous => i,
-            Access::Fixed(offset) => self.b.ins().iconst(types::I64, *offset),
+            Access::Contiguous => Offset {
+                var: Some(i),
+                elems: 0,
+            },
+            Access::Fixed(elems) => Offset {
+                var: None,
+                elems: *elems,
+            },
             Access::Strided { offset, strides } => {
                 let mut sum: Option<Value> = None;
                 for (g, &stride) in strides.iter().enumerate() {
@@ -248,36 +285,71 @@ impl<M: Module> Lowering<'_, '_, M> {
                     let term = if stride == 1 {
                         ix
                     } else {
-                        self.b.ins().imul_imm_s(ix, stride)
+                        let s = self.iconst(stride);
+                        self.b.ins().imul(ix, s)
                     };
                     sum = Some(match sum {
                         None => term,
                         Some(acc) => self.b.ins().iadd(acc, term),
                     });
                 }
-                match sum {
-                    None => self.b.ins().iconst(types::I64, *offset),
-                    Some(s) if *offset == 0 => s,
-                    Some(s) => self.b.ins().iadd_imm_s(s, *offset),
+                Offset {
+                    var: sum,
+                    elems: *offset,
                 }
             }
         }
     }
 
-    /// Byte address of element `offset` of a buffer of `dtype` at `base`.
-    fn address(&mut self, base: Value, offset: Value, dtype: DType) -> Value {
-        let shift = size_shift(dtype);
-        let bytes = if shift == 0 {
-            offset
-        } else {
-            self.b.ins().ishl_imm_u(offset, shift)
-        };
-        self.b.ins().iadd(base, bytes)
+    fn iconst(&mut self, v: i64) -> Value {
+        if let Some(&c) = self.consts.get(&v) {
+            return c;
+        }
+        let c = self.b.ins().iconst(types::I64, v);
+        self.consts.insert(v, c);
+        c
     }
 
-    fn load_at(&mut self, base: Value, offset: Value, dtype: DType) -> Value {
-        let addr = self.address(base, offset, dtype);
-        self.b.ins().load(cl_type(dtype), input_flags(), addr, 0)
+    /// The address of element `off` of a buffer of `dtype` at `base`, as a value and an
+    /// immediate byte offset.
+    fn address(&mut self, base: Value, off: Offset, dtype: DType) -> (Value, i32) {
+        let shift = size_shift(dtype);
+        let addr = match off.var {
+            None => base,
+            Some(var) => {
+                let bytes = match self.scaled.get(&(var, shift)) {
+                    Some(&b) => b,
+                    None => {
+                        let b = if shift == 0 {
+                            var
+                        } else {
+                            let sh = self.iconst(shift);
+                            self.b.ins().ishl(var, sh)
+                        };
+                        self.scaled.insert((var, shift), b);
+                        b
+                    }
+                };
+                self.b.ins().iadd(base, bytes)
+            }
+        };
+        // A constant offset inside a buffer is below isize::MAX bytes.
+        let bytes = off
+            .elems
+            .checked_mul(dtype.size_bytes() as i64)
+            .expect("an offset inside a buffer fits in i64 bytes (supports() checked the view)");
+        match i32::try_from(bytes) {
+            Ok(imm) => (addr, imm),
+            Err(_) => {
+                let c = self.iconst(bytes);
+                (self.b.ins().iadd(addr, c), 0)
+            }
+        }
+    }
+
+    fn load_at(&mut self, base: Value, off: Offset, dtype: DType) -> Value {
+        let (addr, imm) = self.address(base, off, dtype);
+        self.b.ins().load(cl_type(dtype), input_flags(), addr, imm)
     }
 
     fn constant(&mut self, c: Scalar, dtype: DType) -> Value {
@@ -298,18 +370,22 @@ impl<M: Module> Lowering<'_, '_, M> {
         }
     }
 
-    fn call(&mut self, call: Libcall, ty: Type, args: &[Value]) -> ModuleResult<Value> {
-        let fref = match self.imports.get(call.name) {
-            Some(f) => *f,
+    fn call(&mut self, call: Libcall, ty: Type, args: &[Value]) -> Result<Value, String> {
+        let known = self.imports.iter().find(|(name, _, _)| *name == call.name);
+        let fref = match known {
+            Some(&(_, _, fref)) => fref,
             None => {
                 let mut sig = self.module.make_signature();
                 for _ in 0..call.arity {
                     sig.params.push(AbiParam::new(ty));
                 }
                 sig.returns.push(AbiParam::new(ty));
-                let id = self.module.declare_function(call.name, Linkage::Import, &sig)?;
+                let id = self
+                    .module
+                    .declare_function(call.name, Linkage::Import, &sig)
+                    .map_err(|e| format!("declaring {}: {e}", call.name))?;
                 let fref = self.module.declare_func_in_func(id, self.b.func);
-                self.imports.insert(call.name, fref);
+                self.imports.push((call.name, id, fref));
                 fref
             }
         };
@@ -317,7 +393,7 @@ impl<M: Module> Lowering<'_, '_, M> {
         Ok(self.b.inst_results(inst)[0])
     }
 
-    fn unary(&mut self, op: UnaryOp, x: Value, dtype: DType) -> ModuleResult<Value> {
+    fn unary(&mut self, op: UnaryOp, x: Value, dtype: DType) -> Result<Value, String> {
         let ty = cl_type(dtype);
         if let Some(call) = libcalls::unary(op, dtype) {
             return self.call(call, ty, &[x]);
@@ -396,11 +472,14 @@ impl<M: Module> Lowering<'_, '_, M> {
                 | UnaryOp::Sigmoid
                 | UnaryOp::Erf,
                 _,
-            ) => panic!("{} on {dtype} has no libcall; supports() admitting it is a bug", op.name()),
+            ) => panic!(
+                "{} on {dtype} has no libcall; supports() admitting it is a bug",
+                op.name()
+            ),
         })
     }
 
-    fn binary(&mut self, op: BinaryOp, x: Value, y: Value, dtype: DType) -> ModuleResult<Value> {
+    fn binary(&mut self, op: BinaryOp, x: Value, y: Value, dtype: DType) -> Result<Value, String> {
         let ty = cl_type(dtype);
         if let Some(call) = libcalls::binary(op, dtype) {
             return self.call(call, ty, &[x, y]);

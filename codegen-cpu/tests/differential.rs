@@ -1,18 +1,12 @@
 //! Differential tests against the reference interpreter (`ndfuse_ir::interp`): every op
 //! on every dtype it is defined for, every cast, random index maps, and fused kernels.
 //!
-//! Tolerance, in units in the last place of the result dtype, against the reference
-//! (which computes in f64 with the `libm` crate and rounds to the dtype):
-//!
-//! | op                                   | f32 | f64 | why                                 |
-//! |--------------------------------------|-----|-----|-------------------------------------|
-//! | everything not below                 | 0   | 0   | IEEE-exact (bit-equal, or both NaN) |
-//! | exp, log, log1p, expm1, sin, cos, tanh | 2 | 2   | host libm, not the reference's      |
-//! | erf                                  | 2   | 2   | `libm::erff` works in f32           |
-//! | sigmoid                              | 2   | 2   | host `exp`; f32 computed in f64     |
-//! | pow                                  | 2   | 2   | host `pow` (f32 computed in f64)    |
-//!
-//! The test prints the largest error it measured per op and dtype.
+//! Tolerance: 0 ulp for every op and dtype (bit-equal, or both NaN). Inline IEEE ops
+//! are exact by construction; the transcendental calls (exp, log, log1p, expm1, sin,
+//! cos, tanh, erf, sigmoid, pow) call the reference interpreter's own scalar functions
+//! (f32: computed in f64 and rounded once, as the reference rounds). The inline vector
+//! math library of the CPU-backend issue will replace the calls and state its own ulp
+//! budget per function here.
 
 mod builder;
 
@@ -20,14 +14,9 @@ use builder::{run, view, KernelBuilder};
 use ndfuse_ir::interp::eval_kernel;
 use ndfuse_ir::{BinaryOp, DType, HostArray, Kernel, Scalar, Shape, Storage, UnaryOp};
 
-/// Allowed error in ulps of (f32, f64) for the ops computed by calls (see the table).
-fn tolerance(op: &str) -> (u64, u64) {
-    match op {
-        "exp" | "log" | "log1p" | "expm1" | "sin" | "cos" | "tanh" | "erf" | "sigmoid" | "pow" => {
-            (2, 2)
-        }
-        _ => (0, 0),
-    }
+/// Allowed error in ulps of (f32, f64) for `op`: none (see the module docs).
+fn tolerance(_op: &str) -> (u64, u64) {
+    (0, 0)
 }
 
 const DTYPES: [DType; 5] = [DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool];
@@ -37,7 +26,10 @@ struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         self.0 >> 33
     }
     fn below(&mut self, n: u64) -> u64 {
@@ -48,13 +40,26 @@ impl Lcg {
     }
 }
 
-/// Test inputs of `dtype`: IEEE special values, then a spread of magnitudes.
+/// Test inputs of `dtype`: IEEE special values (all of them, whatever `n`), then a
+/// spread of magnitudes up to `n` values.
 fn values(dtype: DType, n: usize, seed: u64) -> Vec<f64> {
     let mut rng = Lcg(seed);
     let mut v: Vec<f64> = match dtype {
         DType::Bool => vec![0.0, 1.0],
         DType::I32 | DType::I64 => {
-            let mut v = vec![0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 7.0, 31.0, 2147483647.0, -2147483648.0];
+            let mut v = vec![
+                0.0,
+                1.0,
+                -1.0,
+                2.0,
+                -2.0,
+                3.0,
+                -3.0,
+                7.0,
+                31.0,
+                2147483647.0,
+                -2147483648.0,
+            ];
             if dtype == DType::I64 {
                 v.extend([9.2e18, -9.2e18, 4294967296.0, 65.0, 63.0]);
             }
@@ -95,7 +100,6 @@ fn values(dtype: DType, n: usize, seed: u64) -> Vec<f64> {
         };
         v.push(x);
     }
-    v.truncate(n.max(v.len().min(n)));
     v
 }
 
@@ -145,9 +149,13 @@ fn compare(kernel: &Kernel, inputs: &[&HostArray], what: &str, tol: (u64, u64)) 
         for i in 0..g.len() {
             let (gv, wv) = (g.storage().get_f64(i), w.storage().get_f64(i));
             let u = ulps(gv, wv, dtype);
-            let input_at = |k: usize| inputs.get(k).map(|a| a.storage().get_f64(i % a.len().max(1)));
+            let input_at = |k: usize| {
+                inputs
+                    .get(k)
+                    .map(|a| a.storage().get_f64(i % a.len().max(1)))
+            };
             assert!(
-                u <= limit.min(if what.starts_with("sigmoid f64") { 1 } else { 99 }),
+                u <= limit,
                 "{what}: out{o}[{i}] = {gv:?}, reference {wv:?} ({u} ulp > {limit}); inputs {:?}, {:?}",
                 input_at(0),
                 input_at(1)
@@ -188,7 +196,12 @@ fn every_unary_op_on_every_dtype() {
             let y = kb.unary(op, x);
             kb.store(y);
             let k = kb.build();
-            let worst = compare(&k, &[&host(d, &xs)], &format!("{} {d}", op.name()), tolerance(op.name()));
+            let worst = compare(
+                &k,
+                &[&host(d, &xs)],
+                &format!("{} {d}", op.name()),
+                tolerance(op.name()),
+            );
             if worst > 0 {
                 eprintln!("{} {d}: max {worst} ulp", op.name());
             }
@@ -223,7 +236,12 @@ fn every_binary_op_on_every_dtype() {
             kb.store(z);
             let k = kb.build();
             let (a, b) = (host(d, &xs), host(d, &ys));
-            let worst = compare(&k, &[&a, &b], &format!("{} {d}", op.name()), tolerance(op.name()));
+            let worst = compare(
+                &k,
+                &[&a, &b],
+                &format!("{} {d}", op.name()),
+                tolerance(op.name()),
+            );
             if worst > 0 {
                 eprintln!("{} {d}: max {worst} ulp", op.name());
             }
@@ -244,7 +262,12 @@ fn where_on_every_dtype() {
         let w = kb.select(cv, x, y);
         kb.store(w);
         let k = kb.build();
-        compare(&k, &[&host(DType::Bool, &c), &host(d, &xs), &host(d, &ys)], &format!("where {d}"), (0, 0));
+        compare(
+            &k,
+            &[&host(DType::Bool, &c), &host(d, &xs), &host(d, &ys)],
+            &format!("where {d}"),
+            (0, 0),
+        );
     }
 }
 
@@ -253,7 +276,16 @@ fn every_cast() {
     for from in DTYPES {
         let mut xs = values(from, 200, 17);
         if from.is_float() {
-            xs.extend([2147483648.0, 3e9, -3e9, 1e19, -1e19, 9007199254740993.0, 255.5, -0.7]);
+            xs.extend([
+                2147483648.0,
+                3e9,
+                -3e9,
+                1e19,
+                -1e19,
+                9007199254740993.0,
+                255.5,
+                -0.7,
+            ]);
         }
         if from == DType::I64 {
             xs.extend([9007199254740993.0, 9.2e18, -4611686018427387904.0]);
@@ -262,16 +294,27 @@ fn every_cast() {
         if from == DType::I64 {
             // Values whose f32 rounding differs when it goes through f64 (not exact in f64 above).
             if let Storage::I64(v) = input.storage_mut() {
-                v.extend([(1 << 53) + (1 << 29) + 1, i64::MAX, i64::MIN, -(1 << 62) - 1]);
+                v.extend([
+                    (1 << 53) + (1 << 29) + 1,
+                    i64::MAX,
+                    i64::MIN,
+                    -(1 << 62) - 1,
+                ]);
             }
-            input = HostArray::new(Shape::new([input.len()]), input.storage().clone()).expect("length");
+            input =
+                HostArray::new(Shape::new([input.len()]), input.storage().clone()).expect("length");
         }
         for to in DTYPES {
             let mut kb = KernelBuilder::new("k0_cast", &[input.len()]);
             let x = kb.load(from);
             let y = kb.cast(x, to);
             kb.store(y);
-            compare(&kb.build(), &[&input], &format!("cast {from} -> {to}"), (0, 0));
+            compare(
+                &kb.build(),
+                &[&input],
+                &format!("cast {from} -> {to}"),
+                (0, 0),
+            );
         }
     }
 }
@@ -303,13 +346,20 @@ fn random_index_maps() {
     for case in 0..300 {
         let rank = rng.below(5) as usize;
         let dims: Vec<usize> = (0..rank).map(|_| rng.below(6) as usize).collect();
-        let d = if case % 2 == 0 { DType::I64 } else { DType::F64 };
+        let d = if case % 2 == 0 {
+            DType::I64
+        } else {
+            DType::F64
+        };
         let mut kb = KernelBuilder::new(&format!("k{case}_views"), &dims);
         let mut inputs = Vec::new();
         let mut acc = None;
         for _ in 0..=rng.below(4) {
             let (v, len) = match rng.below(4) {
-                0 => (ndfuse_ir::View::contiguous(Shape::new(dims.as_slice())), kb.domain().numel()),
+                0 => (
+                    ndfuse_ir::View::contiguous(Shape::new(dims.as_slice())),
+                    kb.domain().numel(),
+                ),
                 1 => (view(&dims, &vec![0; rank], 1), 2),
                 _ => random_view(&mut rng, &dims),
             };
@@ -365,7 +415,11 @@ fn fused_kernels() {
     // Integer and bool mix through a transposed load: out = cast(where(x >= y^T, x*x, -y^T), f64).
     let mut kb = KernelBuilder::new("k1_ge_where_cast", &[4, 5]);
     let x = kb.load(DType::I32);
-    let yt = kb.load_view(DType::I32, 20, ndfuse_ir::View::contiguous(Shape::new([5, 4])).permute(&[1, 0]));
+    let yt = kb.load_view(
+        DType::I32,
+        20,
+        ndfuse_ir::View::contiguous(Shape::new([5, 4])).permute(&[1, 0]),
+    );
     let ge = kb.binary(BinaryOp::Ge, x, yt);
     let sq = kb.unary(UnaryOp::Square, x);
     let ny = kb.unary(UnaryOp::Neg, yt);

@@ -20,7 +20,10 @@ fn contiguous_mul_add() {
     let s = kb.binary(BinaryOp::Add, m, c);
     kb.store(s);
     let k = kb.build();
-    let (x, y) = (iota(DType::F32, &[3, 5]), array(DType::F32, &[3, 5], &[0.5; 15]));
+    let (x, y) = (
+        iota(DType::F32, &[3, 5]),
+        array(DType::F32, &[3, 5], &[0.5; 15]),
+    );
     let z = array(DType::F32, &[3, 5], &[-1.0; 15]);
     let out = run(&k, &[&x, &y, &z]);
     let want: Vec<f32> = (0..15).map(|i| i as f32 * 0.5 - 1.0).collect();
@@ -43,7 +46,9 @@ fn broadcast_row_and_scalar_loads() {
     let rows = array(DType::F64, &[3], &[10.0, 20.0, 30.0]);
     let ss = array(DType::F64, &[3], &[0.0, 0.0, 2.0]);
     let out = run(&k, &[&xs, &rows, &ss]);
-    let want: Vec<f64> = (0..12).map(|i| i as f64 + [10.0, 20.0, 30.0][i % 3] * 2.0).collect();
+    let want: Vec<f64> = (0..12)
+        .map(|i| i as f64 + [10.0, 20.0, 30.0][i % 3] * 2.0)
+        .collect();
     assert_eq!(out[0].as_slice::<f64>(), Some(&want[..]));
 }
 
@@ -57,7 +62,7 @@ fn transposed_load() {
     let k = kb.build();
     let input = iota(DType::I32, &[5, 3]);
     let out = run(&k, &[&input]);
-    let want: Vec<i32> = (0..15).map(|p| ((p % 5) * 3 + p / 5) as i32).collect();
+    let want: Vec<i32> = (0..15).map(|p| (p % 5) * 3 + p / 5).collect();
     assert_eq!(out[0].as_slice::<i32>(), Some(&want[..]));
 }
 
@@ -97,14 +102,23 @@ fn negative_stride_loads() {
     kb.store(n);
     let k = kb.build();
     let out = run(&k, &[&iota(DType::F32, &[3, 6])]);
-    assert_eq!(f32s(&out[0]), vec![-17.0, -15.0, -13.0, -11.0, -9.0, -7.0, -5.0, -3.0, -1.0]);
+    assert_eq!(
+        f32s(&out[0]),
+        vec![-17.0, -15.0, -13.0, -11.0, -9.0, -7.0, -5.0, -3.0, -1.0]
+    );
 
     // A fully reversed 1-d view merges into one group: offset - i.
     let mut kb = KernelBuilder::new("k1_reverse", &[5]);
     let v = kb.load_view(DType::Bool, 5, view(&[5], &[-1], 4));
     kb.store(v);
-    let out = run(&kb.build(), &[&array(DType::Bool, &[5], &[1.0, 0.0, 0.0, 1.0, 1.0])]);
-    assert_eq!(out[0].as_slice::<bool>(), Some(&[true, true, false, false, true][..]));
+    let out = run(
+        &kb.build(),
+        &[&array(DType::Bool, &[5], &[1.0, 0.0, 0.0, 1.0, 1.0])],
+    );
+    assert_eq!(
+        out[0].as_slice::<bool>(),
+        Some(&[true, true, false, false, true][..])
+    );
 }
 
 #[test]
@@ -131,7 +145,10 @@ fn two_outputs_from_one_body() {
     let out = run(&k, &[&array(DType::F32, &[6], &xs)]);
     let e: Vec<f32> = xs.iter().map(|&v| (v as f32).exp()).collect();
     assert_eq!(f32s(&out[0]), e);
-    assert_eq!(out[1].as_slice::<bool>(), Some(&[false, false, false, true, true, true][..]));
+    assert_eq!(
+        out[1].as_slice::<bool>(),
+        Some(&[false, false, false, true, true, true][..])
+    );
 }
 
 #[test]
@@ -144,8 +161,10 @@ fn empty_domain_runs_nothing() {
     let ck = compiled(&k);
     let input = HostArray::zeros(DType::F32, Shape::new([0]));
     let mut out = HostArray::zeros(DType::F32, Shape::new([3, 0]));
-    ck.run(&[&input], &mut [&mut out]).expect("an empty run is fine");
-    ck.run_range(&[&input], &mut [&mut out], 0, 0).expect("an empty range is fine");
+    ck.run(&[&input], &mut [&mut out])
+        .expect("an empty run is fine");
+    ck.run_range(&[&input], &mut [&mut out], 0, 0)
+        .expect("an empty range is fine");
     assert!(ck.run_range(&[&input], &mut [&mut out], 0, 1).is_err());
     assert!(ck.clif().contains("return"), "{}", ck.clif());
 }
@@ -169,13 +188,18 @@ fn rank0_domain() {
 #[test]
 fn run_range_writes_only_its_range() {
     let mut kb = KernelBuilder::new("k0_square", &[4, 4]);
-    let t = kb.load_view(DType::F64, 16, View::contiguous(Shape::new([4, 4])).permute(&[1, 0]));
+    let t = kb.load_view(
+        DType::F64,
+        16,
+        View::contiguous(Shape::new([4, 4])).permute(&[1, 0]),
+    );
     let y = kb.unary(UnaryOp::Square, t);
     kb.store(y);
     let ck = compiled(&kb.build());
     let input = iota(DType::F64, &[4, 4]);
     let mut out = array(DType::F64, &[4, 4], &[-1.0; 16]);
-    ck.run_range(&[&input], &mut [&mut out], 5, 11).expect("in range");
+    ck.run_range(&[&input], &mut [&mut out], 5, 11)
+        .expect("in range");
     let got = out.as_slice::<f64>().expect("f64").to_vec();
     for (p, &g) in got.iter().enumerate() {
         let t = ((p % 4) * 4 + p / 4) as f64;
@@ -186,8 +210,10 @@ fn run_range_writes_only_its_range() {
     let mut whole = HostArray::zeros(DType::F64, Shape::new([4, 4]));
     ck.run(&[&input], &mut [&mut whole]).expect("run");
     let mut halves = HostArray::zeros(DType::F64, Shape::new([4, 4]));
-    ck.run_range(&[&input], &mut [&mut halves], 0, 7).expect("first half");
-    ck.run_range(&[&input], &mut [&mut halves], 7, 16).expect("second half");
+    ck.run_range(&[&input], &mut [&mut halves], 0, 7)
+        .expect("first half");
+    ck.run_range(&[&input], &mut [&mut halves], 7, 16)
+        .expect("second half");
     assert_eq!(whole, halves);
 }
 
@@ -207,8 +233,15 @@ fn positions_beyond_2_pow_32_index_correctly() {
     // out[r, c] = in[c, r] with in of shape [COLS, ROWS]: the transposed offset
     // c * ROWS + r spans the whole buffer, and the reversed 1-d load n - 1 - i.
     let mut kb = KernelBuilder::new("k0_huge", &[ROWS, COLS]);
-    let t = kb.load_view(DType::Bool, n, View::contiguous(Shape::new([COLS, ROWS])).permute(&[1, 0]));
-    let r = kb.reload(0, view(&[ROWS, COLS], &[-(COLS as isize), -1], n as isize - 1));
+    let t = kb.load_view(
+        DType::Bool,
+        n,
+        View::contiguous(Shape::new([COLS, ROWS])).permute(&[1, 0]),
+    );
+    let r = kb.reload(
+        0,
+        view(&[ROWS, COLS], &[-(COLS as isize), -1], n as isize - 1),
+    );
     let both = kb.binary(BinaryOp::And, t, r);
     kb.store(t);
     kb.store(both);
@@ -225,17 +258,25 @@ fn positions_beyond_2_pow_32_index_correctly() {
     let mut out_and = HostArray::zeros(DType::Bool, Shape::new([ROWS, COLS]));
     let ranges = [(0, 8), (COLS - 4, COLS + 4), (n - 8, n)];
     for &(s, e) in &ranges {
-        ck.run_range(&[&input], &mut [&mut out_t, &mut out_and], s, e).expect("in range");
+        ck.run_range(&[&input], &mut [&mut out_t, &mut out_and], s, e)
+            .expect("in range");
     }
     let inp = input.as_slice::<bool>().expect("bool");
-    let (ot, oa) = (out_t.as_slice::<bool>().expect("bool"), out_and.as_slice::<bool>().expect("bool"));
+    let (ot, oa) = (
+        out_t.as_slice::<bool>().expect("bool"),
+        out_and.as_slice::<bool>().expect("bool"),
+    );
     let mut seen_true = 0;
     for &(s, e) in &ranges {
         for p in s..e {
             let (row, col) = (p / COLS, p % COLS);
             let want_t = inp[col * ROWS + row];
             assert_eq!(ot[p], want_t, "transposed load at position {p}");
-            assert_eq!(oa[p], want_t && inp[n - 1 - p], "reversed load at position {p}");
+            assert_eq!(
+                oa[p],
+                want_t && inp[n - 1 - p],
+                "reversed load at position {p}"
+            );
             seen_true += usize::from(want_t);
         }
     }

@@ -45,7 +45,11 @@ fn run_binary(op: BinaryOp, dtype: DType, xs: &[f64], ys: &[f64]) -> HostArray {
     let z = kb.binary(op, x, y);
     kb.store(z);
     let n = xs.len();
-    run(&kb.build(), &[&array(dtype, &[n], xs), &array(dtype, &[n], ys)]).remove(0)
+    run(
+        &kb.build(),
+        &[&array(dtype, &[n], xs), &array(dtype, &[n], ys)],
+    )
+    .remove(0)
 }
 
 /// All pairs of `vals`, as two columns.
@@ -65,7 +69,11 @@ fn pairs(vals: &[f64]) -> (Vec<f64>, Vec<f64>) {
 fn check_floats(what: &str, got: &HostArray, xs: &[f64], want: impl Fn(usize) -> f64) {
     for (i, g) in got.to_f64s().into_iter().enumerate() {
         let w = want(i);
-        assert!(same(g, w), "{what} at {i} (input {}): got {g:?}, want {w:?}", xs[i]);
+        assert!(
+            same(g, w),
+            "{what} at {i} (input {}): got {g:?}, want {w:?}",
+            xs[i]
+        );
     }
 }
 
@@ -76,36 +84,58 @@ fn float_unary_inline_ops() {
     let cases: [(UnaryOp, F32Fn, F64Fn); 11] = [
         (UnaryOp::Neg, |x| -x, |x| -x),
         (UnaryOp::Abs, f32::abs, f64::abs),
-        (UnaryOp::Sign, |x| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { x }, |x| {
-            if x > 0.0 {
-                1.0
-            } else if x < 0.0 {
-                -1.0
-            } else {
-                x
-            }
-        }),
+        (
+            UnaryOp::Sign,
+            |x| {
+                if x > 0.0 {
+                    1.0
+                } else if x < 0.0 {
+                    -1.0
+                } else {
+                    x
+                }
+            },
+            |x| {
+                if x > 0.0 {
+                    1.0
+                } else if x < 0.0 {
+                    -1.0
+                } else {
+                    x
+                }
+            },
+        ),
         (UnaryOp::Sqrt, f32::sqrt, f64::sqrt),
         // The reference's rule: 1/sqrt in f64, rounded once to f32.
-        (UnaryOp::Rsqrt, |x| (1.0 / f64::from(x).sqrt()) as f32, |x| 1.0 / x.sqrt()),
+        (
+            UnaryOp::Rsqrt,
+            |x| (1.0 / f64::from(x).sqrt()) as f32,
+            |x| 1.0 / x.sqrt(),
+        ),
         (UnaryOp::Square, |x| x * x, |x| x * x),
         (UnaryOp::Recip, |x| 1.0 / x, |x| 1.0 / x),
         (UnaryOp::Floor, f32::floor, f64::floor),
         (UnaryOp::Ceil, f32::ceil, f64::ceil),
         (UnaryOp::Round, f32::round_ties_even, f64::round_ties_even),
-        (UnaryOp::Relu, |x| if x.is_nan() || x > 0.0 { x } else { 0.0 }, |x| {
-            if x.is_nan() || x > 0.0 {
-                x
-            } else {
-                0.0
-            }
-        }),
+        (
+            UnaryOp::Relu,
+            |x| if x.is_nan() || x > 0.0 { x } else { 0.0 },
+            |x| {
+                if x.is_nan() || x > 0.0 {
+                    x
+                } else {
+                    0.0
+                }
+            },
+        ),
     ];
     let mut xs = SPECIAL.to_vec();
     xs.extend([1e-40, 0.49999997, 4.5, -3.5, 123456.78]);
     for (op, f32_fn, f64_fn) in cases {
         let got = run_unary(op, DType::F32, &xs);
-        check_floats(&format!("{} f32", op.name()), &got, &xs, |i| f64::from(f32_fn(xs[i] as f32)));
+        check_floats(&format!("{} f32", op.name()), &got, &xs, |i| {
+            f64::from(f32_fn(xs[i] as f32))
+        });
         let got = run_unary(op, DType::F64, &xs);
         check_floats(&format!("{} f64", op.name()), &got, &xs, |i| f64_fn(xs[i]));
     }
@@ -117,17 +147,44 @@ fn float_special_cases_by_hand() {
     let zeros = [0.0, -0.0];
     for d in [DType::F32, DType::F64] {
         // sign keeps ±0; relu maps -0 to +0; round is half to even.
-        assert_eq!(bits(&run_unary(UnaryOp::Sign, d, &zeros)), bits(&array(d, &[2], &zeros)));
-        assert_eq!(bits(&run_unary(UnaryOp::Relu, d, &[-0.0])), vec![0.0f64.to_bits()]);
+        assert_eq!(
+            bits(&run_unary(UnaryOp::Sign, d, &zeros)),
+            bits(&array(d, &[2], &zeros))
+        );
+        assert_eq!(
+            bits(&run_unary(UnaryOp::Relu, d, &[-0.0])),
+            vec![0.0f64.to_bits()]
+        );
         assert!(run_unary(UnaryOp::Sign, d, &[f64::NAN]).to_f64s()[0].is_nan());
         let r = run_unary(UnaryOp::Round, d, &[0.5, 1.5, 2.5, -0.5, -2.5]).to_f64s();
-        assert_eq!(bits(&array(DType::F64, &[5], &r)), bits(&array(DType::F64, &[5], &[0.0, 2.0, 2.0, -0.0, -2.0])));
+        assert_eq!(
+            bits(&array(DType::F64, &[5], &r)),
+            bits(&array(DType::F64, &[5], &[0.0, 2.0, 2.0, -0.0, -2.0]))
+        );
         // maximum/minimum: +0 > -0 in both orders, NaN from either side.
-        let mx = run_binary(BinaryOp::Max, d, &[-0.0, 0.0, f64::NAN, 1.0], &[0.0, -0.0, 1.0, f64::NAN]).to_f64s();
-        assert_eq!((mx[0].to_bits(), mx[1].to_bits()), (0.0f64.to_bits(), 0.0f64.to_bits()));
+        let mx = run_binary(
+            BinaryOp::Max,
+            d,
+            &[-0.0, 0.0, f64::NAN, 1.0],
+            &[0.0, -0.0, 1.0, f64::NAN],
+        )
+        .to_f64s();
+        assert_eq!(
+            (mx[0].to_bits(), mx[1].to_bits()),
+            (0.0f64.to_bits(), 0.0f64.to_bits())
+        );
         assert!(mx[2].is_nan() && mx[3].is_nan());
-        let mn = run_binary(BinaryOp::Min, d, &[-0.0, 0.0, f64::NAN, 1.0], &[0.0, -0.0, 1.0, f64::NAN]).to_f64s();
-        assert_eq!((mn[0].to_bits(), mn[1].to_bits()), ((-0.0f64).to_bits(), (-0.0f64).to_bits()));
+        let mn = run_binary(
+            BinaryOp::Min,
+            d,
+            &[-0.0, 0.0, f64::NAN, 1.0],
+            &[0.0, -0.0, 1.0, f64::NAN],
+        )
+        .to_f64s();
+        assert_eq!(
+            (mn[0].to_bits(), mn[1].to_bits()),
+            ((-0.0f64).to_bits(), (-0.0f64).to_bits())
+        );
         assert!(mn[2].is_nan() && mn[3].is_nan());
         // NaN compares false except for !=.
         let nan = [f64::NAN];
@@ -140,7 +197,12 @@ fn float_special_cases_by_hand() {
             (BinaryOp::Ge, false),
         ] {
             let got = run_binary(op, d, &nan, &nan);
-            assert_eq!(got.as_slice::<bool>(), Some(&[want][..]), "{} NaN NaN", op.name());
+            assert_eq!(
+                got.as_slice::<bool>(),
+                Some(&[want][..]),
+                "{} NaN NaN",
+                op.name()
+            );
         }
         // sqrt(-0) = -0, sqrt(-1) = NaN.
         let s = run_unary(UnaryOp::Sqrt, d, &[-0.0, -1.0]).to_f64s();
@@ -166,7 +228,9 @@ fn float_binary_ops() {
             f64::from(f32_fn(xs[i] as f32, ys[i] as f32))
         });
         let got = run_binary(op, DType::F64, &xs, &ys);
-        check_floats(&format!("{} f64", op.name()), &got, &xs, |i| f64_fn(xs[i], ys[i]));
+        check_floats(&format!("{} f64", op.name()), &got, &xs, |i| {
+            f64_fn(xs[i], ys[i])
+        });
     }
     for (op, cmp) in [
         (BinaryOp::Eq, f64::eq as fn(&f64, &f64) -> bool),
@@ -192,13 +256,26 @@ fn integer_ops_wrap() {
     let (xi, yi) = (to_i(&xs), to_i(&ys));
     type IntBin = fn(i64, i64) -> i64;
     let bins: [(BinaryOp, IntBin, IntBin); 5] = [
-        (BinaryOp::Add, |a, b| (a as i32).wrapping_add(b as i32) as i64, i64::wrapping_add),
-        (BinaryOp::Sub, |a, b| (a as i32).wrapping_sub(b as i32) as i64, i64::wrapping_sub),
-        (BinaryOp::Mul, |a, b| (a as i32).wrapping_mul(b as i32) as i64, i64::wrapping_mul),
+        (
+            BinaryOp::Add,
+            |a, b| (a as i32).wrapping_add(b as i32) as i64,
+            i64::wrapping_add,
+        ),
+        (
+            BinaryOp::Sub,
+            |a, b| (a as i32).wrapping_sub(b as i32) as i64,
+            i64::wrapping_sub,
+        ),
+        (
+            BinaryOp::Mul,
+            |a, b| (a as i32).wrapping_mul(b as i32) as i64,
+            i64::wrapping_mul,
+        ),
         (BinaryOp::Max, i64::max, i64::max),
         (BinaryOp::Min, i64::min, i64::min),
     ];
-    let ints = |a: &HostArray| -> Vec<i64> { (0..a.len()).map(|i| a.storage().get_i64(i)).collect() };
+    let ints =
+        |a: &HostArray| -> Vec<i64> { (0..a.len()).map(|i| a.storage().get_i64(i)).collect() };
     for (op, f32bit, f64bit) in bins {
         let got = ints(&run_binary(op, DType::I32, &xs, &ys));
         let want: Vec<i64> = xi.iter().zip(&yi).map(|(&a, &b)| f32bit(a, b)).collect();
@@ -206,10 +283,21 @@ fn integer_ops_wrap() {
         // i64 with values beyond i32 too.
         let big: Vec<f64> = xs.iter().map(|x| x * 4294967296.0).collect();
         let got = ints(&run_binary(op, DType::I64, &big, &ys));
-        let want: Vec<i64> = big.iter().zip(&yi).map(|(&a, &b)| f64bit(a as i64, b)).collect();
+        let want: Vec<i64> = big
+            .iter()
+            .zip(&yi)
+            .map(|(&a, &b)| f64bit(a as i64, b))
+            .collect();
         assert_eq!(got, want, "{} i64", op.name());
     }
-    for op in [BinaryOp::Eq, BinaryOp::Ne, BinaryOp::Lt, BinaryOp::Le, BinaryOp::Gt, BinaryOp::Ge] {
+    for op in [
+        BinaryOp::Eq,
+        BinaryOp::Ne,
+        BinaryOp::Lt,
+        BinaryOp::Le,
+        BinaryOp::Gt,
+        BinaryOp::Ge,
+    ] {
         for d in [DType::I32, DType::I64] {
             let got = run_binary(op, d, &xs, &ys);
             let want: Vec<bool> = xi
@@ -239,7 +327,11 @@ fn integer_ops_wrap() {
         let got = ints(&run_unary(op, DType::I32, &vals));
         let want: Vec<i64> = vals.iter().map(|&v| i64::from(f(v as i32))).collect();
         assert_eq!(got, want, "{} i32", op.name());
-        let got = ints(&run_unary(op, DType::I64, &[-9.223372036854776e18, 5.0, -5.0, 0.0]));
+        let got = ints(&run_unary(
+            op,
+            DType::I64,
+            &[-9.223372036854776e18, 5.0, -5.0, 0.0],
+        ));
         let want: Vec<i64> = [i64::MIN, 5, -5, 0]
             .iter()
             .map(|&v| match op {
@@ -262,7 +354,17 @@ fn integer_pow() {
     let want = [1024, -8, 0, 1, -1, 1, 1410065408, 1, 7i32.wrapping_pow(40)];
     assert_eq!(got.as_slice::<i32>(), Some(&want[..]));
     let got = run_binary(BinaryOp::Pow, DType::I64, &bases, &exps);
-    let want = [1024, -8, 0, 1, -1, 1, 10_000_000_000, 1, 7i64.wrapping_pow(40)];
+    let want = [
+        1024,
+        -8,
+        0,
+        1,
+        -1,
+        1,
+        10_000_000_000,
+        1,
+        7i64.wrapping_pow(40),
+    ];
     assert_eq!(got.as_slice::<i64>(), Some(&want[..]));
 }
 
@@ -270,7 +372,11 @@ fn integer_pow() {
 fn bool_logic_compare_and_where() {
     let (xs, ys) = pairs(&[0.0, 1.0]);
     let b = |v: &[bool]| v.to_vec();
-    let run_b = |op| run_binary(op, DType::Bool, &xs, &ys).as_slice::<bool>().map(b);
+    let run_b = |op| {
+        run_binary(op, DType::Bool, &xs, &ys)
+            .as_slice::<bool>()
+            .map(b)
+    };
     assert_eq!(run_b(BinaryOp::And), Some(vec![false, false, false, true]));
     assert_eq!(run_b(BinaryOp::Or), Some(vec![false, true, true, true]));
     assert_eq!(run_b(BinaryOp::Eq), Some(vec![true, false, false, true]));
@@ -341,11 +447,17 @@ fn casts_between_every_pair() {
                     (false, _) => s.get_i64(i) as f64,
                 };
                 let g = got.storage().get_f64(i);
-                assert!(same(g, want), "cast {from} -> {to} of {:?}: got {g:?}, want {want:?}", s.get_f64(i));
+                assert!(
+                    same(g, want),
+                    "cast {from} -> {to} of {:?}: got {g:?}, want {want:?}",
+                    s.get_f64(i)
+                );
             }
             // i64 results beyond 2^53 are not visible through f64; compare exactly.
             if to == DType::I64 && from.is_float() {
-                let want: Vec<i64> = (0..vals.len()).map(|i| input.storage().get_f64(i) as i64).collect();
+                let want: Vec<i64> = (0..vals.len())
+                    .map(|i| input.storage().get_f64(i) as i64)
+                    .collect();
                 assert_eq!(got.as_slice::<i64>(), Some(&want[..]), "cast {from} -> i64");
             }
         }
@@ -357,10 +469,14 @@ fn casts_between_every_pair() {
     let x = kb.load(DType::I64);
     let y = kb.cast(x, DType::F32);
     kb.store(y);
-    let input = HostArray::new(ndfuse_ir::Shape::new([1]), ndfuse_ir::Storage::I64(vec![v])).expect("1 element");
+    let input = HostArray::new(ndfuse_ir::Shape::new([1]), ndfuse_ir::Storage::I64(vec![v]))
+        .expect("1 element");
     let got = run(&kb.build(), &[&input]).remove(0);
     assert_eq!(got.as_slice::<f32>(), Some(&[v as f32][..]));
-    assert_ne!(v as f32, v as f64 as f32, "the case must tell one rounding from two");
+    assert_ne!(
+        v as f32, v as f64 as f32,
+        "the case must tell one rounding from two"
+    );
 }
 
 /// Distance in units in the last place between two floats of `dtype`.
@@ -426,11 +542,26 @@ fn transcendentals_within_two_ulp_of_f64_math() {
                 let x = input.storage().get_f64(i);
                 let want = ndfuse_ir::round::round_f64(reference(op, x), d);
                 let u = ulps(g, want, d);
-                assert!(u <= 2, "{} {d} of {x:?}: got {g:?}, want {want:?} ({u} ulp)", op.name());
+                assert!(
+                    u <= 2,
+                    "{} {d} of {x:?}: got {g:?}, want {want:?} ({u} ulp)",
+                    op.name()
+                );
             }
         }
     }
-    let (bs, es) = pairs(&[0.0, -0.0, 0.5, 2.0, -2.0, 3.0, 10.0, -1.5, f64::INFINITY, f64::NAN]);
+    let (bs, es) = pairs(&[
+        0.0,
+        -0.0,
+        0.5,
+        2.0,
+        -2.0,
+        3.0,
+        10.0,
+        -1.5,
+        f64::INFINITY,
+        f64::NAN,
+    ]);
     for d in [DType::F32, DType::F64] {
         let bi = array(d, &[bs.len()], &bs);
         let ei = array(d, &[es.len()], &es);
@@ -438,7 +569,10 @@ fn transcendentals_within_two_ulp_of_f64_math() {
         for (i, g) in got.into_iter().enumerate() {
             let (b, e) = (bi.storage().get_f64(i), ei.storage().get_f64(i));
             let want = ndfuse_ir::round::round_f64(b.powf(e), d);
-            assert!(ulps(g, want, d) <= 2, "pow {d} of {b:?}, {e:?}: got {g:?}, want {want:?}");
+            assert!(
+                ulps(g, want, d) <= 2,
+                "pow {d} of {b:?}, {e:?}: got {g:?}, want {want:?}"
+            );
         }
     }
 }

@@ -103,11 +103,15 @@ impl Context {
     }
 
     fn settings(&self) -> std::sync::RwLockReadGuard<'_, Settings> {
-        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn settings_mut(&self) -> std::sync::RwLockWriteGuard<'_, Settings> {
-        self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The dtype constructors use when none is given.
@@ -140,6 +144,8 @@ impl Context {
     /// does not match. The dtype is `T`'s (`f32` -> F32, `half::f16` -> F16, ...).
     #[track_caller]
     pub fn from_vec<T: Element>(&self, data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
+        // Taken here: a closure would report its own location, not the caller's.
+        let at = Location::caller();
         let shape = Shape::from(shape);
         let count = data.len();
         let arr = HostArray::new(shape.clone(), T::into_storage(data)).ok_or_else(|| {
@@ -148,7 +154,7 @@ impl Context {
                 count,
                 shape: shape.clone(),
                 expected: shape.numel(),
-                at: Location::caller(),
+                at,
             }
         })?;
         Ok(Tensor::leaf(self, arr))
@@ -167,7 +173,12 @@ impl Context {
 
     /// A scalar (shape `[]`) of the default dtype.
     pub fn scalar(&self, value: f64) -> Tensor {
-        Tensor::constant(self, Scalar::F(value), self.default_dtype(), Shape::scalar())
+        Tensor::constant(
+            self,
+            Scalar::F(value),
+            self.default_dtype(),
+            Shape::scalar(),
+        )
     }
 
     /// `shape` filled with `value`, of the default dtype.
@@ -278,7 +289,10 @@ impl Report {
 
     /// Number of kernels launched (interpreter-only steps excluded).
     pub fn kernel_count(&self) -> usize {
-        self.ev.schedule.as_ref().map_or(0, ndfuse_passes::Schedule::kernel_count)
+        self.ev
+            .schedule
+            .as_ref()
+            .map_or(0, ndfuse_passes::Schedule::kernel_count)
     }
 
     /// The kernels as text (each kernel description in full).
@@ -328,7 +342,8 @@ pub(crate) fn build_graph(outputs: &[&Tensor]) -> Result<(Graph, HashMap<NodeId,
                     id
                 }
                 None => {
-                    let srcs: Vec<NodeId> = e.src.iter().map(|s| ids[&Arc::as_ptr(&s.inner)]).collect();
+                    let srcs: Vec<NodeId> =
+                        e.src.iter().map(|s| ids[&Arc::as_ptr(&s.inner)]).collect();
                     g.add_node(
                         ndfuse_ir::Node {
                             op: e.op.clone(),

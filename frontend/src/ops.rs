@@ -173,7 +173,11 @@ fn norm_axes(op: &'static str, axes: &Axes, x: &TensorType) -> Result<Vec<usize>
 
 /// The dtype a binary op computes in, from the operand types (numpy's promotion, with
 /// weak literals); `Err` names the offending operand.
-fn binary_dtype(op: BinaryOp, l: (&Operand, DType), r: (&Operand, DType)) -> Result<DType, IrError> {
+fn binary_dtype(
+    op: BinaryOp,
+    l: (&Operand, DType),
+    r: (&Operand, DType),
+) -> Result<DType, IrError> {
     let weak = |o: &Operand| matches!(o, Operand::Scalar(_));
     let ((lo, ld), (ro, rd)) = (l, r);
     let bad = |d: DType| IrError::BadDType {
@@ -230,7 +234,12 @@ impl Tensor {
 
     /// Applies a binary op with numpy broadcasting and promotion (`lhs` or `rhs` may be
     /// a literal, not both).
-    fn binary_any(lhs: Operand, rhs: Operand, op: BinaryOp, at: &'static Location<'static>) -> Tensor {
+    fn binary_any(
+        lhs: Operand,
+        rhs: Operand,
+        op: BinaryOp,
+        at: &'static Location<'static>,
+    ) -> Tensor {
         let anchor = match (&lhs, &rhs) {
             (Operand::Tensor(t), _) | (_, Operand::Tensor(t)) => t.clone(),
             _ => unreachable!("a binary op has a tensor operand (the API only builds such)"),
@@ -299,7 +308,12 @@ impl Tensor {
         Tensor::build(Op::Binary(op), &[&l, &r], at)
     }
 
-    fn binary(&self, rhs: impl Into<Operand>, op: BinaryOp, at: &'static Location<'static>) -> Tensor {
+    fn binary(
+        &self,
+        rhs: impl Into<Operand>,
+        op: BinaryOp,
+        at: &'static Location<'static>,
+    ) -> Tensor {
         Tensor::binary_any(Operand::Tensor(self.clone()), rhs.into(), op, at)
     }
 
@@ -326,7 +340,13 @@ impl Tensor {
         Tensor::build(Op::Unary(op), &[&x], at)
     }
 
-    fn reduce_at(&self, op: ReduceOp, axes: Axes, keepdims: bool, at: &'static Location<'static>) -> Tensor {
+    fn reduce_at(
+        &self,
+        op: ReduceOp,
+        axes: Axes,
+        keepdims: bool,
+        at: &'static Location<'static>,
+    ) -> Tensor {
         let ty = match self.ty() {
             Ok(t) => t,
             Err(e) => return Tensor::poisoned(&self.ctx, e),
@@ -335,7 +355,10 @@ impl Tensor {
             Ok(a) => a,
             Err(e) => return self.fail(e, at),
         };
-        let float_valued = !matches!(op, ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Max | ReduceOp::Min);
+        let float_valued = !matches!(
+            op,
+            ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Max | ReduceOp::Min
+        );
         let x = if float_valued && ty.dtype.is_int() {
             self.cast_at(DType::F64, at)
         } else {
@@ -344,7 +367,13 @@ impl Tensor {
         Tensor::build(Op::Reduce { op, axes, keepdims }, &[&x], at)
     }
 
-    fn arg_reduce_at(&self, op: ArgReduceOp, axis: i64, keepdims: bool, at: &'static Location<'static>) -> Tensor {
+    fn arg_reduce_at(
+        &self,
+        op: ArgReduceOp,
+        axis: i64,
+        keepdims: bool,
+        at: &'static Location<'static>,
+    ) -> Tensor {
         let ty = match self.ty() {
             Ok(t) => t,
             Err(e) => return Tensor::poisoned(&self.ctx, e),
@@ -500,7 +529,10 @@ impl Tensor {
                     return self.fail(
                         IrError::Broadcast {
                             op: "where",
-                            lhs: TensorType { dtype: cond.dtype, shape },
+                            lhs: TensorType {
+                                dtype: cond.dtype,
+                                shape,
+                            },
                             rhs: t.clone(),
                         },
                         at,
@@ -508,7 +540,11 @@ impl Tensor {
                 }
             }
         }
-        let prep = |o: &Operand| self.to_operand_tensor(o, dtype, &shape).cast_at(dtype, at).broadcast_at(&shape, at);
+        let prep = |o: &Operand| {
+            self.to_operand_tensor(o, dtype, &shape)
+                .cast_at(dtype, at)
+                .broadcast_at(&shape, at)
+        };
         let (ta, tb) = (prep(&a), prep(&b));
         let c = self.broadcast_at(&shape, at);
         Tensor::build(Op::Where, &[&c, &ta, &tb], at)
@@ -547,13 +583,20 @@ impl Tensor {
         if shape.iter().any(|&d| d < -1) {
             return err("dims must be >= 0 (or -1 for one inferred dim)");
         }
-        let known: usize = shape.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+        let known: usize = shape
+            .iter()
+            .filter(|&&d| d >= 0)
+            .map(|&d| d as usize)
+            .product();
         let n = ty.shape.numel();
         let dims: Vec<usize> = if shape.contains(&-1) {
             if known == 0 || n % known != 0 {
                 return err("the -1 dim cannot be inferred");
             }
-            shape.iter().map(|&d| if d == -1 { n / known } else { d as usize }).collect()
+            shape
+                .iter()
+                .map(|&d| if d == -1 { n / known } else { d as usize })
+                .collect()
         } else {
             shape.iter().map(|&d| d as usize).collect()
         };
@@ -679,7 +722,9 @@ impl Tensor {
         let at = Location::caller();
         match self.expr() {
             Ok(e) => {
-                let ones = (0..e.shape.rank()).filter(|&i| e.shape.dims()[i] == 1).collect();
+                let ones = (0..e.shape.rank())
+                    .filter(|&i| e.shape.dims()[i] == 1)
+                    .collect();
                 self.view(ViewOp::Squeeze(ones), at)
             }
             Err(e) => Tensor::poisoned(&self.ctx, e),

@@ -3,7 +3,7 @@
 //! CPU backend passes to JIT code.
 
 use crate::dtype::DType;
-use crate::round::wrap_int;
+use crate::round::{to_bf16, to_f16, wrap_int};
 use crate::shape::Shape;
 use half::{bf16, f16};
 use std::fmt;
@@ -117,15 +117,16 @@ impl Storage {
         }
     }
 
-    /// Storage of `dtype` from f64 values, each rounded once to the dtype (ints:
-    /// truncated and saturated; bools: non-zero).
+    /// Storage of `dtype` from f64 values, each converted by the cast rules: floats
+    /// rounded once; ints truncated toward zero, saturated to i64 (NaN: 0), then wrapped
+    /// to the width; bools non-zero.
     pub fn from_f64s(dtype: DType, vals: &[f64]) -> Storage {
         match dtype {
-            DType::F16 => Storage::F16(vals.iter().map(|&v| f16::from_f64(v)).collect()),
-            DType::BF16 => Storage::BF16(vals.iter().map(|&v| bf16::from_f64(v)).collect()),
+            DType::F16 => Storage::F16(vals.iter().map(|&v| to_f16(v)).collect()),
+            DType::BF16 => Storage::BF16(vals.iter().map(|&v| to_bf16(v)).collect()),
             DType::F32 => Storage::F32(vals.iter().map(|&v| v as f32).collect()),
             DType::F64 => Storage::F64(vals.to_vec()),
-            DType::I32 => Storage::I32(vals.iter().map(|&v| v as i32).collect()),
+            DType::I32 => Storage::I32(vals.iter().map(|&v| v as i64 as i32).collect()),
             DType::I64 => Storage::I64(vals.iter().map(|&v| v as i64).collect()),
             DType::Bool => Storage::Bool(vals.iter().map(|&v| v != 0.0).collect()),
         }

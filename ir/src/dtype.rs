@@ -203,7 +203,11 @@ impl Scalar {
     /// and rounded to the dtype's precision.
     pub fn cast(self, dtype: DType) -> Scalar {
         match dtype.kind() {
-            DKind::Float => Scalar::F(crate::round::round_f64(self.to_f64(), dtype)),
+            DKind::Float => Scalar::F(match self {
+                // Through f64 first would round twice for |v| > 2^53.
+                Scalar::I(v) => crate::round::int_to_float(v, dtype),
+                _ => crate::round::round_f64(self.to_f64(), dtype),
+            }),
             DKind::Int => {
                 let wide = match self {
                     Scalar::F(v) => v as i64, // saturating, NaN -> 0 (documented cast rule)

@@ -19,7 +19,9 @@
 //! ```
 
 use crate::dtype::{DType, Scalar};
-use crate::op::{BinaryOp, UnaryOp};
+use crate::error::TensorType;
+use crate::infer::infer;
+use crate::op::{BinaryOp, Op, UnaryOp};
 use crate::shape::{Shape, View};
 use std::fmt;
 
@@ -145,19 +147,31 @@ impl Kernel {
         }
     }
 
-    /// Checks the description's own invariants (SSA order, views of the domain's shape
-    /// that stay inside their buffers, store targets, dtypes of operands). Returns every
-    /// problem found. Codegens may rely on a kernel that passes this.
+    /// Checks every invariant a codegen relies on, memory safety included, and returns
+    /// every problem found:
+    /// - each view has one stride per axis, the domain's shape, and reads only offsets
+    ///   inside its buffer (computed in i128, so no stride can overflow the check);
+    /// - instructions are in SSA order and typed as [`crate::infer()`] types the graph op
+    ///   they come from (so a bool value can only ever be 0 or 1), loads and constants
+    ///   have their buffer's / value's dtype;
+    /// - every output is stored exactly once, with its dtype and the domain's size;
+    /// - the domain can be indexed with i64.
     pub fn check(&self) -> Result<(), Vec<String>> {
         let mut errs = Vec::new();
+        if i64::try_from(self.domain.numel()).is_err() {
+            errs.push(format!(
+                "domain {} has more elements than i64 can index",
+                self.domain
+            ));
+        }
         for (i, ins) in self.body.iter().enumerate() {
-            for v in Kernel::operands(&ins.expr) {
-                if v.index() >= i {
-                    errs.push(format!("v{i} uses {v}, which is not defined before it"));
-                }
+            let operands = Kernel::operands(&ins.expr);
+            if let Some(v) = operands.iter().find(|v| v.index() >= i) {
+                errs.push(format!("v{i} uses {v}, which is not defined before it"));
+                continue;
             }
-            if let Expr::Load { input, view } = &ins.expr {
-                match self.inputs.get(*input) {
+            match &ins.expr {
+                Expr::Load { input, view } => match self.inputs.get(*input) {
                     None => errs.push(format!("v{i} loads missing input in{input}")),
                     Some(buf) => {
                         if buf.dtype != ins.dtype {
@@ -166,14 +180,13 @@ impl Kernel {
                                 ins.dtype, buf.dtype
                             ));
                         }
-                        if view.shape != self.domain {
+                        if view.shape != self.domain || view.strides.len() != view.shape.rank() {
                             errs.push(format!(
-                                "v{i} view shape {} differs from domain {}",
-                                view.shape, self.domain
+                                "v{i} view {view} does not map the domain {}",
+                                self.domain
                             ));
-                        }
-                        if let Some((lo, hi)) = view.span() {
-                            if lo < 0 || hi as usize >= buf.len {
+                        } else if let Some((lo, hi)) = view.span() {
+                            if lo < 0 || hi >= buf.len as i128 {
                                 errs.push(format!(
                                     "v{i} reads offsets {lo}..={hi} of in{input} ({} elements)",
                                     buf.len
@@ -181,12 +194,45 @@ impl Kernel {
                             }
                         }
                     }
+                },
+                Expr::Const(c) => {
+                    if c.cast(ins.dtype) != *c {
+                        errs.push(format!("v{i} = const {c} is not a {} value", ins.dtype));
+                    }
+                }
+                expr => {
+                    let op = match expr {
+                        Expr::Unary(u, _) => Op::Unary(*u),
+                        Expr::Binary(b, _, _) => Op::Binary(*b),
+                        Expr::Where(..) => Op::Where,
+                        Expr::Cast(_) => Op::Cast { to: ins.dtype },
+                        Expr::Load { .. } | Expr::Const(_) => unreachable!("matched above"),
+                    };
+                    let types: Vec<TensorType> = operands
+                        .iter()
+                        .map(|v| TensorType {
+                            dtype: self.body[v.index()].dtype,
+                            shape: Shape::scalar(),
+                        })
+                        .collect();
+                    match infer(&op, &types) {
+                        Err(e) => errs.push(format!("v{i}: {e}")),
+                        Ok(t) if t.dtype != ins.dtype => errs.push(format!(
+                            "v{i} is typed {} but {} gives {}",
+                            ins.dtype,
+                            op.name(),
+                            t.dtype
+                        )),
+                        Ok(_) => {}
+                    }
                 }
             }
         }
+        let mut stored = vec![0usize; self.outputs.len()];
         for s in &self.stores {
             match (self.body.get(s.value.index()), self.outputs.get(s.output)) {
                 (Some(ins), Some(out)) => {
+                    stored[s.output] += 1;
                     if ins.dtype != out.dtype {
                         errs.push(format!(
                             "out{} of {} stores {} {}",
@@ -206,6 +252,11 @@ impl Kernel {
                     "store of {} into out{} is out of range",
                     s.value, s.output
                 )),
+            }
+        }
+        for (o, &n) in stored.iter().enumerate() {
+            if n != 1 {
+                errs.push(format!("out{o} is stored {n} times, not once"));
             }
         }
         if errs.is_empty() {

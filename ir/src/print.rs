@@ -2,8 +2,8 @@
 //! line, `%4 = add %2, %3 : f32[4,8]`, then `return` with the outputs. What a snapshot
 //! pins is exactly what a user sees in a dump. Also Graphviz output (`to_dot`).
 
-use crate::graph::{Graph, NodeId};
 use crate::dtype::{DType, Scalar};
+use crate::graph::{Graph, NodeId};
 use crate::op::{Op, ViewOp};
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};

@@ -252,13 +252,15 @@ impl View {
 
     /// The lowest and highest buffer offsets the view touches, `None` when it is empty.
     /// A buffer of `hi + 1` elements (with `lo >= 0`) is enough to back the view.
-    pub fn span(&self) -> Option<(isize, isize)> {
-        if self.shape.numel() == 0 {
+    /// Computed in i128, so no shape or stride can overflow the answer; a view whose
+    /// stride count differs from its rank spans nothing meaningful and gives `None` too.
+    pub fn span(&self) -> Option<(i128, i128)> {
+        if self.shape.numel() == 0 || self.strides.len() != self.shape.rank() {
             return None;
         }
-        let (mut lo, mut hi) = (self.offset, self.offset);
+        let (mut lo, mut hi) = (self.offset as i128, self.offset as i128);
         for (&d, &s) in self.shape.0.iter().zip(&self.strides) {
-            let reach = (d as isize - 1) * s;
+            let reach = (d as i128 - 1) * s as i128;
             if reach < 0 {
                 lo += reach;
             } else {
@@ -497,8 +499,9 @@ mod tests {
         let t = v.permute(&[1, 0]);
         assert!(t.reshape(&Shape(vec![24])).is_none());
         // ...but splitting one of its axes can.
+        // Element (i,j,k) is transposed element (3i+j, k), at offset (3i+j) + 6k.
         let s = t.reshape(&Shape(vec![2, 3, 4])).expect("split axis");
-        assert_eq!(s.strides, vec![2, 1, 6]);
+        assert_eq!(s.strides, vec![3, 1, 6]);
         // Column slice [:, 1:3] then reshape rows: [4,2] -> [2,2,2] keeps strides.
         let c = v.slice(&[
             AxisSlice::full(4),

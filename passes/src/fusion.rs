@@ -8,8 +8,8 @@
 //!    element-wise operands, merging groups, as long as the merged group stays *convex*:
 //!    no path leaves it and comes back through another node (that would need the kernel
 //!    to wait for itself). A value with several users inside a group is computed once.
-//! 2. Sibling groups over the same domain that read a common buffer merge (again only
-//!    when convex), so independent outputs of the same inputs read them once.
+//! 2. Sibling groups over the same domain merge (again only when convex): one launch
+//!    instead of several, and an input they share is read once.
 //! 3. Constants are never loaded: every kernel that reads one (directly or through
 //!    views) gets it as an immediate.
 //! 4. A view is an index map: a chain of views over a buffer becomes one [`View`] in the
@@ -22,7 +22,9 @@
 //!    moves them into kernels (prologue/epilogue fusion).
 
 use crate::schedule::{Placement, Schedule, Step};
-use ndfuse_ir::{Buffer, Expr, Graph, Instr, Kernel, NodeId, Op, Plan, Scalar, Store, ValueId, View, ViewOp};
+use ndfuse_ir::{
+    Buffer, Expr, Graph, Instr, Kernel, NodeId, Op, Plan, Scalar, Store, ValueId, View, ViewOp,
+};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// What role a live node plays before lowering.
@@ -78,7 +80,9 @@ impl<'g> Fuser<'g> {
                     Op::Const { .. } => Role::Const,
                     Op::View(_) => Role::View,
                     Op::Reduce { .. } | Op::ArgReduce { .. } => Role::Interp,
-                    Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } => Role::Member(usize::MAX),
+                    Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } => {
+                        Role::Member(usize::MAX)
+                    }
                 };
                 (n, r)
             })
@@ -106,7 +110,12 @@ impl<'g> Fuser<'g> {
             if !matches!(self.role[&n], Role::Member(_)) {
                 continue;
             }
-            let mut cands: Vec<usize> = self.g.operands(n).into_iter().filter_map(|o| self.group_of(o)).collect();
+            let mut cands: Vec<usize> = self
+                .g
+                .operands(n)
+                .into_iter()
+                .filter_map(|o| self.group_of(o))
+                .collect();
             cands.sort_unstable();
             cands.dedup();
             let joined = self.try_join(n, &cands) || cands.iter().any(|&c| self.try_join(n, &[c]));
@@ -154,22 +163,35 @@ impl<'g> Fuser<'g> {
         out
     }
 
-    /// Rule 2: merges groups of one domain that read a common buffer.
+    /// Rule 2: merges groups of one domain, those sharing an input first.
     fn merge_siblings(&mut self) {
         let mut changed = true;
         while changed {
             changed = false;
-            let roots: Vec<BTreeSet<NodeId>> = (0..self.groups.len()).map(|gi| self.roots(gi)).collect();
-            'pairs: for a in 0..self.groups.len() {
-                for b in a + 1..self.groups.len() {
+            let roots: Vec<BTreeSet<NodeId>> =
+                (0..self.groups.len()).map(|gi| self.roots(gi)).collect();
+            let n = self.groups.len();
+            let mut pairs: Vec<(usize, usize)> = (0..n)
+                .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
+                .collect();
+            // Pairs that share an input first: merging them saves memory traffic, the
+            // others only a launch.
+            pairs.sort_by_key(|&(a, b)| roots[a].is_disjoint(&roots[b]));
+            'pairs: for (a, b) in pairs {
+                {
                     if self.groups[a].is_empty() || self.groups[b].is_empty() {
                         continue;
                     }
-                    let same_domain = self.g.node(self.groups[a][0]).shape == self.g.node(self.groups[b][0]).shape;
-                    if !same_domain || roots[a].is_disjoint(&roots[b]) {
+                    let same_domain = self.g.node(self.groups[a][0]).shape
+                        == self.g.node(self.groups[b][0]).shape;
+                    if !same_domain {
                         continue;
                     }
-                    let set: HashSet<NodeId> = self.groups[a].iter().chain(&self.groups[b]).copied().collect();
+                    let set: HashSet<NodeId> = self.groups[a]
+                        .iter()
+                        .chain(&self.groups[b])
+                        .copied()
+                        .collect();
                     if self.is_convex(&set) {
                         let moved = std::mem::take(&mut self.groups[b]);
                         for &m in &moved {
@@ -190,7 +212,10 @@ impl<'g> Fuser<'g> {
         if cands.is_empty() {
             return false;
         }
-        let mut set: HashSet<NodeId> = cands.iter().flat_map(|&c| self.groups[c].iter().copied()).collect();
+        let mut set: HashSet<NodeId> = cands
+            .iter()
+            .flat_map(|&c| self.groups[c].iter().copied())
+            .collect();
         set.insert(n);
         if !self.is_convex(&set) {
             return false;
@@ -253,7 +278,8 @@ impl<'g> Fuser<'g> {
                         Role::Member(ug) if ug == gi => {}
                         Role::View => self.store(n, "read through a view".into()),
                         _ => {
-                            let why = format!("read by {} outside this kernel", self.g.node(u).op.name());
+                            let why =
+                                format!("read by {} outside this kernel", self.g.node(u).op.name());
                             self.store(n, why);
                         }
                     }
@@ -306,11 +332,20 @@ impl<'g> Fuser<'g> {
                         Some(view) => Source::Buffer { base, view },
                         None => {
                             // Rule 3: the reshape needs its operand contiguous.
-                            self.store(operand, "reshaped in a way its strides cannot express".into());
+                            self.store(
+                                operand,
+                                "reshaped in a way its strides cannot express".into(),
+                            );
                             self.copies.insert(operand);
-                            let view = apply_view(&View::contiguous(self.g.node(operand).shape.clone()), v)
-                                .expect("any view of a contiguous buffer is expressible");
-                            Source::Buffer { base: operand, view }
+                            let view = apply_view(
+                                &View::contiguous(self.g.node(operand).shape.clone()),
+                                v,
+                            )
+                            .expect("any view of a contiguous buffer is expressible");
+                            Source::Buffer {
+                                base: operand,
+                                view,
+                            }
                         }
                     },
                 }
@@ -333,7 +368,12 @@ impl<'g> Fuser<'g> {
     fn lower(mut self) -> Schedule {
         // Units: groups, copies and interp nodes, each keyed by its first node in
         // topological order so that the schedule follows the graph.
-        let pos: HashMap<NodeId, usize> = self.order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+        let pos: HashMap<NodeId, usize> = self
+            .order
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (n, i))
+            .collect();
         enum Unit {
             Group(usize),
             Copy(NodeId),
@@ -341,7 +381,11 @@ impl<'g> Fuser<'g> {
         }
         let mut units: Vec<(usize, Unit)> = Vec::new();
         for (gi, members) in self.groups.iter().enumerate() {
-            let first = members.iter().map(|m| pos[m]).min().expect("groups are never empty");
+            let first = members
+                .iter()
+                .map(|m| pos[m])
+                .min()
+                .expect("groups are never empty");
             units.push((first, Unit::Group(gi)));
         }
         for &c in &self.copies {
@@ -370,7 +414,12 @@ impl<'g> Fuser<'g> {
             lowered.push((first, step));
         }
         let steps = order_steps(lowered, self.g);
-        let mut placement: HashMap<NodeId, Placement> = self.g.node_ids().into_iter().map(|n| (n, Placement::Dead)).collect();
+        let mut placement: HashMap<NodeId, Placement> = self
+            .g
+            .node_ids()
+            .into_iter()
+            .map(|n| (n, Placement::Dead))
+            .collect();
         for &n in &self.order {
             let p = match self.role[&n] {
                 Role::Input => Placement::Input,
@@ -383,7 +432,13 @@ impl<'g> Fuser<'g> {
             match step {
                 Step::Kernel { outputs, .. } => {
                     for &o in outputs {
-                        placement.insert(o, Placement::InKernel { step: si, stored: self.stored.get(&o).cloned() });
+                        placement.insert(
+                            o,
+                            Placement::InKernel {
+                                step: si,
+                                stored: self.stored.get(&o).cloned(),
+                            },
+                        );
                     }
                 }
                 Step::Interp { node, .. } => {
@@ -398,7 +453,13 @@ impl<'g> Fuser<'g> {
                         .iter()
                         .position(|s| matches!(s, Step::Kernel { outputs, .. } if outputs.iter().any(|o| self.group_of(*o) == Some(gi))))
                         .expect("every group stores at least one value");
-                    placement.insert(n, Placement::InKernel { step: si, stored: None });
+                    placement.insert(
+                        n,
+                        Placement::InKernel {
+                            step: si,
+                            stored: None,
+                        },
+                    );
                 }
             }
         }
@@ -421,7 +482,12 @@ impl<'g> Fuser<'g> {
         let mut value: HashMap<NodeId, ValueId> = HashMap::new();
         let mut names: Vec<&'static str> = Vec::new();
         let mut ordered = members.clone();
-        let pos: HashMap<NodeId, usize> = self.order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+        let pos: HashMap<NodeId, usize> = self
+            .order
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (n, i))
+            .collect();
         ordered.sort_by_key(|m| pos[m]);
         for &m in &ordered {
             let node = self.g.node(m);
@@ -442,7 +508,10 @@ impl<'g> Fuser<'g> {
                 Op::Binary(b) => Expr::Binary(*b, args[0], args[1]),
                 Op::Where => Expr::Where(args[0], args[1], args[2]),
                 Op::Cast { .. } => Expr::Cast(args[0]),
-                other => unreachable!("group member {} is element-wise (a bug otherwise)", other.name()),
+                other => unreachable!(
+                    "group member {} is element-wise (a bug otherwise)",
+                    other.name()
+                ),
             };
             if !matches!(node.op, Op::Cast { .. }) {
                 names.push(node.op.name());
@@ -468,7 +537,11 @@ impl<'g> Fuser<'g> {
         let mut kb = KernelBuilder::default();
         let v = kb.source(src, node.dtype, self.g);
         kb.store(v, node.dtype, node.shape.numel());
-        let name = if matches!(node.op, Op::Const { .. }) { "fill" } else { "copy" };
+        let name = if matches!(node.op, Op::Const { .. }) {
+            "fill"
+        } else {
+            "copy"
+        };
         kb.finish(&[name], node.shape.clone(), vec![n])
     }
 }
@@ -498,7 +571,14 @@ fn order_steps(mut lowered: Vec<(usize, Step)>, g: &Graph) -> Vec<Step> {
     let mut out = Vec::with_capacity(lowered.len());
     while out.len() < lowered.len() {
         let next = (0..lowered.len())
-            .find(|&i| !done[i] && lowered[i].1.reads().iter().all(|r| writer.get(r).is_none_or(|&w| done[w])))
+            .find(|&i| {
+                !done[i]
+                    && lowered[i]
+                        .1
+                        .reads()
+                        .iter()
+                        .all(|r| writer.get(r).is_none_or(|&w| done[w]))
+            })
             .unwrap_or_else(|| panic!("fusion produced a dependency cycle (a bug):\n{g}"));
         done[next] = true;
         out.push(next);
@@ -526,7 +606,9 @@ impl KernelBuilder {
         if let Some(&v) = self.memo.get(&ins) {
             return v;
         }
-        let v = ValueId(u32::try_from(self.body.len()).expect("kernels have fewer than 2^32 instructions"));
+        let v = ValueId(
+            u32::try_from(self.body.len()).expect("kernels have fewer than 2^32 instructions"),
+        );
         self.memo.insert(ins.clone(), v);
         self.body.push(ins);
         v
@@ -541,7 +623,10 @@ impl KernelBuilder {
                     None => {
                         let node = g.node(base);
                         self.inputs.push(base);
-                        self.buffers.push(Buffer { dtype: node.dtype, len: node.shape.numel() });
+                        self.buffers.push(Buffer {
+                            dtype: node.dtype,
+                            len: node.shape.numel(),
+                        });
                         self.inputs.len() - 1
                     }
                 };
@@ -552,13 +637,21 @@ impl KernelBuilder {
 
     fn store(&mut self, value: ValueId, dtype: ndfuse_ir::DType, len: usize) {
         self.outputs.push(Buffer { dtype, len });
-        self.stores.push(Store { value, output: self.outputs.len() - 1 });
+        self.stores.push(Store {
+            value,
+            output: self.outputs.len() - 1,
+        });
     }
 
     fn finish(self, names: &[&str], domain: ndfuse_ir::Shape, outputs: Vec<NodeId>) -> Step {
         // Readable, stable names: the first few ops, then how many more (`mul_add_exp_etc3`).
         const SHOWN: usize = 4;
-        let mut name = names.iter().take(SHOWN).copied().collect::<Vec<_>>().join("_");
+        let mut name = names
+            .iter()
+            .take(SHOWN)
+            .copied()
+            .collect::<Vec<_>>()
+            .join("_");
         if names.len() > SHOWN {
             name.push_str(&format!("_etc{}", names.len() - SHOWN));
         }
@@ -572,6 +665,10 @@ impl KernelBuilder {
             plan: Plan::Elementwise,
             plan_reason: "element-wise: one flat index space".into(),
         };
-        Step::Kernel { kernel, inputs: self.inputs, outputs }
+        Step::Kernel {
+            kernel,
+            inputs: self.inputs,
+            outputs,
+        }
     }
 }

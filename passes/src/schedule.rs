@@ -101,7 +101,11 @@ impl Schedule {
     /// The note a graph dump shows after `id` (`k0`, `k0, stored: output of the graph`,
     /// `folded into loads`, `interp: ...`). `kernel_path` names how a kernel step runs on
     /// the chosen backend (`jit`, `interp: f16 not in the JIT yet`), when known.
-    pub fn note(&self, id: NodeId, kernel_path: &dyn Fn(usize) -> Option<String>) -> Option<String> {
+    pub fn note(
+        &self,
+        id: NodeId,
+        kernel_path: &dyn Fn(usize) -> Option<String>,
+    ) -> Option<String> {
         let mut s = String::new();
         match self.placement.get(&id)? {
             Placement::Input => return None,
@@ -148,7 +152,11 @@ impl Schedule {
                 }
                 Step::Interp { node, reason, .. } => {
                     let n = num.get(node).copied().unwrap_or(usize::MAX);
-                    let _ = writeln!(out, "step {i}: interp %{n} {} ; {reason}", g.node(*node).op.name());
+                    let _ = writeln!(
+                        out,
+                        "step {i}: interp %{n} {} ; {reason}",
+                        g.node(*node).op.name()
+                    );
                 }
             }
         }

@@ -103,7 +103,9 @@ fn kernel_cache() -> &'static Mutex<HashMap<Kernel, Arc<CompiledKernel>>> {
 fn check_inputs(g: &Graph, inputs: &HashMap<NodeId, Arc<HostArray>>) -> Result<(), RuntimeError> {
     for n in g.live_nodes() {
         let node = g.node(n);
-        let Op::Input { name } = &node.op else { continue };
+        let Op::Input { name } = &node.op else {
+            continue;
+        };
         let expected = g.ty(n);
         let data = inputs.get(&n).ok_or_else(|| RuntimeError::MissingInput {
             name: name.clone(),
@@ -136,8 +138,10 @@ pub fn execute(
     match backend {
         BackendKind::Interp => {
             let start = Instant::now();
-            let owned: HashMap<NodeId, HostArray> =
-                inputs.iter().map(|(&n, a)| (n, HostArray::clone(a))).collect();
+            let owned: HashMap<NodeId, HostArray> = inputs
+                .iter()
+                .map(|(&n, a)| (n, HostArray::clone(a)))
+                .collect();
             let outputs = interp::eval(g, &owned)?;
             Ok(Evaluation {
                 outputs,
@@ -171,7 +175,10 @@ impl Buf<'_> {
     }
 }
 
-fn run_cpu(g: &Graph, inputs: &HashMap<NodeId, Arc<HostArray>>) -> Result<Evaluation, RuntimeError> {
+fn run_cpu(
+    g: &Graph,
+    inputs: &HashMap<NodeId, Arc<HostArray>>,
+) -> Result<Evaluation, RuntimeError> {
     let schedule = ndfuse_passes::schedule(g);
     // The last step that reads each buffer: it is dropped right after.
     let mut last_read: HashMap<NodeId, usize> = HashMap::new();
@@ -180,14 +187,18 @@ fn run_cpu(g: &Graph, inputs: &HashMap<NodeId, Arc<HostArray>>) -> Result<Evalua
             last_read.insert(r, i);
         }
     }
-    let mut bufs: HashMap<NodeId, Buf<'_>> =
-        inputs.iter().map(|(&n, a)| (n, Buf::Borrowed(&**a))).collect();
+    let mut bufs: HashMap<NodeId, Buf<'_>> = inputs
+        .iter()
+        .map(|(&n, a)| (n, Buf::Borrowed(a)))
+        .collect();
     let mut paths = Vec::with_capacity(schedule.steps.len());
     let (mut compile_time, mut run_time) = (Duration::ZERO, Duration::ZERO);
     for (i, step) in schedule.steps.iter().enumerate() {
         let read = |n: &NodeId| -> &HostArray {
             bufs.get(n)
-                .unwrap_or_else(|| panic!("step {i} reads {n} before it is written (a scheduling bug)"))
+                .unwrap_or_else(|| {
+                    panic!("step {i} reads {n} before it is written (a scheduling bug)")
+                })
                 .get()
         };
         let (results, path) = match step {

@@ -9,7 +9,11 @@ use ndfuse_ir::DType;
 /// `u64::MAX` when exactly one is NaN or they differ in sign across infinities.
 pub fn ulp_distance(a: f64, b: f64, dtype: DType) -> u64 {
     if a.is_nan() || b.is_nan() {
-        return if a.is_nan() && b.is_nan() { 0 } else { u64::MAX };
+        return if a.is_nan() && b.is_nan() {
+            0
+        } else {
+            u64::MAX
+        };
     }
     if a == b {
         return 0;
@@ -17,11 +21,19 @@ pub fn ulp_distance(a: f64, b: f64, dtype: DType) -> u64 {
     // Map each float onto a monotonic integer line (sign-magnitude to offset binary).
     fn key32(x: f32) -> i64 {
         let b = i64::from(x.to_bits() as i32);
-        if b < 0 { i64::from(i32::MIN) - b } else { b }
+        if b < 0 {
+            i64::from(i32::MIN) - b
+        } else {
+            b
+        }
     }
     fn key64(x: f64) -> i128 {
         let b = i128::from(x.to_bits() as i64);
-        if b < 0 { i128::from(i64::MIN) - b } else { b }
+        if b < 0 {
+            i128::from(i64::MIN) - b
+        } else {
+            b
+        }
     }
     match dtype {
         DType::F64 => u64::try_from((key64(a) - key64(b)).unsigned_abs()).unwrap_or(u64::MAX),
@@ -30,14 +42,22 @@ pub fn ulp_distance(a: f64, b: f64, dtype: DType) -> u64 {
         DType::F16 => {
             let k = |x: f64| {
                 let b = i64::from(half::f16::from_f64(x).to_bits() as i16);
-                if b < 0 { i64::from(i16::MIN) - b } else { b }
+                if b < 0 {
+                    i64::from(i16::MIN) - b
+                } else {
+                    b
+                }
             };
             (k(a) - k(b)).unsigned_abs()
         }
         DType::BF16 => {
             let k = |x: f64| {
                 let b = i64::from(half::bf16::from_f64(x).to_bits() as i16);
-                if b < 0 { i64::from(i16::MIN) - b } else { b }
+                if b < 0 {
+                    i64::from(i16::MIN) - b
+                } else {
+                    b
+                }
             };
             (k(a) - k(b)).unsigned_abs()
         }
@@ -77,7 +97,14 @@ mod tests {
         let next = f32::from_bits(one.to_bits() + 1);
         assert_eq!(ulp_distance(1.0, f64::from(next), DType::F32), 1);
         assert_eq!(ulp_distance(0.0, -0.0, DType::F32), 0);
-        assert_eq!(ulp_distance(f64::from(f32::MIN_POSITIVE * 0.5), -f64::from(f32::MIN_POSITIVE * 0.5), DType::F32), 2 * (1 << 22));
+        assert_eq!(
+            ulp_distance(
+                f64::from(f32::MIN_POSITIVE * 0.5),
+                -f64::from(f32::MIN_POSITIVE * 0.5),
+                DType::F32
+            ),
+            2 * (1 << 22)
+        );
         assert_eq!(ulp_distance(f64::NAN, f64::NAN, DType::F64), 0);
         assert_eq!(ulp_distance(f64::NAN, 1.0, DType::F64), u64::MAX);
         assert_eq!(ulp_distance(1.0, 1.0 + f64::EPSILON, DType::F64), 1);

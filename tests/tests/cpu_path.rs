@@ -33,7 +33,7 @@ fn elementwise_chain_f32_is_one_jit_kernel() {
     let a = ctx.rand_uniform(&[64, 33], -2.0, 2.0, 1);
     let b = ctx.rand_uniform(&[64, 33], -2.0, 2.0, 2);
     let c = ctx.rand_uniform(&[33], 0.1, 2.0, 3);
-    let y = ((&a * &b + &c).tanh() - (&a / &c).abs().sqrt()).maximum(&b.sin()) * 0.5;
+    let y = ((&a * &b + &c).tanh() - (&a / &c).abs().sqrt()).maximum(b.sin()) * 0.5;
     let r = check(&ctx, &[&y], 0);
     assert_eq!(r.kernel_count(), 1, "{}", r.annotated_graph());
     assert_eq!(jit_kernels(&r), 1, "{}", r.annotated_graph());
@@ -41,18 +41,46 @@ fn elementwise_chain_f32_is_one_jit_kernel() {
 
 #[test]
 fn elementwise_chain_f64_with_every_unary_is_one_jit_kernel() {
-    let ctx = Context::builder().dtype(DType::F64).build().expect("f64 is a float");
+    let ctx = Context::builder()
+        .dtype(DType::F64)
+        .build()
+        .expect("f64 is a float");
     let x = ctx.rand_uniform(&[1000], 0.05, 3.0, 9);
     let mut acc = x.clone();
     for t in [
-        x.exp(), x.log(), x.log1p(), x.expm1(), x.sqrt(), x.rsqrt(), x.square(), x.recip(), x.sin(), x.cos(),
-        x.tanh(), x.sigmoid(), x.relu(), x.erf(), x.floor(), x.ceil(), x.round(), x.sign(), x.abs(), -&x,
-        x.gelu(), x.gelu_erf(), x.pow(1.5),
+        x.exp(),
+        x.log(),
+        x.log1p(),
+        x.expm1(),
+        x.sqrt(),
+        x.rsqrt(),
+        x.square(),
+        x.recip(),
+        x.sin(),
+        x.cos(),
+        x.tanh(),
+        x.sigmoid(),
+        x.relu(),
+        x.erf(),
+        x.floor(),
+        x.ceil(),
+        x.round(),
+        x.sign(),
+        x.abs(),
+        -&x,
+        x.gelu(),
+        x.gelu_erf(),
+        x.pow(1.5),
     ] {
         acc = &acc + &t;
     }
     let r = check(&ctx, &[&acc], 0);
-    assert_eq!((r.kernel_count(), jit_kernels(&r)), (1, 1), "{}", r.annotated_graph());
+    assert_eq!(
+        (r.kernel_count(), jit_kernels(&r)),
+        (1, 1),
+        "{}",
+        r.annotated_graph()
+    );
 }
 
 #[test]
@@ -74,9 +102,17 @@ fn views_of_inputs_fold_into_loads() {
     let b = ctx.rand_uniform(&[10, 6], -1.0, 1.0, 6);
     let row = ctx.rand_uniform(&[6, 1], -1.0, 1.0, 7);
     let rev = a.slice(&[SliceArg::new(None, None, -1), SliceArg::from(1..9).step(2)]);
-    let y = &rev * &b.transpose().slice(&[SliceArg::all(), SliceArg::from(0..4)]) + &row;
+    let y = &rev
+        * &b.transpose()
+            .slice(&[SliceArg::all(), SliceArg::from(0..4)])
+        + &row;
     let r = check(&ctx, &[&y], 0);
-    assert_eq!((r.kernel_count(), jit_kernels(&r)), (1, 1), "{}", r.annotated_graph());
+    assert_eq!(
+        (r.kernel_count(), jit_kernels(&r)),
+        (1, 1),
+        "{}",
+        r.annotated_graph()
+    );
     let dump = r.annotated_graph();
     assert!(dump.contains("folded into loads"), "{dump}");
 }
@@ -107,13 +143,20 @@ fn reductions_run_in_the_interpreter_and_the_dump_says_so() {
 fn softmax_runs_end_to_end() {
     let ctx = Context::new();
     let a = ctx.rand_normal(&[5, 7], 0.0, 3.0, 13);
-    let r = check(&ctx, &[&a.softmax(-1), &a.layernorm(-1, 1e-5), &a.log_softmax(0)], 0);
+    let r = check(
+        &ctx,
+        &[&a.softmax(-1), &a.layernorm(-1, 1e-5), &a.log_softmax(0)],
+        0,
+    );
     assert!(r.kernel_count() >= 3, "{}", r.annotated_graph());
 }
 
 #[test]
 fn half_kernels_fall_back_to_the_interpreter_with_a_reason() {
-    let ctx = Context::builder().dtype(DType::F16).build().expect("f16 is a float");
+    let ctx = Context::builder()
+        .dtype(DType::F16)
+        .build()
+        .expect("f16 is a float");
     let a = ctx.rand_uniform(&[16], -1.0, 1.0, 14);
     let y = (&a * 2.0 + 1.0).exp();
     ctx.set_backend(BackendKind::Cpu);
@@ -127,16 +170,25 @@ fn half_kernels_fall_back_to_the_interpreter_with_a_reason() {
     let y32 = ((&a32 * 2.0 + 1.0).exp()).cast(DType::F16);
     ctx.set_backend(BackendKind::Interp);
     let want = ctx.eval(&[&y32]).expect("reference evaluates");
-    assert_matches(&got[0], &want[0], 0, "f16 kernel vs f32-then-round reference");
+    assert_matches(
+        &got[0],
+        &want[0],
+        0,
+        "f16 kernel vs f32-then-round reference",
+    );
 }
 
 #[test]
 fn integer_and_bool_kernels_run_in_the_jit() {
     let ctx = Context::new();
-    let a = ctx.from_vec((0..24).map(|i| i - 12).collect::<Vec<i32>>(), &[4, 6]).expect("24");
-    let b = ctx.from_vec((0..6).map(|i| i * 7 - 20).collect::<Vec<i64>>(), &[6]).expect("6");
-    let m = a.gt(0).and(&b.lt(10));
-    let y = m.where_(&(&a * &b - 3), &a.abs().maximum(&b)).pow(2);
+    let a = ctx
+        .from_vec((0..24).map(|i| i - 12).collect::<Vec<i32>>(), &[4, 6])
+        .expect("24");
+    let b = ctx
+        .from_vec((0..6).map(|i| i * 7 - 20).collect::<Vec<i64>>(), &[6])
+        .expect("6");
+    let m = a.gt(0).and(b.lt(10));
+    let y = m.where_(&(&a * &b - 3), a.abs().maximum(&b)).pow(2);
     let z = (&a.cast(DType::F32) / 3.0).round().cast(DType::I32);
     let r = check(&ctx, &[&y, &z, &m.logical_not()], 0);
     assert_eq!(jit_kernels(&r), r.kernel_count(), "{}", r.annotated_graph());
@@ -148,7 +200,16 @@ fn edge_shapes_empty_scalar_and_size_one() {
     let e = ctx.from_vec(Vec::<f32>::new(), &[0, 4]).expect("empty");
     let s = ctx.from_vec(vec![2.5f32], &[]).expect("scalar");
     let one = ctx.rand_uniform(&[1, 5, 1], -1.0, 1.0, 15);
-    let r = check(&ctx, &[&(&e * 2.0).exp(), &(&s * &s + 1.0), &(&one - &s).abs(), &e.broadcast_to(&[3, 0, 4])], 0);
+    let r = check(
+        &ctx,
+        &[
+            &(&e * 2.0).exp(),
+            &(&s * &s + 1.0),
+            &(&one - &s).abs(),
+            &e.broadcast_to(&[3, 0, 4]),
+        ],
+        0,
+    );
     assert!(r.kernel_count() >= 3);
 }
 
@@ -156,17 +217,58 @@ fn edge_shapes_empty_scalar_and_size_one() {
 fn outputs_that_are_inputs_views_or_constants() {
     let ctx = Context::new();
     let a = ctx.rand_uniform(&[3, 4], -1.0, 1.0, 16);
-    let r = check(&ctx, &[&a, &a.transpose(), &ctx.full(&[2, 2], 7.0), &ctx.scalar(1.5).broadcast_to(&[3])], 0);
-    assert_eq!(r.kernel_count(), 3, "copy + two fills:\n{}", r.annotated_graph());
+    let r = check(
+        &ctx,
+        &[
+            &a,
+            &a.transpose(),
+            &ctx.full(&[2, 2], 7.0),
+            &ctx.scalar(1.5).broadcast_to(&[3]),
+        ],
+        0,
+    );
+    assert_eq!(
+        r.kernel_count(),
+        3,
+        "copy + two fills:\n{}",
+        r.annotated_graph()
+    );
 }
 
 #[test]
 fn special_values_propagate_like_ieee() {
     let ctx = Context::new();
-    let v = vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0, 1e-40, -1e-40, 88.7, -103.0, 1.0];
+    let v = vec![
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.0,
+        0.0,
+        1e-40,
+        -1e-40,
+        88.7,
+        -103.0,
+        1.0,
+    ];
     let x = ctx.from_vec(v.clone(), &[10]).expect("10");
-    let y = ctx.from_vec(v.into_iter().rev().collect(), &[10]).expect("10");
-    let outs = [x.maximum(&y), x.minimum(&y), &x / &y, x.exp(), x.log(), x.sqrt(), x.sign(), x.relu(), x.sigmoid(), x.tanh(), x.ge(&y), x.ne(&y), x.round()];
+    let y = ctx
+        .from_vec(v.into_iter().rev().collect(), &[10])
+        .expect("10");
+    let outs = [
+        x.maximum(&y),
+        x.minimum(&y),
+        &x / &y,
+        x.exp(),
+        x.log(),
+        x.sqrt(),
+        x.sign(),
+        x.relu(),
+        x.sigmoid(),
+        x.tanh(),
+        x.ge(&y),
+        x.ne(&y),
+        x.round(),
+    ];
     let refs: Vec<&Tensor> = outs.iter().collect();
     let r = check(&ctx, &refs, 0);
     assert_eq!(r.kernel_count(), 1, "{}", r.annotated_graph());
@@ -180,7 +282,15 @@ fn a_cached_graph_skips_cranelift() {
     ctx.set_backend(BackendKind::Cpu);
     let first = ctx.eval_report(&[&y]).expect("runs").1;
     let second = ctx.eval_report(&[&y]).expect("runs").1;
-    assert!(first.annotated_graph().contains("[jit"), "{}", first.annotated_graph());
-    assert!(second.annotated_graph().contains("[jit, cached]"), "{}", second.annotated_graph());
+    assert!(
+        first.annotated_graph().contains("[jit"),
+        "{}",
+        first.annotated_graph()
+    );
+    assert!(
+        second.annotated_graph().contains("[jit, cached]"),
+        "{}",
+        second.annotated_graph()
+    );
     assert_eq!(second.evaluation().compile_time, std::time::Duration::ZERO);
 }

@@ -4,7 +4,8 @@
 use ndfuse::{Context, DType, Error, SliceArg, Tensor};
 
 fn f32s(ctx: &Context, shape: &[usize]) -> Tensor {
-    ctx.from_vec(vec![1.0f32; shape.iter().product()], shape).expect("count matches")
+    ctx.from_vec(vec![1.0f32; shape.iter().product()], shape)
+        .expect("count matches")
 }
 
 /// Evaluates `t`, expects an error, and checks its message contains every `needle` and
@@ -16,7 +17,10 @@ fn expect_err(t: &Tensor, line: u32, needles: &[&str]) -> String {
         assert!(msg.contains(n), "message {msg:?} lacks {n:?}");
     }
     let site = format!("{}:{line}:", file!());
-    assert!(msg.contains(&site), "message {msg:?} lacks the call site {site:?}");
+    assert!(
+        msg.contains(&site),
+        "message {msg:?} lacks the call site {site:?}"
+    );
     // The same error is visible before eval, through shape() and error().
     assert!(t.shape().is_err() && t.error().is_some());
     msg
@@ -29,7 +33,7 @@ fn shapes_that_do_not_broadcast() {
     let (y, line) = (&a + &b, line!());
     let msg = expect_err(&y, line, &["add", "f32[4,8]", "f32[3]", "do not broadcast"]);
     assert!(matches!(y.error(), Some(Error::Op { .. })), "{msg}");
-    let (y, line) = (a.maximum(&f32s(&c, &[2, 8])), line!());
+    let (y, line) = (a.maximum(f32s(&c, &[2, 8])), line!());
     expect_err(&y, line, &["max", "f32[4,8]", "f32[2,8]"]);
 }
 
@@ -88,15 +92,36 @@ fn wrong_element_count_in_constructors() {
     let line = line!() + 1;
     let err = c.from_vec(vec![1.0f32; 5], &[2, 3]).expect_err("5 != 6");
     let msg = err.to_string();
-    assert!(msg.contains("5 elements") && msg.contains("[2,3]") && msg.contains("holds 6"), "{msg}");
+    assert!(
+        msg.contains("5 elements") && msg.contains("[2,3]") && msg.contains("holds 6"),
+        "{msg}"
+    );
     assert!(msg.contains(&format!("{}:{line}:", file!())), "{msg}");
     let err = Tensor::from_vec(vec![1i64; 3], &[4]).expect_err("3 != 4");
-    assert!(matches!(err, Error::ElementCount { count: 3, expected: 4, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::ElementCount {
+                count: 3,
+                expected: 4,
+                ..
+            }
+        ),
+        "{err}"
+    );
     let err = c.arange(0.0, 1.0, 0.0).expect_err("zero step");
     assert!(err.to_string().contains("non-zero step"), "{err}");
-    let err = c.set_default_dtype(DType::I32).expect_err("ints are no default");
-    assert!(err.to_string().contains("i32 is not a float dtype"), "{err}");
-    let err = Context::builder().dtype(DType::Bool).build().expect_err("bool is no default");
+    let err = c
+        .set_default_dtype(DType::I32)
+        .expect_err("ints are no default");
+    assert!(
+        err.to_string().contains("i32 is not a float dtype"),
+        "{err}"
+    );
+    let err = Context::builder()
+        .dtype(DType::Bool)
+        .build()
+        .expect_err("bool is no default");
     assert!(err.to_string().contains("bool"), "{err}");
 }
 
@@ -126,14 +151,23 @@ fn views_with_bad_arguments() {
 #[test]
 fn reductions_without_identity_over_nothing() {
     let c = Context::new();
-    let e = c.from_vec(Vec::<f32>::new(), &[0, 3]).expect("empty is fine");
+    let e = c
+        .from_vec(Vec::<f32>::new(), &[0, 3])
+        .expect("empty is fine");
     let (y, line) = (e.max(0), line!());
     expect_err(&y, line, &["reduce_max", "f32[0,3]", "zero-size"]);
     let (y, line) = (e.argmin(0), line!());
     expect_err(&y, line, &["argmin", "zero-size"]);
     // Reducing the other axis is fine: the result itself is empty (numpy agrees).
     assert_eq!(e.max(1).eval().expect("empty result").shape(), &[0]);
-    assert_eq!(e.sum(0).eval().expect("sum has identity").to_vec::<f32>().expect("f32"), vec![0.0; 3]);
+    assert_eq!(
+        e.sum(0)
+            .eval()
+            .expect("sum has identity")
+            .to_vec::<f32>()
+            .expect("f32"),
+        vec![0.0; 3]
+    );
 }
 
 #[test]
@@ -141,6 +175,9 @@ fn reading_results_as_the_wrong_type() {
     let c = Context::new();
     let out = f32s(&c, &[2]).eval().expect("valid");
     let err = out.to_vec::<f64>().expect_err("f32 is not f64");
-    assert_eq!(err.to_string(), "to_vec::<f64>() on an array of f32 (cast the tensor before eval)");
+    assert_eq!(
+        err.to_string(),
+        "to_vec::<f64>() on an array of f32 (cast the tensor before eval)"
+    );
     assert!(out.as_slice::<half::f16>().is_err());
 }

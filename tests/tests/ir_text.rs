@@ -39,7 +39,10 @@ macro_rules! snap {
 }
 
 snap!(add_same_shape, |c| {
-    let (a, b) = (input(&c, &[4, 8], DType::F32), input(&c, &[4, 8], DType::F32));
+    let (a, b) = (
+        input(&c, &[4, 8], DType::F32),
+        input(&c, &[4, 8], DType::F32),
+    );
     vec![&a + &b]
 });
 
@@ -54,7 +57,10 @@ snap!(weak_scalar_literal_keeps_f16, |c| {
 });
 
 snap!(f16_plus_f32_promotes_to_f32, |c| {
-    let (a, b) = (input(&c, &[2, 3], DType::F16), input(&c, &[2, 3], DType::F32));
+    let (a, b) = (
+        input(&c, &[2, 3], DType::F16),
+        input(&c, &[2, 3], DType::F32),
+    );
     vec![&a + &b]
 });
 
@@ -104,7 +110,13 @@ snap!(exp_of_fma_summed, |c| {
 
 snap!(reductions_keepdims_and_all, |c| {
     let a = input(&c, &[2, 3, 4], DType::F32);
-    vec![a.sum_keepdims([0, -1]), a.mean(..), a.max(1), a.var(-1), a.std_keepdims(..)]
+    vec![
+        a.sum_keepdims([0, -1]),
+        a.mean(..),
+        a.max(1),
+        a.var(-1),
+        a.std_keepdims(..),
+    ]
 });
 
 snap!(int_sum_accumulates_in_i64, |c| {
@@ -120,17 +132,23 @@ snap!(argmax_and_argmin, |c| {
 snap!(slices_with_steps_and_permute, |c| {
     let a = input(&c, &[10, 6], DType::F32);
     let s = a.slice(&[SliceArg::from(1..9).step(2), SliceArg::new(None, None, -1)]);
-    vec![s.transpose(), a.slice(&[SliceArg::new(Some(3), Some(0), -2)])]
+    vec![
+        s.transpose(),
+        a.slice(&[SliceArg::new(Some(3), Some(0), -2)]),
+    ]
 });
 
 snap!(reshape_expand_squeeze, |c| {
     let a = input(&c, &[4, 6], DType::F32);
-    vec![a.reshape(&[2, -1, 3]).expand_dims(0).squeeze(&[0]), a.broadcast_to(&[2, 4, 6])]
+    vec![
+        a.reshape(&[2, -1, 3]).expand_dims(0).squeeze(&[0]),
+        a.broadcast_to(&[2, 4, 6]),
+    ]
 });
 
 snap!(where_relu_and_masks, |c| {
     let a = input(&c, &[5], DType::F32);
-    let m = a.gt(0.0).and(&a.lt(1.0));
+    let m = a.gt(0.0).and(a.lt(1.0));
     vec![m.where_(&a, 0.0), m.logical_not()]
 });
 

@@ -71,7 +71,11 @@ impl KernelBuilder {
     }
 
     pub fn binary(&mut self, op: BinaryOp, a: ValueId, b: ValueId) -> ValueId {
-        let d = if op.is_comparison() { DType::Bool } else { self.dtype(a) };
+        let d = if op.is_comparison() {
+            DType::Bool
+        } else {
+            self.dtype(a)
+        };
         self.push(d, Expr::Binary(op, a, b))
     }
 
@@ -94,6 +98,11 @@ impl KernelBuilder {
         let output = self.k.outputs.len() - 1;
         self.k.stores.push(Store { value: v, output });
         output
+    }
+
+    /// The kernel without running `Kernel::check`, for tests of malformed kernels.
+    pub fn build_unchecked(self) -> Kernel {
+        self.k
     }
 
     pub fn build(self) -> Kernel {
