@@ -307,6 +307,37 @@ impl Report {
     pub fn evaluation(&self) -> &Evaluation {
         &self.ev
     }
+
+    /// Bytes every step read and wrote: for a kernel its input and output buffers; for
+    /// a node the interpreter ran (an interpreter step of the schedule, or every node
+    /// under the interp backend) its operands and its result.
+    pub fn bytes_moved(&self) -> u64 {
+        use ndfuse_passes::Step;
+        let g = &self.graph;
+        let node_bytes = |n: NodeId| {
+            let ty = g.ty(n);
+            (ty.shape.numel() * ty.dtype.size_bytes()) as u64
+        };
+        let node_io = |node: NodeId, operands: &[NodeId]| {
+            operands.iter().map(|&o| node_bytes(o)).sum::<u64>() + node_bytes(node)
+        };
+        match &self.ev.schedule {
+            Some(s) => s
+                .steps
+                .iter()
+                .map(|step| match step {
+                    Step::Kernel { kernel, .. } => (kernel.bytes_in() + kernel.bytes_out()) as u64,
+                    Step::Interp { node, operands, .. } => node_io(*node, operands),
+                })
+                .sum(),
+            None => g
+                .live_nodes()
+                .into_iter()
+                .filter(|&n| !g.node(n).op.is_input())
+                .map(|n| node_io(n, &g.operands(n)))
+                .sum(),
+        }
+    }
 }
 
 /// Lowers the expression DAG under `outputs` into an IR graph plus the data of its
@@ -359,4 +390,94 @@ pub(crate) fn build_graph(outputs: &[&Tensor]) -> Result<(Graph, HashMap<NodeId,
         g.add_output(ids[&Arc::as_ptr(&out.inner)]);
     }
     Ok((g, data))
+}
+
+impl Context {
+    /// The IR graph the given tensors compile to, before any pass ran, without
+    /// evaluating anything: for tools that schedule or inspect it (`ndfuse explain`).
+    /// Inputs are named `in0, in1, ...` as in [`Context::graph_text`].
+    pub fn graph(&self, outputs: &[&Tensor]) -> Result<Graph> {
+        Ok(build_graph(outputs)?.0)
+    }
+
+    /// What evaluating `outputs` on this context's backend does, without running it: the
+    /// graph, where each node goes (kernel, stored and why, or the interpreter), every
+    /// kernel description with the path it takes and the bytes it moves, and the
+    /// generated Cranelift IR. Kernels are compiled into the cache on the way.
+    ///
+    /// ```
+    /// let ctx = ndfuse::Context::new();
+    /// let x = ctx.ones(&[4, 8]);
+    /// let text = ctx.explain(&[&(x.exp() * 2.0)])?;
+    /// assert!(text.contains("== kernels") && text.contains("k0_exp_mul"));
+    /// # Ok::<(), ndfuse::Error>(())
+    /// ```
+    pub fn explain(&self, outputs: &[&Tensor]) -> Result<String> {
+        let g = self.graph(outputs)?;
+        let ex = ndfuse_runtime::explain(&g, self.backend())?;
+        Ok(explain_text(&g, &ex))
+    }
+}
+
+/// Formats an explanation in sections (`== graph`, `== schedule`, `== kernels`, `== code`).
+fn explain_text(g: &Graph, ex: &ndfuse_runtime::Explanation) -> String {
+    use ndfuse_passes::Step;
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(s, "== graph\n{g}");
+    let Some(sched) = &ex.schedule else {
+        let _ = writeln!(
+            s,
+            "== schedule (backend {})\nnone: every node is evaluated by the f64 reference interpreter, one at a time; nothing is fused or compiled",
+            ex.backend.name()
+        );
+        return s;
+    };
+    let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let kernels = sched.kernel_count();
+    let _ = writeln!(
+        s,
+        "== schedule (backend {}: {}, {})",
+        ex.backend.name(),
+        plural(kernels, "kernel"),
+        plural(sched.steps.len() - kernels, "interpreter step")
+    );
+    s.push_str(&sched.annotate(g, &|i| ex.paths.get(i).map(ToString::to_string)));
+    let _ = writeln!(s, "\n== kernels");
+    let num = g.print_numbering();
+    for (i, (step, path)) in sched.steps.iter().zip(&ex.paths).enumerate() {
+        match step {
+            Step::Kernel { kernel, .. } => {
+                let _ = writeln!(
+                    s,
+                    "step {i}: {} [{path}] reads {} B, writes {} B",
+                    kernel.name,
+                    kernel.bytes_in(),
+                    kernel.bytes_out()
+                );
+                let _ = write!(s, "{kernel}");
+            }
+            Step::Interp { node, reason, .. } => {
+                let n = num
+                    .get(node)
+                    .map_or_else(|| "?".into(), ToString::to_string);
+                let _ = writeln!(
+                    s,
+                    "step {i}: interp %{n} {} ; {reason}",
+                    g.node(*node).op.name()
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\n== code (Cranelift IR, before Cranelift's own optimisations)"
+    );
+    if ex.code.is_empty() {
+        let _ = writeln!(s, "(no kernel is JIT-compiled)");
+    }
+    for (name, clif) in &ex.code {
+        let _ = writeln!(s, "; {name}\n{}", clif.trim_end());
+    }
+    s
 }

@@ -872,7 +872,9 @@ macro_rules! std_binary {
                 self.binary(rhs, BinaryOp::$op, Location::caller())
             }
         }
-        std_binary!(@lit $trait :: $method => $op; f64, f32, i64, i32);
+        // Literals on the left: one float and one integer type, so that `1.0 - &x` and
+        // `2 * &x` infer their literal type (two float impls would make it ambiguous).
+        std_binary!(@lit $trait :: $method => $op; f64, i64);
     )*};
     (@lit $trait:ident :: $method:ident => $op:ident; $($lit:ty),*) => {$(
         impl std::ops::$trait<&Tensor> for $lit {

@@ -19,6 +19,20 @@ pub(crate) struct Expr {
     pub(crate) data: Option<Arc<HostArray>>,
 }
 
+impl Drop for Expr {
+    /// Drops the expression DAG iteratively: the default recursive drop of a chain of a
+    /// hundred thousand ops would overflow the stack.
+    fn drop(&mut self) {
+        let mut stack: Vec<Tensor> = std::mem::take(&mut self.src);
+        while let Some(t) = stack.pop() {
+            // The last handle: take the operands before the node itself drops.
+            if let Ok(Inner::Ok(mut e)) = Arc::try_unwrap(t.inner) {
+                stack.append(&mut e.src);
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) enum Inner {
     Ok(Expr),

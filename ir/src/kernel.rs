@@ -137,6 +137,22 @@ pub struct Kernel {
 }
 
 impl Kernel {
+    /// Bytes of the buffers it reads: what it must move in, at the least.
+    pub fn bytes_in(&self) -> usize {
+        self.inputs
+            .iter()
+            .map(|b| b.len * b.dtype.size_bytes())
+            .sum()
+    }
+
+    /// Bytes of the buffers it writes.
+    pub fn bytes_out(&self) -> usize {
+        self.outputs
+            .iter()
+            .map(|b| b.len * b.dtype.size_bytes())
+            .sum()
+    }
+
     /// The operands of an instruction, in order.
     pub fn operands(expr: &Expr) -> Vec<ValueId> {
         match expr {

@@ -48,11 +48,25 @@ enum Source {
     Buffer { base: NodeId, view: View },
 }
 
+/// A fusion group under construction.
+#[derive(Debug, Default)]
+struct Group {
+    members: Vec<NodeId>,
+    /// Smallest topological position of a member: nothing placed before it can descend
+    /// from the group.
+    min_pos: usize,
+    /// Operands outside the group that have operands themselves: the only places a path
+    /// that left the group could come back through.
+    ext: Vec<NodeId>,
+}
+
 struct Fuser<'g> {
     g: &'g Graph,
     order: Vec<NodeId>,
+    /// Topological position of every live node.
+    pos: HashMap<NodeId, usize>,
     role: HashMap<NodeId, Role>,
-    groups: Vec<Vec<NodeId>>,
+    groups: Vec<Group>,
     /// Nodes that must live in memory, with the first reason found.
     stored: BTreeMap<NodeId, String>,
     /// Views (and constants) copied into a buffer of their own.
@@ -72,6 +86,7 @@ pub fn schedule(g: &Graph) -> Schedule {
 impl<'g> Fuser<'g> {
     fn new(g: &'g Graph) -> Fuser<'g> {
         let order = g.live_nodes();
+        let pos = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
         let role = order
             .iter()
             .map(|&n| {
@@ -90,6 +105,7 @@ impl<'g> Fuser<'g> {
         Fuser {
             g,
             order,
+            pos,
             role,
             groups: Vec::new(),
             stored: BTreeMap::new(),
@@ -118,10 +134,21 @@ impl<'g> Fuser<'g> {
                 .collect();
             cands.sort_unstable();
             cands.dedup();
-            let joined = self.try_join(n, &cands) || cands.iter().any(|&c| self.try_join(n, &[c]));
-            if !joined {
-                self.groups.push(vec![n]);
-                self.role.insert(n, Role::Member(self.groups.len() - 1));
+            // All operand groups at once, else the first that stays convex, else alone.
+            let join = if !cands.is_empty() && self.convex_union(&cands, Some(n)) {
+                Some(cands.clone())
+            } else {
+                cands
+                    .iter()
+                    .find(|&&c| self.convex_union(&[c], Some(n)))
+                    .map(|&c| vec![c])
+            };
+            match join {
+                Some(gs) => self.merge(&gs, Some(n)),
+                None => {
+                    self.groups.push(Group::default());
+                    self.merge(&[self.groups.len() - 1], Some(n));
+                }
             }
         }
         self.compact_groups();
@@ -131,128 +158,113 @@ impl<'g> Fuser<'g> {
     fn compact_groups(&mut self) {
         let mut renumber = HashMap::new();
         let groups = std::mem::take(&mut self.groups);
-        for (old, members) in groups.into_iter().enumerate() {
-            if !members.is_empty() {
+        for (old, grp) in groups.into_iter().enumerate() {
+            if !grp.members.is_empty() {
                 renumber.insert(old, self.groups.len());
-                self.groups.push(members);
+                self.groups.push(grp);
             }
         }
         for r in self.role.values_mut() {
             if let Role::Member(gi) = r {
-                *gi = renumber[gi];
+                if let Some(&new) = renumber.get(gi) {
+                    *gi = new;
+                }
             }
         }
     }
 
-    /// The buffers a group reads: operands outside it, seen through view chains.
-    fn roots(&self, gi: usize) -> BTreeSet<NodeId> {
-        let mut out = BTreeSet::new();
-        for &m in &self.groups[gi] {
-            for mut o in self.g.operands(m) {
-                if self.group_of(o) == Some(gi) {
-                    continue;
-                }
-                while self.role[&o] == Role::View {
-                    o = self.g.operands(o)[0];
-                }
-                if self.role[&o] != Role::Const {
-                    out.insert(o);
-                }
-            }
-        }
-        out
-    }
-
-    /// Rule 2: merges groups of one domain, those sharing an input first.
+    /// Rule 2: merges groups of one domain, in graph order, whenever convex.
     fn merge_siblings(&mut self) {
-        let mut changed = true;
-        while changed {
-            changed = false;
-            let roots: Vec<BTreeSet<NodeId>> =
-                (0..self.groups.len()).map(|gi| self.roots(gi)).collect();
-            let n = self.groups.len();
-            let mut pairs: Vec<(usize, usize)> = (0..n)
-                .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
-                .collect();
-            // Pairs that share an input first: merging them saves memory traffic, the
-            // others only a launch.
-            pairs.sort_by_key(|&(a, b)| roots[a].is_disjoint(&roots[b]));
-            'pairs: for (a, b) in pairs {
-                {
-                    if self.groups[a].is_empty() || self.groups[b].is_empty() {
-                        continue;
-                    }
-                    let same_domain = self.g.node(self.groups[a][0]).shape
-                        == self.g.node(self.groups[b][0]).shape;
-                    if !same_domain {
-                        continue;
-                    }
-                    let set: HashSet<NodeId> = self.groups[a]
-                        .iter()
-                        .chain(&self.groups[b])
-                        .copied()
-                        .collect();
-                    if self.is_convex(&set) {
-                        let moved = std::mem::take(&mut self.groups[b]);
-                        for &m in &moved {
-                            self.role.insert(m, Role::Member(a));
-                        }
-                        self.groups[a].extend(moved);
-                        changed = true;
-                        break 'pairs;
-                    }
+        let mut buckets: Vec<(ndfuse_ir::Shape, Vec<usize>)> = Vec::new();
+        for gi in 0..self.groups.len() {
+            let shape = &self.g.node(self.groups[gi].members[0]).shape;
+            match buckets.iter_mut().find(|(s, _)| s == shape) {
+                Some((_, v)) => v.push(gi),
+                None => buckets.push((shape.clone(), vec![gi])),
+            }
+        }
+        for (_, bucket) in buckets {
+            let mut kept: Vec<usize> = Vec::new();
+            for gi in bucket {
+                match kept.iter().find(|&&k| self.convex_union(&[k, gi], None)) {
+                    Some(&k) => self.merge(&[k, gi], None),
+                    None => kept.push(gi),
                 }
             }
         }
         self.compact_groups();
     }
 
-    /// Puts `n` and the groups `cands` into one group if the union is convex.
-    fn try_join(&mut self, n: NodeId, cands: &[usize]) -> bool {
-        if cands.is_empty() {
-            return false;
-        }
-        let mut set: HashSet<NodeId> = cands
+    /// Whether `x` is in one of the groups `gs` or is `extra`.
+    fn in_union(&self, x: NodeId, gs: &[usize], extra: Option<NodeId>) -> bool {
+        Some(x) == extra || self.group_of(x).is_some_and(|g| gs.contains(&g))
+    }
+
+    /// Whether the groups `gs` and the node `extra` together are convex: no path leaves
+    /// the set and comes back into it (the kernel would wait for itself). Such a path
+    /// re-enters through an operand outside the set that descends from the set, so a
+    /// backward search from those operands (each group keeps the candidates in `ext`)
+    /// decides it, and may stop at nodes placed before the set.
+    fn convex_union(&self, gs: &[usize], extra: Option<NodeId>) -> bool {
+        let min = gs
             .iter()
-            .flat_map(|&c| self.groups[c].iter().copied())
+            .map(|&g| self.groups[g].min_pos)
+            .chain(extra.map(|n| self.pos[&n]))
+            .min()
+            .unwrap_or(0);
+        let mut stack: Vec<NodeId> = gs
+            .iter()
+            .flat_map(|&g| self.groups[g].ext.iter().copied())
+            .chain(extra.map(|n| self.g.operands(n)).unwrap_or_default())
+            .filter(|&o| !self.in_union(o, gs, extra))
             .collect();
-        set.insert(n);
-        if !self.is_convex(&set) {
-            return false;
-        }
-        let target = cands[0];
-        for &c in &cands[1..] {
-            let moved = std::mem::take(&mut self.groups[c]);
-            for &m in &moved {
-                self.role.insert(m, Role::Member(target));
+        let mut seen: HashSet<NodeId> = HashSet::new();
+        while let Some(x) = stack.pop() {
+            if self.pos[&x] < min || !seen.insert(x) {
+                continue;
             }
-            self.groups[target].extend(moved);
+            if self.in_union(x, gs, extra) {
+                return false;
+            }
+            stack.extend(self.g.operands(x));
         }
-        self.groups[target].push(n);
-        self.role.insert(n, Role::Member(target));
         true
     }
 
-    /// No path from the set back into the set through a node outside it.
-    fn is_convex(&self, set: &HashSet<NodeId>) -> bool {
-        let mut stack: Vec<NodeId> = set
-            .iter()
-            .flat_map(|&m| self.g.users(m))
-            .filter(|u| !set.contains(u))
-            .collect();
-        let mut seen: HashSet<NodeId> = HashSet::new();
-        while let Some(u) = stack.pop() {
-            if !seen.insert(u) {
-                continue;
-            }
-            for w in self.g.users(u) {
-                if set.contains(&w) {
-                    return false;
-                }
-                stack.push(w);
-            }
+    /// Moves groups `gs[1..]` and the node `extra` into group `gs[0]`.
+    fn merge(&mut self, gs: &[usize], extra: Option<NodeId>) {
+        let target = gs[0];
+        if self.groups[target].members.is_empty() {
+            self.groups[target].min_pos = usize::MAX;
         }
-        true
+        for &c in &gs[1..] {
+            let moved = std::mem::take(&mut self.groups[c]);
+            for &m in &moved.members {
+                self.role.insert(m, Role::Member(target));
+            }
+            let t = &mut self.groups[target];
+            t.members.extend(moved.members);
+            t.ext.extend(moved.ext);
+            t.min_pos = t.min_pos.min(moved.min_pos);
+        }
+        if let Some(n) = extra {
+            self.role.insert(n, Role::Member(target));
+            let outside: Vec<NodeId> = self
+                .g
+                .operands(n)
+                .into_iter()
+                .filter(|&o| self.g.node(o).op.arity() > 0)
+                .collect();
+            let t = &mut self.groups[target];
+            t.members.push(n);
+            t.ext.extend(outside);
+            t.min_pos = t.min_pos.min(self.pos[&n]);
+        }
+        let mut ext = std::mem::take(&mut self.groups[target].ext);
+        ext.retain(|&o| self.group_of(o) != Some(target));
+        ext.sort_unstable();
+        ext.dedup();
+        self.groups[target].ext = ext;
     }
 
     fn store(&mut self, n: NodeId, why: String) {
@@ -368,30 +380,20 @@ impl<'g> Fuser<'g> {
     fn lower(mut self) -> Schedule {
         // Units: groups, copies and interp nodes, each keyed by its first node in
         // topological order so that the schedule follows the graph.
-        let pos: HashMap<NodeId, usize> = self
-            .order
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| (n, i))
-            .collect();
+        let pos = &self.pos;
         enum Unit {
             Group(usize),
             Copy(NodeId),
             Interp(NodeId),
         }
         let mut units: Vec<(usize, Unit)> = Vec::new();
-        for (gi, members) in self.groups.iter().enumerate() {
-            let first = members
-                .iter()
-                .map(|m| pos[m])
-                .min()
-                .expect("groups are never empty");
-            units.push((first, Unit::Group(gi)));
+        for (gi, grp) in self.groups.iter().enumerate() {
+            units.push((grp.min_pos, Unit::Group(gi)));
         }
         for &c in &self.copies {
             units.push((pos[&c], Unit::Copy(c)));
         }
-        for n in self.order.clone() {
+        for &n in &self.order {
             if self.role[&n] == Role::Interp {
                 units.push((pos[&n], Unit::Interp(n)));
             }
@@ -446,12 +448,22 @@ impl<'g> Fuser<'g> {
                 }
             }
         }
+        // Members that are not stored live in the step of their group's stores.
+        let mut group_step: HashMap<usize, usize> = HashMap::new();
+        for (si, step) in steps.iter().enumerate() {
+            if let Step::Kernel { outputs, .. } = step {
+                for &o in outputs {
+                    if let Some(gi) = self.group_of(o) {
+                        group_step.insert(gi, si);
+                    }
+                }
+            }
+        }
         for &n in &self.order {
             if let Some(gi) = self.group_of(n) {
                 if !self.stored.contains_key(&n) {
-                    let si = steps
-                        .iter()
-                        .position(|s| matches!(s, Step::Kernel { outputs, .. } if outputs.iter().any(|o| self.group_of(*o) == Some(gi))))
+                    let si = *group_step
+                        .get(&gi)
                         .expect("every group stores at least one value");
                     placement.insert(
                         n,
@@ -476,19 +488,12 @@ impl<'g> Fuser<'g> {
     }
 
     fn lower_group(&mut self, gi: usize) -> Step {
-        let members = self.groups[gi].clone();
-        let domain = self.g.node(members[0]).shape.clone();
+        let mut ordered = self.groups[gi].members.clone();
+        let domain = self.g.node(ordered[0]).shape.clone();
         let mut kb = KernelBuilder::default();
         let mut value: HashMap<NodeId, ValueId> = HashMap::new();
         let mut names: Vec<&'static str> = Vec::new();
-        let mut ordered = members.clone();
-        let pos: HashMap<NodeId, usize> = self
-            .order
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| (n, i))
-            .collect();
-        ordered.sort_by_key(|m| pos[m]);
+        ordered.sort_by_key(|m| self.pos[m]);
         for &m in &ordered {
             let node = self.g.node(m);
             let args: Vec<ValueId> = self

@@ -152,10 +152,7 @@ pub fn execute(
                 run_time: start.elapsed(),
             })
         }
-        BackendKind::Cuda => Err(RuntimeError::Unavailable {
-            backend: "cuda",
-            reason: "the CUDA backend is not built yet in this version of ndfuse".into(),
-        }),
+        BackendKind::Cuda => Err(cuda_unavailable()),
         BackendKind::Auto | BackendKind::Cpu => run_cpu(g, inputs),
     }
 }
@@ -187,10 +184,8 @@ fn run_cpu(
             last_read.insert(r, i);
         }
     }
-    let mut bufs: HashMap<NodeId, Buf<'_>> = inputs
-        .iter()
-        .map(|(&n, a)| (n, Buf::Borrowed(a)))
-        .collect();
+    let mut bufs: HashMap<NodeId, Buf<'_>> =
+        inputs.iter().map(|(&n, a)| (n, Buf::Borrowed(a))).collect();
     let mut paths = Vec::with_capacity(schedule.steps.len());
     let (mut compile_time, mut run_time) = (Duration::ZERO, Duration::ZERO);
     for (i, step) in schedule.steps.iter().enumerate() {
@@ -251,23 +246,22 @@ fn run_cpu(
     })
 }
 
-/// Runs one kernel: from the cache, freshly compiled, or in the interpreter when the
-/// codegen cannot compile it yet. Returns the outputs, the path and the compile time.
-fn run_kernel(
+/// A compiled kernel from the cache, or freshly compiled and cached; `None` with the
+/// reason when the codegen cannot compile it yet. The one place that decides which path
+/// a kernel takes, for `execute` and `explain` alike.
+fn compiled(
     kernel: &Kernel,
-    args: &[&HostArray],
-) -> Result<(Vec<HostArray>, StepPath, Duration), RuntimeError> {
+) -> Result<(Option<Arc<CompiledKernel>>, StepPath, Duration), RuntimeError> {
     if let Err(reason) = ndfuse_codegen_cpu::supports(kernel) {
-        let outs = interp::eval_kernel(kernel, args)?;
-        return Ok((outs, StepPath::KernelInterp { reason }, Duration::ZERO));
+        return Ok((None, StepPath::KernelInterp { reason }, Duration::ZERO));
     }
     let cached = kernel_cache()
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .get(kernel)
         .cloned();
-    let (compiled, path, took) = match cached {
-        Some(c) => (c, StepPath::Jit { cached: true }, Duration::ZERO),
+    Ok(match cached {
+        Some(c) => (Some(c), StepPath::Jit { cached: true }, Duration::ZERO),
         None => {
             let c = Arc::new(ndfuse_codegen_cpu::compile(kernel)?);
             let took = c.compile_time();
@@ -275,8 +269,20 @@ fn run_kernel(
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .insert(kernel.clone(), Arc::clone(&c));
-            (c, StepPath::Jit { cached: false }, took)
+            (Some(c), StepPath::Jit { cached: false }, took)
         }
+    })
+}
+
+/// Runs one kernel: JIT-compiled (see [`compiled`]) or in the interpreter when the
+/// codegen cannot compile it yet. Returns the outputs, the path and the compile time.
+fn run_kernel(
+    kernel: &Kernel,
+    args: &[&HostArray],
+) -> Result<(Vec<HostArray>, StepPath, Duration), RuntimeError> {
+    let (compiled, path, took) = compiled(kernel)?;
+    let Some(compiled) = compiled else {
+        return Ok((interp::eval_kernel(kernel, args)?, path, took));
     };
     let mut outs: Vec<HostArray> = kernel
         .outputs
@@ -286,4 +292,62 @@ fn run_kernel(
     let mut out_refs: Vec<&mut HostArray> = outs.iter_mut().collect();
     compiled.run(args, &mut out_refs)?;
     Ok((outs, path, took))
+}
+
+/// What evaluating a graph would do, found without running it.
+#[derive(Debug)]
+pub struct Explanation {
+    /// The backend that would run.
+    pub backend: BackendKind,
+    /// The schedule (absent for the interpreter backend, which does not fuse).
+    pub schedule: Option<Schedule>,
+    /// How each step would run, parallel to `schedule.steps`.
+    pub paths: Vec<StepPath>,
+    /// The generated code of each JIT-compiled kernel: (kernel name, Cranelift IR).
+    pub code: Vec<(String, String)>,
+}
+
+/// Schedules `g` for `backend` and compiles its kernels (into the kernel cache, so a
+/// later `execute` reuses them), without reading or writing any data.
+pub fn explain(g: &Graph, backend: BackendKind) -> Result<Explanation, RuntimeError> {
+    verify(g)?;
+    match backend {
+        BackendKind::Interp => Ok(Explanation {
+            backend,
+            schedule: None,
+            paths: Vec::new(),
+            code: Vec::new(),
+        }),
+        BackendKind::Cuda => Err(cuda_unavailable()),
+        BackendKind::Auto | BackendKind::Cpu => {
+            let schedule = ndfuse_passes::schedule(g);
+            let mut paths = Vec::with_capacity(schedule.steps.len());
+            let mut code = Vec::new();
+            for step in &schedule.steps {
+                paths.push(match step {
+                    Step::Kernel { kernel, .. } => {
+                        let (c, path, _) = compiled(kernel)?;
+                        if let Some(c) = c {
+                            code.push((kernel.name.clone(), c.clif().to_string()));
+                        }
+                        path
+                    }
+                    Step::Interp { .. } => StepPath::Interp,
+                });
+            }
+            Ok(Explanation {
+                backend: BackendKind::Cpu,
+                schedule: Some(schedule),
+                paths,
+                code,
+            })
+        }
+    }
+}
+
+fn cuda_unavailable() -> RuntimeError {
+    RuntimeError::Unavailable {
+        backend: "cuda",
+        reason: "the CUDA backend is not built yet in this version of ndfuse".into(),
+    }
 }

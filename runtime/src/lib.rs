@@ -12,4 +12,4 @@ mod error;
 mod executor;
 
 pub use error::RuntimeError;
-pub use executor::{execute, BackendKind, Evaluation, StepPath};
+pub use executor::{execute, explain, BackendKind, Evaluation, Explanation, StepPath};

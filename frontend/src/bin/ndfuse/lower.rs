@@ -1,0 +1,639 @@
+//! Lowering of a parsed expression to a lazy [`Tensor`] through the public `ndfuse` API,
+//! node by node, so that the first node whose op is illegal (shapes that do not
+//! broadcast, an axis out of range...) is reported at its own column.
+//!
+//! Literals stay literals as long as possible: `2 * 3` folds, `x * 2.0` passes a weak
+//! scalar to the API (numpy's NEP 50: it keeps `x`'s dtype), and a literal that has to
+//! become a tensor on its own (`exp(1)`, a whole expression `1 + 2`) becomes a 0-d
+//! tensor of the context's default dtype (floats), i64 (integers) or bool.
+
+use crate::args::{
+    axes_literal, axis_literal, bind, bool_literal, dtype_literal, float_literal, int_list,
+    int_literal, is_none, opt, req, unknown_function, FUNCTIONS,
+};
+use crate::parse::{BinOp, ExprError, IndexItem, Kind, Kwarg, Lit, Node};
+use ndfuse::{Axes, Context, DType, Error, Operand, SliceArg, Tensor};
+use std::collections::BTreeMap;
+
+/// A value during lowering: a tensor or a literal not yet given a dtype.
+#[derive(Clone, Debug)]
+enum Value {
+    T(Tensor),
+    L(Lit),
+}
+
+/// Binary ops reachable from operators and function calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bin {
+    Op(BinOp),
+    Max,
+    Min,
+    And,
+    Or,
+}
+
+impl Bin {
+    fn commutes(self) -> bool {
+        matches!(
+            self,
+            Bin::Op(BinOp::Add | BinOp::Mul | BinOp::Eq | BinOp::Ne)
+                | Bin::Max
+                | Bin::Min
+                | Bin::And
+                | Bin::Or
+        )
+    }
+
+    /// The op with its operands swapped (`2 < x` is `x > 2`), when there is one.
+    fn mirrored(self) -> Option<Bin> {
+        if self.commutes() {
+            return Some(self);
+        }
+        Some(Bin::Op(match self {
+            Bin::Op(BinOp::Lt) => BinOp::Gt,
+            Bin::Op(BinOp::Le) => BinOp::Ge,
+            Bin::Op(BinOp::Gt) => BinOp::Lt,
+            Bin::Op(BinOp::Ge) => BinOp::Le,
+            _ => return None,
+        }))
+    }
+}
+
+/// The frontend's message for `e`, without the Rust call site (which names a line of
+/// this program, not anything the CLI user wrote).
+pub fn frontend_message(e: &Error) -> String {
+    match e {
+        Error::Op { source, .. } => source.to_string(),
+        other => {
+            let s = other.to_string();
+            match s.rfind(" (at ") {
+                Some(i) if s.ends_with(')') => s[..i].to_string(),
+                _ => s,
+            }
+        }
+    }
+}
+
+/// Lowers expressions over named input tensors in one context.
+pub struct Lowerer<'a> {
+    ctx: &'a Context,
+    inputs: &'a BTreeMap<String, Tensor>,
+    /// Input names in the order the expression first uses them, left to right. The
+    /// graph numbers its inputs (`in0`, `in1`...) in the same order.
+    pub used: Vec<String>,
+    /// How inputs are given on this command line, for "unknown input" messages.
+    input_flags: &'static str,
+}
+
+impl<'a> Lowerer<'a> {
+    /// `input_flags` names the flags that give inputs (`--input NAME=FILE.npy or
+    /// --random NAME=SHAPE`), for the hint when the expression names none.
+    pub fn new(
+        ctx: &'a Context,
+        inputs: &'a BTreeMap<String, Tensor>,
+        input_flags: &'static str,
+    ) -> Lowerer<'a> {
+        Lowerer {
+            ctx,
+            inputs,
+            used: Vec::new(),
+            input_flags,
+        }
+    }
+
+    /// The tensor `node` computes; `Err` names the column of the first node that fails.
+    pub fn lower(&mut self, node: &Node) -> Result<Tensor, ExprError> {
+        match self.value(node)? {
+            Value::T(t) => Ok(t),
+            Value::L(l) => self.checked(self.lit_tensor(l), node.pos),
+        }
+    }
+
+    fn checked(&self, t: Tensor, pos: usize) -> Result<Tensor, ExprError> {
+        match t.error() {
+            Some(e) => Err(ExprError::new(pos, frontend_message(e))),
+            None => Ok(t),
+        }
+    }
+
+    /// A literal on its own as a 0-d tensor.
+    fn lit_tensor(&self, l: Lit) -> Tensor {
+        match l {
+            Lit::Float(v) => self.ctx.scalar(v),
+            Lit::Int(v) => self.ctx.full_dtype(&[], v as f64, DType::I64),
+            Lit::Bool(v) => self
+                .ctx
+                .full_dtype(&[], f64::from(u8::from(v)), DType::Bool),
+        }
+    }
+
+    /// A literal meeting a tensor of `dtype`, as a 0-d tensor of the dtype numpy's weak
+    /// promotion gives it: the tensor's own when the kinds agree, f64 for a float with
+    /// integers. A bool tensor keeps a non-bool literal's natural dtype so that the op
+    /// reports bool arithmetic as the API does.
+    fn weak_tensor(&self, l: Lit, dtype: DType) -> Tensor {
+        let d = match (l, dtype.is_float(), dtype.is_int()) {
+            (Lit::Bool(_), _, _) => dtype,
+            (Lit::Float(_), true, _) | (Lit::Int(_), true, _) | (Lit::Int(_), _, true) => dtype,
+            (Lit::Float(_), _, _) => DType::F64,
+            (Lit::Int(_), _, _) => DType::I64,
+        };
+        let v = match l {
+            Lit::Float(v) => v,
+            Lit::Int(v) => v as f64,
+            Lit::Bool(v) => f64::from(u8::from(v)),
+        };
+        self.ctx.full_dtype(&[], v, d)
+    }
+
+    fn as_tensor(&self, v: Value, pos: usize) -> Result<Tensor, ExprError> {
+        match v {
+            Value::T(t) => Ok(t),
+            Value::L(l) => self.checked(self.lit_tensor(l), pos),
+        }
+    }
+
+    fn value(&mut self, node: &Node) -> Result<Value, ExprError> {
+        let pos = node.pos;
+        match &node.kind {
+            Kind::Lit(l) => Ok(Value::L(*l)),
+            Kind::Name(name) => match self.inputs.get(name) {
+                Some(t) => {
+                    if !self.used.contains(name) {
+                        self.used.push(name.clone());
+                    }
+                    Ok(Value::T(t.clone()))
+                }
+                None => Err(ExprError::new(pos, self.unknown_name(name))),
+            },
+            Kind::List(_) => Err(ExprError::new(
+                pos,
+                "a list is only allowed as a shape or axes argument (reshape(x, [2, 3]), axis=[0, 1])",
+            )),
+            Kind::Unary { negate, operand } => {
+                let v = self.value(operand)?;
+                match (v, negate) {
+                    (v, false) => Ok(v),
+                    (Value::L(l), true) => fold_neg(l, pos).map(Value::L),
+                    (Value::T(t), true) => self.checked(t.neg(), pos).map(Value::T),
+                }
+            }
+            Kind::Binary { op, lhs, rhs } => {
+                let l = self.value(lhs)?;
+                let r = self.value(rhs)?;
+                self.binary(Bin::Op(*op), l, r, pos)
+            }
+            Kind::Call { name, args, kwargs } => self.call(name, args, kwargs, pos),
+            Kind::Subscript { base, items } => {
+                let b = self.value(base)?;
+                let Value::T(t) = b else {
+                    return Err(ExprError::new(pos, "cannot index a literal"));
+                };
+                self.subscript(&t, items, pos).map(Value::T)
+            }
+        }
+    }
+
+    fn unknown_name(&self, name: &str) -> String {
+        let mut msg = format!("unknown input '{name}'");
+        if FUNCTIONS.contains(&name) {
+            msg.push_str(&format!(" ({name} is a function: call it as {name}(...))"));
+        } else if self.inputs.is_empty() {
+            msg.push_str(&format!(" (no inputs given: add {})", self.input_flags));
+        } else {
+            let names: Vec<&str> = self.inputs.keys().map(String::as_str).collect();
+            msg.push_str(&format!(" (inputs: {})", names.join(", ")));
+        }
+        msg
+    }
+
+    fn binary(&mut self, op: Bin, l: Value, r: Value, pos: usize) -> Result<Value, ExprError> {
+        let (a, rhs) = match (l, r) {
+            (Value::L(a), Value::L(b)) => return fold_binary(op, a, b, pos).map(Value::L),
+            (Value::T(a), Value::T(b)) => (a, Operand::Tensor(b)),
+            (Value::T(a), Value::L(b)) => (a, lit_operand(b)),
+            (Value::L(a), Value::T(b)) => match op.mirrored() {
+                Some(m) => return self.binary(m, Value::T(b), Value::L(a), pos),
+                None => {
+                    // `2 - x`, `2 / x`, `2 ** x`: the literal becomes a 0-d tensor of the
+                    // dtype weak promotion gives it, then the op is tensor-tensor.
+                    let dtype = b
+                        .dtype()
+                        .map_err(|e| ExprError::new(pos, frontend_message(&e)))?;
+                    (self.weak_tensor(a, dtype), Operand::Tensor(b))
+                }
+            },
+        };
+        let t = match op {
+            Bin::Op(BinOp::Add) => a.add(rhs),
+            Bin::Op(BinOp::Sub) => a.sub(rhs),
+            Bin::Op(BinOp::Mul) => a.mul(rhs),
+            Bin::Op(BinOp::Div) => a.div(rhs),
+            Bin::Op(BinOp::Pow) => a.pow(rhs),
+            Bin::Op(BinOp::Lt) => a.lt(rhs),
+            Bin::Op(BinOp::Le) => a.le(rhs),
+            Bin::Op(BinOp::Gt) => a.gt(rhs),
+            Bin::Op(BinOp::Ge) => a.ge(rhs),
+            Bin::Op(BinOp::Eq) => a.eq(rhs),
+            Bin::Op(BinOp::Ne) => a.ne(rhs),
+            Bin::Max => a.maximum(rhs),
+            Bin::Min => a.minimum(rhs),
+            Bin::And => a.and(rhs),
+            Bin::Or => a.or(rhs),
+        };
+        self.checked(t, pos).map(Value::T)
+    }
+
+    fn subscript(
+        &mut self,
+        t: &Tensor,
+        items: &[IndexItem],
+        pos: usize,
+    ) -> Result<Tensor, ExprError> {
+        let ty_err = |e: Error| ExprError::new(pos, frontend_message(&e));
+        let dims = t.shape().map_err(ty_err)?.to_vec();
+        if items.len() > dims.len() {
+            return Err(ExprError::new(
+                pos,
+                format!(
+                    "too many indices: {} given for {} of rank {}",
+                    items.len(),
+                    describe(t),
+                    dims.len()
+                ),
+            ));
+        }
+        let mut args = Vec::with_capacity(items.len());
+        let mut drop_axes = Vec::new();
+        for (axis, item) in items.iter().enumerate() {
+            match item {
+                IndexItem::Index(n) => {
+                    let i = int_literal(n, "an index")?;
+                    let dim = dims[axis] as i64;
+                    if i < -dim || i >= dim {
+                        return Err(ExprError::new(
+                            n.pos,
+                            format!("index {i} is out of bounds for axis {axis} with size {dim}"),
+                        ));
+                    }
+                    let i = if i < 0 { i + dim } else { i };
+                    args.push(SliceArg::new(Some(i), Some(i + 1), 1));
+                    drop_axes.push(axis as i64);
+                }
+                IndexItem::Slice {
+                    start, stop, step, ..
+                } => {
+                    let bound = |b: &Option<Box<Node>>, what| {
+                        b.as_deref().map(|n| int_literal(n, what)).transpose()
+                    };
+                    let step_v = bound(step, "a slice step")?.unwrap_or(1);
+                    if step_v == 0 {
+                        let at = step.as_deref().map_or(pos, |n| n.pos);
+                        return Err(ExprError::new(at, "slice step cannot be zero"));
+                    }
+                    args.push(SliceArg::new(
+                        bound(start, "a slice start")?,
+                        bound(stop, "a slice stop")?,
+                        step_v,
+                    ));
+                }
+            }
+        }
+        let mut out = t.slice(&args);
+        if !drop_axes.is_empty() {
+            out = out.squeeze(&drop_axes);
+        }
+        self.checked(out, pos)
+    }
+
+    fn call(
+        &mut self,
+        name: &str,
+        args: &[Node],
+        kwargs: &[Kwarg],
+        pos: usize,
+    ) -> Result<Value, ExprError> {
+        let unary = |f: fn(&Tensor) -> Tensor| Some(f);
+        let unary_fn: Option<fn(&Tensor) -> Tensor> = match name {
+            "neg" | "negative" => unary(Tensor::neg),
+            "abs" | "absolute" => unary(Tensor::abs),
+            "sign" => unary(Tensor::sign),
+            "exp" => unary(Tensor::exp),
+            "log" => unary(Tensor::log),
+            "log1p" => unary(Tensor::log1p),
+            "expm1" => unary(Tensor::expm1),
+            "sqrt" => unary(Tensor::sqrt),
+            "rsqrt" => unary(Tensor::rsqrt),
+            "square" => unary(Tensor::square),
+            "recip" | "reciprocal" => unary(Tensor::recip),
+            "sin" => unary(Tensor::sin),
+            "cos" => unary(Tensor::cos),
+            "tanh" => unary(Tensor::tanh),
+            "sigmoid" => unary(Tensor::sigmoid),
+            "relu" => unary(Tensor::relu),
+            "gelu" => unary(Tensor::gelu),
+            "gelu_erf" => unary(Tensor::gelu_erf),
+            "erf" => unary(Tensor::erf),
+            "floor" => unary(Tensor::floor),
+            "ceil" => unary(Tensor::ceil),
+            "round" => unary(Tensor::round),
+            "not" | "logical_not" => unary(Tensor::logical_not),
+            _ => None,
+        };
+        if let Some(f) = unary_fn {
+            let a = bind(name, pos, args, kwargs, &["x"])?;
+            let x = self.tensor_arg(req(&a, 0))?;
+            return self.checked(f(&x), pos).map(Value::T);
+        }
+        let bin = match name {
+            "maximum" => Some(Bin::Max),
+            "minimum" => Some(Bin::Min),
+            "pow" | "power" => Some(Bin::Op(BinOp::Pow)),
+            "and" | "logical_and" => Some(Bin::And),
+            "or" | "logical_or" => Some(Bin::Or),
+            "add" => Some(Bin::Op(BinOp::Add)),
+            "subtract" => Some(Bin::Op(BinOp::Sub)),
+            "multiply" => Some(Bin::Op(BinOp::Mul)),
+            "divide" => Some(Bin::Op(BinOp::Div)),
+            "equal" => Some(Bin::Op(BinOp::Eq)),
+            "not_equal" => Some(Bin::Op(BinOp::Ne)),
+            "less" => Some(Bin::Op(BinOp::Lt)),
+            "less_equal" => Some(Bin::Op(BinOp::Le)),
+            "greater" => Some(Bin::Op(BinOp::Gt)),
+            "greater_equal" => Some(Bin::Op(BinOp::Ge)),
+            _ => None,
+        };
+        if let Some(op) = bin {
+            let a = bind(name, pos, args, kwargs, &["a", "b"])?;
+            let l = self.value(req(&a, 0))?;
+            let r = self.value(req(&a, 1))?;
+            if matches!(op, Bin::And | Bin::Or) {
+                // Logical ops on literals fold only for bools; numbers are an error,
+                // as for tensors.
+                if let (Value::L(x), Value::L(y)) = (&l, &r) {
+                    if !matches!((x, y), (Lit::Bool(_), Lit::Bool(_))) {
+                        return Err(ExprError::new(
+                            pos,
+                            format!("{name}() takes bool operands, got {x} and {y}"),
+                        ));
+                    }
+                }
+            }
+            return self.binary(op, l, r, pos);
+        }
+        let reduce: Option<fn(&Tensor, Axes, bool) -> Tensor> = match name {
+            "sum" => Some(|x, a, k| if k { x.sum_keepdims(a) } else { x.sum(a) }),
+            "mean" => Some(|x, a, k| if k { x.mean_keepdims(a) } else { x.mean(a) }),
+            "max" | "amax" => Some(|x, a, k| if k { x.max_keepdims(a) } else { x.max(a) }),
+            "min" | "amin" => Some(|x, a, k| if k { x.min_keepdims(a) } else { x.min(a) }),
+            "prod" => Some(|x, a, k| if k { x.prod_keepdims(a) } else { x.prod(a) }),
+            "norm1" => Some(|x, a, k| if k { x.norm1_keepdims(a) } else { x.norm1(a) }),
+            "norm2" => Some(|x, a, k| if k { x.norm2_keepdims(a) } else { x.norm2(a) }),
+            "var" => Some(|x, a, k| if k { x.var_keepdims(a) } else { x.var(a) }),
+            "std" => Some(|x, a, k| if k { x.std_keepdims(a) } else { x.std(a) }),
+            _ => None,
+        };
+        if let Some(f) = reduce {
+            let a = bind(
+                name,
+                pos,
+                args,
+                kwargs,
+                &["x", "axis=None", "keepdims=false"],
+            )?;
+            let x = self.tensor_arg(req(&a, 0))?;
+            let axes = opt(&a, 1)
+                .map(axes_literal)
+                .transpose()?
+                .unwrap_or(Axes::All);
+            let keep = opt(&a, 2).map(bool_literal).transpose()?.unwrap_or(false);
+            return self.checked(f(&x, axes, keep), pos).map(Value::T);
+        }
+        let t = match name {
+            "where" => {
+                let a = bind(name, pos, args, kwargs, &["condition", "x", "y"])?;
+                let c = self.tensor_arg(req(&a, 0))?;
+                let x = self.operand_arg(req(&a, 1))?;
+                let y = self.operand_arg(req(&a, 2))?;
+                c.where_(x, y)
+            }
+            "cast" | "astype" => {
+                let a = bind(name, pos, args, kwargs, &["x", "dtype"])?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                x.cast(dtype_literal(req(&a, 1))?)
+            }
+            "argmax" | "argmin" => {
+                let a = bind(
+                    name,
+                    pos,
+                    args,
+                    kwargs,
+                    &["x", "axis=None", "keepdims=false"],
+                )?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                let keep = opt(&a, 2).map(bool_literal).transpose()?.unwrap_or(false);
+                let is_max = name == "argmax";
+                let arg = |t: &Tensor, axis: i64, keep: bool| match (is_max, keep) {
+                    (true, false) => t.argmax(axis),
+                    (true, true) => t.argmax_keepdims(axis),
+                    (false, false) => t.argmin(axis),
+                    (false, true) => t.argmin_keepdims(axis),
+                };
+                match opt(&a, 1).map(|n| axis_literal(n, "axis")).transpose()? {
+                    Some(axis) => arg(&x, axis, keep),
+                    None => {
+                        // numpy: no axis means the index into the flattened array.
+                        let rank = x
+                            .rank()
+                            .map_err(|e| ExprError::new(pos, frontend_message(&e)))?;
+                        let flat = arg(&x.reshape(&[-1]), 0, false);
+                        if keep {
+                            flat.reshape(&vec![1; rank])
+                        } else {
+                            flat
+                        }
+                    }
+                }
+            }
+            "reshape" => {
+                let a = bind(name, pos, args, kwargs, &["x", "shape"])?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                x.reshape(&int_list(req(&a, 1), "shape")?)
+            }
+            "transpose" | "permute" => {
+                let params: &[&str] = if name == "permute" {
+                    &["x", "axes"]
+                } else {
+                    &["x", "axes=None"]
+                };
+                let a = bind(name, pos, args, kwargs, params)?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                match opt(&a, 1) {
+                    Some(n) if !is_none(n) => x.permute(&int_list(n, "axes")?),
+                    _ => x.transpose(),
+                }
+            }
+            "broadcast_to" => {
+                let a = bind(name, pos, args, kwargs, &["x", "shape"])?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                let shape_node = req(&a, 1);
+                let dims = int_list(shape_node, "shape")?;
+                let dims: Vec<usize> = dims
+                    .iter()
+                    .map(|&d| usize::try_from(d))
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| {
+                        ExprError::new(shape_node.pos, "broadcast_to(): shape dims must be >= 0")
+                    })?;
+                x.broadcast_to(&dims)
+            }
+            "expand_dims" => {
+                let a = bind(name, pos, args, kwargs, &["x", "axis"])?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                x.expand_dims(axis_literal(req(&a, 1), "axis")?)
+            }
+            "squeeze" => {
+                let a = bind(name, pos, args, kwargs, &["x", "axis=None"])?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                match opt(&a, 1).map(axes_literal).transpose()? {
+                    Some(Axes::These(axes)) => x.squeeze(&axes),
+                    Some(Axes::All) | None => x.squeeze_all(),
+                }
+            }
+            "softmax" | "log_softmax" => {
+                let a = bind(name, pos, args, kwargs, &["x", "axis=-1"])?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                let axis = opt(&a, 1)
+                    .map(|n| axis_literal(n, "axis"))
+                    .transpose()?
+                    .unwrap_or(-1);
+                if name == "softmax" {
+                    x.softmax(axis)
+                } else {
+                    x.log_softmax(axis)
+                }
+            }
+            "layernorm" => {
+                let a = bind(name, pos, args, kwargs, &["x", "axis=-1", "eps=1e-5"])?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                let axis = opt(&a, 1)
+                    .map(|n| axis_literal(n, "axis"))
+                    .transpose()?
+                    .unwrap_or(-1);
+                let eps = opt(&a, 2)
+                    .map(|n| float_literal(n, "eps"))
+                    .transpose()?
+                    .unwrap_or(1e-5);
+                x.layernorm(axis, eps)
+            }
+            _ => return Err(ExprError::new(pos, unknown_function(name))),
+        };
+        self.checked(t, pos).map(Value::T)
+    }
+
+    fn tensor_arg(&mut self, n: &Node) -> Result<Tensor, ExprError> {
+        let v = self.value(n)?;
+        self.as_tensor(v, n.pos)
+    }
+
+    fn operand_arg(&mut self, n: &Node) -> Result<Operand, ExprError> {
+        Ok(match self.value(n)? {
+            Value::T(t) => Operand::Tensor(t),
+            Value::L(l) => lit_operand(l),
+        })
+    }
+}
+
+fn lit_operand(l: Lit) -> Operand {
+    match l {
+        Lit::Float(v) => Operand::from(v),
+        Lit::Int(v) => Operand::from(v),
+        Lit::Bool(v) => Operand::from(v),
+    }
+}
+
+fn describe(t: &Tensor) -> String {
+    match (t.dtype(), t.shape()) {
+        (Ok(d), Ok(s)) => {
+            let dims: Vec<String> = s.iter().map(ToString::to_string).collect();
+            format!("{d}[{}]", dims.join(","))
+        }
+        _ => "the operand".into(),
+    }
+}
+
+fn fold_neg(l: Lit, pos: usize) -> Result<Lit, ExprError> {
+    match l {
+        Lit::Int(v) => v
+            .checked_neg()
+            .map(Lit::Int)
+            .ok_or_else(|| ExprError::new(pos, "integer literal out of range")),
+        Lit::Float(v) => Ok(Lit::Float(-v)),
+        Lit::Bool(_) => Err(ExprError::new(pos, "cannot negate a bool (use not(x))")),
+    }
+}
+
+/// Folds an op on two literals with Python's rules (ints stay ints except for `/` and
+/// negative powers; comparisons give bools).
+fn fold_binary(op: Bin, a: Lit, b: Lit, pos: usize) -> Result<Lit, ExprError> {
+    let overflow = || ExprError::new(pos, "integer overflow in a literal expression");
+    if let (Bin::And | Bin::Or, Lit::Bool(x), Lit::Bool(y)) = (op, a, b) {
+        return Ok(Lit::Bool(if op == Bin::And { x && y } else { x || y }));
+    }
+    let num = |l: Lit| match l {
+        Lit::Int(v) => v as f64,
+        Lit::Float(v) => v,
+        Lit::Bool(v) => f64::from(u8::from(v)),
+    };
+    let cmp = |f: fn(f64, f64) -> bool| Ok(Lit::Bool(f(num(a), num(b))));
+    match op {
+        Bin::Op(BinOp::Lt) => return cmp(|x, y| x < y),
+        Bin::Op(BinOp::Le) => return cmp(|x, y| x <= y),
+        Bin::Op(BinOp::Gt) => return cmp(|x, y| x > y),
+        Bin::Op(BinOp::Ge) => return cmp(|x, y| x >= y),
+        Bin::Op(BinOp::Eq) => return cmp(|x, y| x == y),
+        Bin::Op(BinOp::Ne) => return cmp(|x, y| x != y),
+        _ => {}
+    }
+    if matches!(a, Lit::Bool(_)) || matches!(b, Lit::Bool(_)) {
+        return Err(ExprError::new(
+            pos,
+            "bool has no arithmetic; cast it to a number first",
+        ));
+    }
+    if let (Lit::Int(x), Lit::Int(y)) = (a, b) {
+        return match op {
+            Bin::Op(BinOp::Add) => x.checked_add(y).map(Lit::Int).ok_or_else(overflow),
+            Bin::Op(BinOp::Sub) => x.checked_sub(y).map(Lit::Int).ok_or_else(overflow),
+            Bin::Op(BinOp::Mul) => x.checked_mul(y).map(Lit::Int).ok_or_else(overflow),
+            Bin::Op(BinOp::Div) if y == 0 => Err(ExprError::new(
+                pos,
+                "division by zero in a literal expression",
+            )),
+            Bin::Op(BinOp::Div) => Ok(Lit::Float(x as f64 / y as f64)),
+            Bin::Op(BinOp::Pow) if y >= 0 => u32::try_from(y)
+                .ok()
+                .and_then(|e| x.checked_pow(e))
+                .map(Lit::Int)
+                .ok_or_else(overflow),
+            Bin::Op(BinOp::Pow) => Ok(Lit::Float((x as f64).powf(y as f64))),
+            Bin::Max => Ok(Lit::Int(x.max(y))),
+            Bin::Min => Ok(Lit::Int(x.min(y))),
+            _ => Err(ExprError::new(pos, "this op takes bool operands")),
+        };
+    }
+    let (x, y) = (num(a), num(b));
+    Ok(Lit::Float(match op {
+        Bin::Op(BinOp::Add) => x + y,
+        Bin::Op(BinOp::Sub) => x - y,
+        Bin::Op(BinOp::Mul) => x * y,
+        Bin::Op(BinOp::Div) => x / y,
+        Bin::Op(BinOp::Pow) => x.powf(y),
+        // NaN-propagating, like numpy's maximum/minimum.
+        Bin::Max if x.is_nan() || y.is_nan() => f64::NAN,
+        Bin::Max => x.max(y),
+        Bin::Min if x.is_nan() || y.is_nan() => f64::NAN,
+        Bin::Min => x.min(y),
+        _ => return Err(ExprError::new(pos, "this op takes bool operands")),
+    }))
+}

@@ -1,0 +1,348 @@
+//! `ndfuse`: evaluate and explain numpy-like array expressions from the shell.
+//!
+//! ```text
+//! ndfuse eval 'sum(exp(a * b + 1), axis=1)' --random a=4x8 --random b=8 --report json
+//! ndfuse explain 'softmax(x, axis=-1)' --shape x=4096x4096
+//! ndfuse backends
+//! ```
+//!
+//! Every failure prints one line on stderr and exits non-zero: 2 for a command line
+//! clap rejects, 1 for everything else (a bad expression, input, file or evaluation).
+//! No output file is written unless the whole evaluation succeeded.
+
+mod args;
+mod explain;
+mod inputs;
+mod lower;
+mod npy;
+mod parse;
+mod report;
+mod show;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use ndfuse::{BackendKind, Context, DType, Tensor};
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ndfuse",
+    version,
+    about = "Evaluate and explain lazy array expressions compiled into fused kernels",
+    after_help = "EXPR is numpy-like: input names, literals (2, 1.5, 1e-5, true), + - * / **, \
+unary -, < <= > >= == !=, parentheses, calls such as exp(x), maximum(a, b), where(c, a, b), \
+cast(x, f16), sum(x, axis=1, keepdims=true), reshape(x, [2, -1]), transpose(x, [1, 0]), \
+softmax(x, axis=-1), layernorm(x, axis=-1, eps=1e-5), and slices x[1:9:2, :], x[::-1].\n\
+SHAPE is dims joined by x (4096x4096); an empty SHAPE is a scalar. DTYPE is one of f16 bf16 f32 f64 i32 i64 bool."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Evaluate EXPR and print the result (or a JSON report).
+    Eval(EvalArgs),
+    /// Show what EXPR compiles to (graph, schedule, kernels, generated code) without
+    /// running it.
+    Explain(ExplainArgs),
+    /// The benchmark suite (not in this version).
+    Bench {
+        /// The suite and its options (accepted, so that any form gives the same
+        /// clear refusal).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// List the backends compiled into this build and which one `auto` picks.
+    Backends,
+}
+
+#[derive(clap::Args, Debug)]
+struct EvalArgs {
+    /// The expression, e.g. 'sum(exp(x), axis=1)'.
+    #[arg(allow_hyphen_values = true)]
+    expr: String,
+    /// An input read from a .npy file (f16, f32, f64, i32, i64, bool; C or Fortran order).
+    #[arg(long = "input", value_name = "NAME=FILE.npy")]
+    inputs: Vec<String>,
+    /// A random input: floats uniform in [-1, 1), ints in [-10, 10), bools fair.
+    /// DTYPE defaults to --dtype.
+    #[arg(long = "random", value_name = "NAME=SHAPE[:DTYPE]")]
+    random: Vec<String>,
+    /// Seed of the random inputs (each input derives its own stream from it and its name).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write the result to this .npy file (atomically: complete or not at all).
+    #[arg(long, value_name = "FILE.npy")]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+    /// Evaluate this many times (the report gives the median time).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
+    /// Print a report instead of the result.
+    #[arg(long, value_enum)]
+    report: Option<ReportFormat>,
+}
+
+#[derive(clap::Args, Debug)]
+struct ExplainArgs {
+    /// The expression.
+    #[arg(allow_hyphen_values = true)]
+    expr: String,
+    /// The shape and dtype of an input (DTYPE defaults to --dtype). Nothing is
+    /// evaluated: the inputs only give the graph its types.
+    #[arg(long = "shape", value_name = "NAME=SHAPE[:DTYPE]")]
+    shapes: Vec<String>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(clap::Args, Debug)]
+struct Common {
+    /// Backend: auto picks the best one present (cpu in this version).
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
+    /// Default dtype of float literals and of --random / --shape inputs without one.
+    #[arg(long, value_enum, default_value_t = FloatDType::F32)]
+    dtype: FloatDType,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum Backend {
+    Auto,
+    Cpu,
+    Cuda,
+    Interp,
+}
+
+impl From<Backend> for BackendKind {
+    fn from(b: Backend) -> BackendKind {
+        match b {
+            Backend::Auto => BackendKind::Auto,
+            Backend::Cpu => BackendKind::Cpu,
+            Backend::Cuda => BackendKind::Cuda,
+            Backend::Interp => BackendKind::Interp,
+        }
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum FloatDType {
+    F16,
+    Bf16,
+    F32,
+    F64,
+}
+
+impl From<FloatDType> for DType {
+    fn from(d: FloatDType) -> DType {
+        match d {
+            FloatDType::F16 => DType::F16,
+            FloatDType::Bf16 => DType::BF16,
+            FloatDType::F32 => DType::F32,
+            FloatDType::F64 => DType::F64,
+        }
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ReportFormat {
+    Json,
+}
+
+/// A failure: the one line printed on stderr.
+#[derive(Debug)]
+struct Failure(String);
+
+impl Failure {
+    fn plain(msg: impl std::fmt::Display) -> Failure {
+        Failure(format!("error: {msg}"))
+    }
+
+    fn expr(src: &str, e: &parse::ExprError) -> Failure {
+        Failure(format!("error at column {}: {}", e.column(src), e.message))
+    }
+}
+
+impl From<String> for Failure {
+    fn from(s: String) -> Failure {
+        Failure::plain(s)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print();
+                return ExitCode::from(2);
+            }
+            eprintln!("{}", one_line(&e.render().to_string()));
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cli.command {
+        Command::Eval(a) => eval(&a),
+        Command::Explain(a) => explain_cmd(&a),
+        Command::Backends => backends(),
+        Command::Bench { .. } => Err(Failure::plain(
+            "ndfuse bench is not implemented in this version",
+        )),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(line)) => {
+            eprintln!("{line}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// clap's multi-line error as one line: its first paragraph (the message, and the
+/// missing arguments or possible values when it lists them), lines joined.
+fn one_line(rendered: &str) -> String {
+    let para: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| l.is_empty())
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let mut out = if para.is_empty() {
+        "error: bad command line".to_string()
+    } else {
+        para.join(" ")
+    };
+    out.push_str(" (see ndfuse --help)");
+    out
+}
+
+fn context(c: &Common) -> Result<Context, Failure> {
+    Context::builder()
+        .dtype(c.dtype.into())
+        .backend(c.backend.into())
+        .build()
+        .map_err(|e| Failure::plain(lower::frontend_message(&e)))
+}
+
+fn insert_input(
+    map: &mut BTreeMap<String, Tensor>,
+    name: String,
+    t: Tensor,
+) -> Result<(), Failure> {
+    if map.contains_key(&name) {
+        return Err(Failure::plain(format!(
+            "input '{name}' is given more than once"
+        )));
+    }
+    map.insert(name, t);
+    Ok(())
+}
+
+fn eval(a: &EvalArgs) -> Result<(), Failure> {
+    let ctx = context(&a.common)?;
+    let ast = parse::parse(&a.expr).map_err(|e| Failure::expr(&a.expr, &e))?;
+    let mut named = BTreeMap::new();
+    for spec in &a.inputs {
+        let (name, t) = inputs::load_npy(&ctx, spec)?;
+        insert_input(&mut named, name, t)?;
+    }
+    for spec in &a.random {
+        let (name, t) = inputs::random(&ctx, spec, a.seed)?;
+        insert_input(&mut named, name, t)?;
+    }
+    let mut lowerer =
+        lower::Lowerer::new(&ctx, &named, "--input NAME=FILE.npy or --random NAME=SHAPE");
+    let out = lowerer
+        .lower(&ast)
+        .map_err(|e| Failure::expr(&a.expr, &e))?;
+    if a.output.is_some() && out.dtype().ok() == Some(DType::BF16) {
+        // Refused before evaluating, so that a long run does not end in this error.
+        return Err(Failure::plain(
+            "--output: numpy has no bf16 dtype, so a bf16 result cannot be written to .npy: wrap the expression in cast(..., f32)",
+        ));
+    }
+    let mut runs = Vec::with_capacity(a.repeat as usize);
+    let mut result = None;
+    for _ in 0..a.repeat {
+        let (mut arrays, rep) = ctx.eval_report(&[&out]).map_err(|e| {
+            Failure::plain(format!(
+                "evaluation failed: {}",
+                lower::frontend_message(&e)
+            ))
+        })?;
+        result = arrays.pop();
+        runs.push(rep);
+    }
+    let result = result.expect("--repeat is at least 1 (clap checks it), so one evaluation ran");
+    if let Some(path) = &a.output {
+        let bytes = npy::to_bytes(result.shape(), result.as_host().storage())
+            .map_err(|e| Failure::plain(format!("--output {}: {e}", path.display())))?;
+        npy::write_atomic(path, &bytes).map_err(|e| {
+            Failure::plain(format!("--output {}: cannot write: {e}", path.display()))
+        })?;
+    }
+    let text = match a.report {
+        Some(ReportFormat::Json) => format!("{}\n", report::json(&runs)),
+        None => show::render(&result),
+    };
+    // A closed stdout (`| head`) is not worth a panic.
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    Ok(())
+}
+
+fn explain_cmd(a: &ExplainArgs) -> Result<(), Failure> {
+    let ctx = context(&a.common)?;
+    let ast = parse::parse(&a.expr).map_err(|e| Failure::expr(&a.expr, &e))?;
+    let mut named = BTreeMap::new();
+    let mut types = BTreeMap::new();
+    for spec in &a.shapes {
+        let (name, t, dtype, shape) = inputs::zeros(&ctx, spec)?;
+        types.insert(name.clone(), (dtype, shape));
+        insert_input(&mut named, name, t)?;
+    }
+    let mut lowerer = lower::Lowerer::new(&ctx, &named, "--shape NAME=SHAPE[:DTYPE]");
+    let out = lowerer
+        .lower(&ast)
+        .map_err(|e| Failure::expr(&a.expr, &e))?;
+    let infos: Vec<explain::InputInfo> = lowerer
+        .used
+        .iter()
+        .filter_map(|n| {
+            types.get(n).map(|(dtype, shape)| explain::InputInfo {
+                name: n.clone(),
+                dtype: *dtype,
+                shape: shape.clone(),
+            })
+        })
+        .collect();
+    let text = explain::explain(&ctx, &out, &infos)?;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    Ok(())
+}
+
+fn backends() -> Result<(), Failure> {
+    let ctx = Context::new();
+    let text = format!(
+        "backends compiled into this build:\n\
+         \x20 cpu     available      Cranelift JIT for the host ({arch}); fuses element-wise ops into kernels; what the JIT cannot compile yet runs in the reference interpreter\n\
+         \x20 interp  available      reference interpreter, f64 math, one node at a time, no fusion\n\
+         \x20 cuda    not available  the CUDA backend is not built yet in this version of ndfuse\n\
+         default backend: {} (auto picks cpu)\n\
+         default dtype: {}\n",
+        ctx.backend().name(),
+        ctx.default_dtype(),
+        arch = std::env::consts::ARCH,
+    );
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    Ok(())
+}

@@ -1,0 +1,644 @@
+//! Reading and writing numpy `.npy` files (format versions 1, 2 and 3): f16, f32, f64,
+//! i32, i64 and bool, either byte order, C or Fortran order on reading (Fortran data
+//! is reordered to row-major), little-endian C order on writing.
+//!
+//! Hand-written rather than taken from a crate: the format is small, and every
+//! malformed file must give an error, never a panic. (The `npyz` crate, for one,
+//! overflows computing the element count of a corrupt shape such as
+//! `(4294967296, 4294967296, 16)` and panics in debug builds.) Writing is atomic:
+//! see [`write_atomic`].
+
+use half::f16;
+use ndfuse_ir::{DType, Storage};
+use std::fmt::Write as _;
+use std::fs;
+use std::io::Write as _;
+use std::path::Path;
+
+const MAGIC: &[u8; 6] = b"\x93NUMPY";
+
+/// An array read from a `.npy` file, in row-major order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NpyArray {
+    pub shape: Vec<usize>,
+    pub data: Storage,
+}
+
+/// Reads the `.npy` file at `path`. The error is one line and does not name the path
+/// (the caller adds which argument it came from).
+pub fn read(path: &Path) -> Result<NpyArray, String> {
+    let bytes = fs::read(path).map_err(|e| format!("cannot read: {}", io_reason(&e)))?;
+    parse(&bytes)
+}
+
+/// An I/O error's reason without Rust's " (os error 2)" suffix.
+pub fn io_reason(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+/// The header fields ndfuse needs.
+#[derive(Debug, PartialEq)]
+struct Header {
+    dtype: DType,
+    big_endian: bool,
+    fortran: bool,
+    shape: Vec<usize>,
+}
+
+/// Parses a whole `.npy` file held in memory.
+pub fn parse(bytes: &[u8]) -> Result<NpyArray, String> {
+    if bytes.len() < 8 || &bytes[..6] != MAGIC {
+        return Err("not a .npy file (it does not start with the \\x93NUMPY magic bytes)".into());
+    }
+    let (major, minor) = (bytes[6], bytes[7]);
+    let (len_size, utf8) = match major {
+        1 => (2, false),
+        2 => (4, false),
+        3 => (4, true),
+        _ => return Err(format!("unsupported .npy format version {major}.{minor}")),
+    };
+    let len_end = 8 + len_size;
+    let len_bytes = bytes
+        .get(8..len_end)
+        .ok_or("corrupt .npy: the file ends inside the header length")?;
+    let header_len = len_bytes
+        .iter()
+        .rev()
+        .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
+    let header_bytes = bytes.get(len_end..len_end + header_len).ok_or_else(|| {
+        format!(
+            "corrupt .npy: the header says it is {header_len} bytes long but the file ends first"
+        )
+    })?;
+    let text = if utf8 {
+        std::str::from_utf8(header_bytes)
+            .map_err(|_| "corrupt .npy: the header is not valid UTF-8".to_string())?
+            .to_string()
+    } else {
+        // Versions 1 and 2 are latin-1; every valid header is ASCII anyway.
+        header_bytes.iter().map(|&b| char::from(b)).collect()
+    };
+    let header = parse_header(&text).map_err(|e| format!("corrupt .npy header: {e}"))?;
+    let data = &bytes[len_end + header_len..];
+    let count = header
+        .shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .and_then(|n| n.checked_mul(header.dtype.size_bytes()).map(|b| (n, b)));
+    let Some((count, need)) = count else {
+        return Err(format!(
+            "corrupt .npy: shape {} is too large to address",
+            shape_text(&header.shape)
+        ));
+    };
+    if data.len() < need {
+        return Err(format!(
+            "corrupt .npy: truncated: header says {}{} ({need} bytes of data) but the file holds {} bytes",
+            header.dtype,
+            shape_text(&header.shape),
+            data.len()
+        ));
+    }
+    if data.len() > need {
+        return Err(format!(
+            "corrupt .npy: {} unexpected bytes after the {need} bytes of {}{}",
+            data.len() - need,
+            header.dtype,
+            shape_text(&header.shape)
+        ));
+    }
+    let storage = decode(header.dtype, header.big_endian, data, count)?;
+    let storage = if header.fortran {
+        fortran_to_c(storage, &header.shape)
+    } else {
+        storage
+    };
+    Ok(NpyArray {
+        shape: header.shape,
+        data: storage,
+    })
+}
+
+fn decode(dtype: DType, big: bool, data: &[u8], count: usize) -> Result<Storage, String> {
+    macro_rules! words {
+        ($t:ty, $n:literal) => {
+            data.chunks_exact($n)
+                .map(|c| {
+                    let mut w = [0u8; $n];
+                    w.copy_from_slice(c);
+                    if big {
+                        <$t>::from_be_bytes(w)
+                    } else {
+                        <$t>::from_le_bytes(w)
+                    }
+                })
+                .collect::<Vec<$t>>()
+        };
+    }
+    Ok(match dtype {
+        DType::F16 => Storage::F16(words!(u16, 2).into_iter().map(f16::from_bits).collect()),
+        DType::F32 => Storage::F32(words!(f32, 4)),
+        DType::F64 => Storage::F64(words!(f64, 8)),
+        DType::I32 => Storage::I32(words!(i32, 4)),
+        DType::I64 => Storage::I64(words!(i64, 8)),
+        DType::Bool => {
+            if let Some(i) = data.iter().position(|&b| b > 1) {
+                return Err(format!(
+                    "corrupt .npy: bool element {i} is the byte {:#04x}, not 0 or 1",
+                    data[i]
+                ));
+            }
+            Storage::Bool(data.iter().map(|&b| b == 1).collect())
+        }
+        DType::BF16 => unreachable!("parse_header never yields bf16 (numpy has no bf16)"),
+    })
+    .inspect(|s| debug_assert_eq!(s.len(), count, "decoded element count"))
+}
+
+/// Reorders column-major data (first axis fastest) to row-major.
+fn fortran_to_c(s: Storage, shape: &[usize]) -> Storage {
+    fn reorder<T: Copy>(v: Vec<T>, shape: &[usize]) -> Vec<T> {
+        let rank = shape.len();
+        if rank < 2 || v.is_empty() {
+            return v;
+        }
+        // Offset of element (i0, .., in-1) in the file is sum(ik * fstride[k]).
+        let mut fstride = vec![1usize; rank];
+        for k in 1..rank {
+            fstride[k] = fstride[k - 1] * shape[k - 1];
+        }
+        let mut out = Vec::with_capacity(v.len());
+        let mut idx = vec![0usize; rank];
+        let mut off = 0usize;
+        for _ in 0..v.len() {
+            out.push(v[off]);
+            // Advance the row-major index (last axis fastest), keeping `off` in step.
+            for k in (0..rank).rev() {
+                idx[k] += 1;
+                off += fstride[k];
+                if idx[k] < shape[k] {
+                    break;
+                }
+                off -= fstride[k] * shape[k];
+                idx[k] = 0;
+            }
+        }
+        out
+    }
+    match s {
+        Storage::F16(v) => Storage::F16(reorder(v, shape)),
+        Storage::BF16(v) => Storage::BF16(reorder(v, shape)),
+        Storage::F32(v) => Storage::F32(reorder(v, shape)),
+        Storage::F64(v) => Storage::F64(reorder(v, shape)),
+        Storage::I32(v) => Storage::I32(reorder(v, shape)),
+        Storage::I64(v) => Storage::I64(reorder(v, shape)),
+        Storage::Bool(v) => Storage::Bool(reorder(v, shape)),
+    }
+}
+
+fn shape_text(shape: &[usize]) -> String {
+    let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
+    format!("[{}]", dims.join(","))
+}
+
+/// A value of the Python literal subset `.npy` headers use.
+#[derive(Debug, PartialEq)]
+enum Py {
+    Str(String),
+    Int(u64),
+    Bool(bool),
+    Tuple(Vec<Py>),
+    List(Vec<Py>),
+    Dict(Vec<(Py, Py)>),
+}
+
+struct PyParser<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl PyParser<'_> {
+    fn ws(&mut self) {
+        while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> bool {
+        self.ws();
+        if self.s.get(self.i) == Some(&c) {
+            self.i += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn here(&self) -> String {
+        match self.s.get(self.i) {
+            Some(&c) => format!("'{}' at byte {}", char::from(c), self.i),
+            None => "the end of the header".into(),
+        }
+    }
+
+    /// Items up to `close`, separated by commas, trailing comma allowed.
+    fn seq(&mut self, close: u8) -> Result<Vec<Py>, String> {
+        let mut items = Vec::new();
+        loop {
+            if self.eat(close) {
+                return Ok(items);
+            }
+            items.push(self.value()?);
+            if !self.eat(b',') {
+                if self.eat(close) {
+                    return Ok(items);
+                }
+                return Err(format!(
+                    "expected ',' or '{}', found {}",
+                    char::from(close),
+                    self.here()
+                ));
+            }
+        }
+    }
+
+    fn value(&mut self) -> Result<Py, String> {
+        self.ws();
+        let Some(&c) = self.s.get(self.i) else {
+            return Err("the header ends where a value was expected".into());
+        };
+        match c {
+            b'\'' | b'"' => {
+                let start = self.i + 1;
+                let end = self.s[start..]
+                    .iter()
+                    .position(|&b| b == c)
+                    .ok_or("unterminated string")?;
+                self.i = start + end + 1;
+                Ok(Py::Str(
+                    String::from_utf8_lossy(&self.s[start..start + end]).into_owned(),
+                ))
+            }
+            b'0'..=b'9' => {
+                let start = self.i;
+                while self.i < self.s.len() && self.s[self.i].is_ascii_digit() {
+                    self.i += 1;
+                }
+                let text =
+                    std::str::from_utf8(&self.s[start..self.i]).map_err(|e| e.to_string())?;
+                // Python 2 wrote longs as `3L`.
+                if self.s.get(self.i) == Some(&b'L') {
+                    self.i += 1;
+                }
+                text.parse::<u64>()
+                    .map(Py::Int)
+                    .map_err(|_| format!("dimension {text} is too large"))
+            }
+            b'(' => {
+                self.i += 1;
+                self.seq(b')').map(Py::Tuple)
+            }
+            b'[' => {
+                self.i += 1;
+                self.seq(b']').map(Py::List)
+            }
+            b'{' => {
+                self.i += 1;
+                let mut entries = Vec::new();
+                loop {
+                    if self.eat(b'}') {
+                        return Ok(Py::Dict(entries));
+                    }
+                    let k = self.value()?;
+                    if !self.eat(b':') {
+                        return Err(format!(
+                            "expected ':' in the header dict, found {}",
+                            self.here()
+                        ));
+                    }
+                    let v = self.value()?;
+                    entries.push((k, v));
+                    if !self.eat(b',') {
+                        if self.eat(b'}') {
+                            return Ok(Py::Dict(entries));
+                        }
+                        return Err(format!(
+                            "expected ',' or '}}' in the header dict, found {}",
+                            self.here()
+                        ));
+                    }
+                }
+            }
+            _ => {
+                for (word, v) in [("True", true), ("False", false)] {
+                    if self.s[self.i..].starts_with(word.as_bytes()) {
+                        self.i += word.len();
+                        return Ok(Py::Bool(v));
+                    }
+                }
+                Err(format!("unexpected {}", self.here()))
+            }
+        }
+    }
+}
+
+fn parse_header(text: &str) -> Result<Header, String> {
+    let mut p = PyParser {
+        s: text.as_bytes(),
+        i: 0,
+    };
+    let Py::Dict(entries) = p.value()? else {
+        return Err("the header is not a dict".into());
+    };
+    p.ws();
+    if p.i != p.s.len() {
+        return Err(format!("unexpected {} after the header dict", p.here()));
+    }
+    let get = |key: &str| {
+        entries
+            .iter()
+            .find(|(k, _)| matches!(k, Py::Str(s) if s == key))
+            .map(|(_, v)| v)
+            .ok_or_else(|| format!("the header has no '{key}' key"))
+    };
+    let (dtype, big_endian) = match get("descr")? {
+        Py::Str(d) => parse_descr(d)?,
+        _ => return Err("structured arrays (a list 'descr') are not supported".into()),
+    };
+    let fortran = match get("fortran_order")? {
+        Py::Bool(b) => *b,
+        _ => return Err("'fortran_order' is not True or False".into()),
+    };
+    let shape = match get("shape")? {
+        Py::Tuple(dims) => dims
+            .iter()
+            .map(|d| match d {
+                Py::Int(v) => {
+                    usize::try_from(*v).map_err(|_| format!("dimension {v} is too large"))
+                }
+                _ => Err("'shape' holds something other than non-negative integers".to_string()),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        _ => return Err("'shape' is not a tuple".into()),
+    };
+    Ok(Header {
+        dtype,
+        big_endian,
+        fortran,
+        shape,
+    })
+}
+
+/// `<f4` -> (f32, little-endian). Names numpy's dtype in the refusal of the others.
+fn parse_descr(d: &str) -> Result<(DType, bool), String> {
+    let (order, code) = match d.chars().next() {
+        Some(c @ ('<' | '>' | '|' | '=')) => (c, &d[1..]),
+        _ => ('=', d),
+    };
+    let big = match order {
+        '>' => true,
+        '<' => false,
+        _ => cfg!(target_endian = "big"),
+    };
+    let dtype = match code {
+        "f2" => DType::F16,
+        "f4" => DType::F32,
+        "f8" => DType::F64,
+        "i4" => DType::I32,
+        "i8" => DType::I64,
+        "b1" | "?" => DType::Bool,
+        _ => {
+            let numpy = match code {
+                "u1" => " (uint8)",
+                "i1" => " (int8)",
+                "u2" => " (uint16)",
+                "i2" => " (int16)",
+                "u4" => " (uint32)",
+                "u8" => " (uint64)",
+                "c8" => " (complex64)",
+                "c16" => " (complex128)",
+                "f16" | "f12" => " (longdouble)",
+                "O" => " (object, pickled)",
+                _ => "",
+            };
+            return Err(format!(
+                "unsupported dtype '{d}'{numpy}: ndfuse reads f16, f32, f64, i32, i64 and bool"
+            ));
+        }
+    };
+    Ok((dtype, big))
+}
+
+/// The `.npy` bytes of a row-major array: version 1.0 (2.0 for a header longer than
+/// 65535 bytes), little-endian, C order, header padded to a multiple of 64 bytes.
+/// `Err` for bf16, which numpy has no dtype for.
+pub fn to_bytes(shape: &[usize], data: &Storage) -> Result<Vec<u8>, String> {
+    let descr = match data {
+        Storage::F16(_) => "<f2",
+        Storage::F32(_) => "<f4",
+        Storage::F64(_) => "<f8",
+        Storage::I32(_) => "<i4",
+        Storage::I64(_) => "<i8",
+        Storage::Bool(_) => "|b1",
+        Storage::BF16(_) => {
+            return Err(
+                "numpy has no bf16 dtype, so a bf16 result cannot be written to .npy: wrap the expression in cast(..., f32)"
+                    .into(),
+            )
+        }
+    };
+    let mut shape_py = String::from("(");
+    for (i, d) in shape.iter().enumerate() {
+        let _ = write!(shape_py, "{}{d}", if i > 0 { ", " } else { "" });
+    }
+    if shape.len() == 1 {
+        shape_py.push(',');
+    }
+    shape_py.push(')');
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_py}, }}");
+    let v1 = header.len() + 11 <= usize::from(u16::MAX);
+    let prefix = if v1 { 10 } else { 12 };
+    while (prefix + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out =
+        Vec::with_capacity(prefix + header.len() + data.len() * data.dtype().size_bytes());
+    out.extend_from_slice(MAGIC);
+    if v1 {
+        out.extend_from_slice(&[1, 0]);
+        let len = u16::try_from(header.len()).map_err(|_| "header too long".to_string())?;
+        out.extend_from_slice(&len.to_le_bytes());
+    } else {
+        out.extend_from_slice(&[2, 0]);
+        let len = u32::try_from(header.len()).map_err(|_| "header too long".to_string())?;
+        out.extend_from_slice(&len.to_le_bytes());
+    }
+    out.extend_from_slice(header.as_bytes());
+    match data {
+        Storage::F16(v) => v
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
+        Storage::F32(v) => v
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        Storage::F64(v) => v
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        Storage::I32(v) => v
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        Storage::I64(v) => v
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        Storage::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
+        Storage::BF16(_) => unreachable!("bf16 was refused above"),
+    }
+    Ok(out)
+}
+
+/// Writes `bytes` to `path` so that `path` is either untouched or complete: the data
+/// goes to a temporary file in the same directory (same file system, so the rename
+/// is atomic), is flushed to disk, and only then renamed over `path`. On any failure
+/// the temporary file is removed.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| "not a file path".to_string())?
+        .to_string_lossy()
+        .into_owned();
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => Path::new(".").to_path_buf(),
+    };
+    if path.is_dir() {
+        return Err("is a directory".into());
+    }
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| -> std::io::Result<()> {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, path)?;
+        // Persist the rename itself; not every platform lets a directory be synced,
+        // and the data is complete either way, so a failure here is not an error.
+        if let Ok(d) = fs::File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    result.map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        io_reason(&e)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(header: &str, data: &[u8]) -> Vec<u8> {
+        let mut v = MAGIC.to_vec();
+        v.extend_from_slice(&[1, 0]);
+        v.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        v.extend_from_slice(header.as_bytes());
+        v.extend_from_slice(data);
+        v
+    }
+
+    #[test]
+    fn round_trip_every_dtype() {
+        let cases = [
+            (
+                vec![2, 3],
+                Storage::F32(vec![1.0, -2.5, 3.0, 4.0, 5.0, 6.0]),
+            ),
+            (vec![3], Storage::F64(vec![1e300, -0.0, f64::NAN])),
+            (vec![], Storage::I64(vec![-7])),
+            (vec![2, 0], Storage::I32(vec![])),
+            (vec![2, 2], Storage::Bool(vec![true, false, false, true])),
+            (vec![1], Storage::F16(vec![f16::from_f32(0.5)])),
+        ];
+        for (shape, data) in cases {
+            let bytes = to_bytes(&shape, &data).expect("writes");
+            assert_eq!(
+                bytes.iter().position(|&b| b == b'\n').map(|p| (p + 1) % 64),
+                Some(0)
+            );
+            let back = parse(&bytes).expect("reads back");
+            assert_eq!(back.shape, shape);
+            // NaN != NaN, so compare bit patterns through the writer.
+            assert_eq!(to_bytes(&back.shape, &back.data), Ok(bytes));
+        }
+        assert!(to_bytes(&[1], &Storage::BF16(vec![half::bf16::ONE])).is_err());
+    }
+
+    #[test]
+    fn fortran_order_and_big_endian() {
+        // numpy: np.asfortranarray(np.arange(6, dtype='>i4').reshape(2, 3))
+        let data: Vec<u8> = [0i32, 3, 1, 4, 2, 5]
+            .iter()
+            .flat_map(|v| v.to_be_bytes())
+            .collect();
+        let f = file(
+            "{'descr': '>i4', 'fortran_order': True, 'shape': (2, 3), }\n",
+            &data,
+        );
+        let a = parse(&f).expect("reads");
+        assert_eq!(a.data, Storage::I32(vec![0, 1, 2, 3, 4, 5]));
+        let data: Vec<u8> = (0..24i64).flat_map(|v| v.to_le_bytes()).collect();
+        let f = file(
+            "{'descr': '<i8', 'fortran_order': True, 'shape': (2L, 3L, 4L), }",
+            &data,
+        );
+        let Storage::I64(v) = parse(&f).expect("reads").data else {
+            panic!("i64")
+        };
+        // Row-major element (i, j, k) is file element i + 2j + 6k.
+        assert_eq!(v[12 + 2 * 4 + 3], 1 + 2 * 2 + 6 * 3);
+    }
+
+    #[test]
+    fn corrupt_files_are_errors() {
+        let ok = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }";
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (b"hello".to_vec(), "magic"),
+            (b"\x93NUMPY\x09\x00\x10\x00".to_vec(), "version 9.0"),
+            (b"\x93NUMPY\x01\x00\xff\x00{".to_vec(), "file ends first"),
+            (file(ok, &[0; 7]), "truncated"),
+            (file(ok, &[0; 9]), "1 unexpected bytes"),
+            (file("{'descr': '<u1', 'fortran_order': False, 'shape': (2,), }", &[0; 2]), "uint8"),
+            (file("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2,), }", &[0; 8]), "structured"),
+            (file("{'descr': '<f4', 'shape': (2,), }", &[0; 8]), "fortran_order"),
+            (file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,) ", &[0; 8]), "expected"),
+            (file("{'descr': '<f4', 'fortran_order': 1, 'shape': (2,), }", &[0; 8]), "True or False"),
+            (file("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }", &[0; 8]), "unexpected"),
+            (
+                file("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 16), }", &[]),
+                "too large",
+            ),
+            (
+                file("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,), }", &[]),
+                "too large",
+            ),
+            (file("{'descr': '|b1', 'fortran_order': False, 'shape': (2,), }", &[1, 2]), "0x02"),
+            (file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), } x", &[0; 8]), "after the header"),
+            (file("{'descr': '<f4", &[]), "unterminated"),
+        ];
+        for (bytes, want) in cases {
+            match parse(&bytes) {
+                Ok(a) => panic!("expected an error containing {want:?}, got {a:?}"),
+                Err(e) => assert!(e.contains(want), "{e:?} should contain {want:?}"),
+            }
+        }
+    }
+}

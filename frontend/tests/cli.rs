@@ -1,0 +1,619 @@
+//! End-to-end tests of the `ndfuse` binary: results against numpy-computed `.npy`
+//! fixtures (made by `fixtures/make_fixtures.py`, committed so that no test needs
+//! Python), every bad-input case (exit status, the one stderr line, no output file
+//! left behind), error columns, the JSON report, and `explain`.
+
+// The binary's own .npy reader reads the outputs back (its unit tests run here too).
+#[path = "../src/bin/ndfuse/npy.rs"]
+#[allow(dead_code)]
+mod npy;
+
+use ndfuse_ir::Storage;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+
+struct Run {
+    ok: bool,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs the binary in the fixtures folder (so inputs are named by file name).
+fn ndfuse(args: &[&str]) -> Run {
+    let out = Command::new(env!("CARGO_BIN_EXE_ndfuse"))
+        .args(args)
+        .current_dir(FIXTURES)
+        .output()
+        .expect("the ndfuse binary runs");
+    Run {
+        ok: out.status.success(),
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A fresh, empty folder for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("ndfuse-cli")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch folder");
+    dir
+}
+
+fn load(path: &Path) -> npy::NpyArray {
+    npy::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn values(s: &Storage) -> Vec<f64> {
+    match s {
+        Storage::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
+        Storage::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
+        Storage::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
+        Storage::F64(v) => v.clone(),
+        Storage::I32(v) => v.iter().map(|&x| f64::from(x)).collect(),
+        Storage::I64(v) => v.iter().map(|&x| x as f64).collect(),
+        Storage::Bool(v) => v.iter().map(|&x| f64::from(u8::from(x))).collect(),
+    }
+}
+
+/// Same dtype, same shape, and values within the dtype's tolerance (exact for ints
+/// and bools).
+fn assert_matches(got: &npy::NpyArray, want: &npy::NpyArray, what: &str) {
+    assert_eq!(got.data.dtype(), want.data.dtype(), "{what}: dtype");
+    assert_eq!(got.shape, want.shape, "{what}: shape");
+    let rtol = match want.data.dtype() {
+        ndfuse_ir::DType::F16 | ndfuse_ir::DType::BF16 => 2e-3,
+        ndfuse_ir::DType::F32 => 2e-5,
+        ndfuse_ir::DType::F64 => 1e-12,
+        _ => 0.0,
+    };
+    for (k, (g, w)) in values(&got.data).iter().zip(values(&want.data)).enumerate() {
+        let ok = g == &w || (g - w).abs() <= rtol * w.abs().max(1e-1) || (g.is_nan() && w.is_nan());
+        assert!(ok, "{what}: element {k}: ndfuse {g}, numpy {w}");
+    }
+}
+
+/// (expression, inputs, expected fixture) — the expressions of make_fixtures.py.
+const CASES: &[(&str, &[&str], &str)] = &[
+    ("sum(exp(a * b + 1), axis=1)", &["a", "b"], "sum_exp"),
+    ("softmax(a, axis=-1)", &["a"], "softmax"),
+    ("layernorm(a, axis=-1, eps=1e-5)", &["a"], "layernorm"),
+    ("-a ** 2", &["a"], "neg_pow"),
+    ("where(m, a, -a) + b", &["m", "a", "b"], "where"),
+    ("fortran * 2 - 1", &["fortran"], "fortran"),
+    ("fortran3", &["fortran3"], "fortran3"),
+    ("i + 1", &["i"], "int_add"),
+    ("i / 2", &["i"], "int_div"),
+    ("i * j", &["i", "j"], "int_mul"),
+    ("argmax(a, axis=1)", &["a"], "argmax"),
+    ("argmin(a)", &["a"], "argmin_flat"),
+    ("a[1:3, ::-2]", &["a"], "slice"),
+    ("a[-1]", &["a"], "index"),
+    ("transpose(a) * 3", &["a"], "transpose"),
+    ("reshape(a, [8, -1])", &["a"], "reshape"),
+    ("cast(a, f16)", &["a"], "cast_f16"),
+    ("mean(a)", &["a"], "mean_all"),
+    ("sum(a, axis=[0, 1], keepdims=true)", &["a"], "sum_keep"),
+    ("a > 0", &["a"], "gt"),
+    ("maximum(a, 0.5) - minimum(b, 0)", &["a", "b"], "maxmin"),
+    ("gelu(a)", &["a"], "gelu"),
+    ("var(a, axis=0)", &["a"], "var"),
+    ("std(d)", &["d"], "std"),
+    ("bigendian + 1", &["bigendian"], "bigendian"),
+    ("h * 2", &["h"], "f16_mul"),
+    ("2 ** d", &["d"], "lit_pow"),
+    (
+        "expand_dims(b, axis=0) + squeeze(reshape(b, [8, 1]), axis=1)",
+        &["b"],
+        "views",
+    ),
+];
+
+fn eval_case(expr: &str, inputs: &[&str], out: &Path, extra: &[&str]) -> Run {
+    let specs: Vec<String> = inputs.iter().map(|n| format!("{n}={n}.npy")).collect();
+    let out = out.to_string_lossy().into_owned();
+    let mut args = vec!["eval", expr, "--output", &out];
+    for s in &specs {
+        args.extend(["--input", s.as_str()]);
+    }
+    args.extend(extra);
+    ndfuse(&args)
+}
+
+#[test]
+fn eval_matches_numpy_on_every_backend() {
+    let dir = scratch("numpy");
+    for backend in ["cpu", "interp"] {
+        for (expr, inputs, expected) in CASES {
+            let out = dir.join(format!("{expected}-{backend}.npy"));
+            let r = eval_case(expr, inputs, &out, &["--backend", backend]);
+            assert!(r.ok, "{expr} on {backend}: {}", r.stderr);
+            let want = load(&Path::new(FIXTURES).join(format!("expected_{expected}.npy")));
+            assert_matches(&load(&out), &want, &format!("{expr} on {backend}"));
+        }
+    }
+}
+
+#[test]
+fn fortran_order_input_is_read_row_major() {
+    let dir = scratch("fortran");
+    let out = dir.join("o.npy");
+    let r = eval_case("fortran3[1, 2]", &["fortran3"], &out, &[]);
+    assert!(r.ok, "{}", r.stderr);
+    // Row-major arange(24).reshape(2, 3, 4)[1, 2] is 20, 21, 22, 23.
+    assert_eq!(load(&out).data, Storage::I32(vec![20, 21, 22, 23]));
+    assert!(
+        r.stdout.starts_with("i32[4]\n[20, 21, 22, 23]"),
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn prints_dtype_shape_and_values() {
+    let r = ndfuse(&["eval", "-2 ** 2"]);
+    assert_eq!((r.ok, r.stdout.as_str()), (true, "i64[]\n-4\n"));
+    let r = ndfuse(&["eval", "2 ** -1"]);
+    assert_eq!(r.stdout, "f32[]\n0.5\n");
+    let r = ndfuse(&["eval", "i[0]", "--input", "i=i.npy"]);
+    assert!(r.stdout.starts_with("i32[5]\n["), "{}", r.stdout);
+    let r = ndfuse(&["eval", "m[0:2, 0:2]", "--input", "m=m.npy"]);
+    assert!(r.stdout.starts_with("bool[2,2]\n[["), "{}", r.stdout);
+    // numpy's summarisation: more than 1000 elements show 3 at each edge.
+    let r = ndfuse(&["eval", "x", "--random", "x=40x50"]);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines[0], "f32[40,50]");
+    assert_eq!(lines.len(), 1 + 7, "3 rows, ..., 3 rows: {}", r.stdout);
+    assert_eq!(lines[4].trim(), "...,");
+    assert_eq!(
+        lines[1].matches(", ").count(),
+        6,
+        "3 + ... + 3 columns: {}",
+        lines[1]
+    );
+}
+
+#[test]
+fn random_inputs_are_seeded_per_name() {
+    let once = |args: &[&str]| {
+        let r = ndfuse(args);
+        assert!(r.ok, "{args:?}: {}", r.stderr);
+        r.stdout
+    };
+    let a = once(&["eval", "x", "--random", "x=5"]);
+    assert_eq!(a, once(&["eval", "x", "--random", "x=5", "--seed", "0"]));
+    assert_ne!(a, once(&["eval", "x", "--random", "x=5", "--seed", "1"]));
+    assert_ne!(
+        a,
+        once(&["eval", "y", "--random", "y=5"]),
+        "names get their own streams"
+    );
+    // Adding an input does not change the others.
+    assert_eq!(
+        a,
+        once(&["eval", "x", "--random", "x=5", "--random", "z=3"])
+    );
+    assert!(once(&["eval", "x", "--random", "x=5", "--dtype", "f64"]).starts_with("f64[5]"));
+    let ints = once(&["eval", "k", "--random", "k=100:i32"]);
+    assert!(ints.starts_with("i32[100]"));
+    let vals: Vec<i64> = ints
+        .lines()
+        .skip(1)
+        .collect::<String>()
+        .replace(['[', ']', '\n'], " ")
+        .split(',')
+        .map(|v| v.trim().parse().expect("an int"))
+        .collect();
+    assert!(vals.iter().all(|v| (-10..10).contains(v)), "{vals:?}");
+    assert!(once(&["eval", "b", "--random", "b=4:bool"]).starts_with("bool[4]"));
+    assert!(once(&["eval", "s * 2", "--random", "s="]).starts_with("f32[]\n"));
+}
+
+#[test]
+fn report_json_has_the_contract_keys() {
+    let r = ndfuse(&[
+        "eval",
+        "sum(exp(a * b + 1), axis=1)",
+        "--input",
+        "a=a.npy",
+        "--input",
+        "b=b.npy",
+        "--repeat",
+        "3",
+        "--report",
+        "json",
+    ]);
+    assert!(r.ok, "{}", r.stderr);
+    assert_eq!(
+        r.stdout.lines().count(),
+        1,
+        "one JSON object on one line: {}",
+        r.stdout
+    );
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("valid JSON");
+    assert_eq!(v["backend"], "cpu");
+    assert_eq!(
+        v["kernels"], 1,
+        "a * b + 1 and exp fuse into one kernel: {v}"
+    );
+    assert_eq!(v["repeat"], 3);
+    for key in ["compile_ms", "eval_ms"] {
+        assert!(v[key].as_f64().is_some_and(|x| x >= 0.0), "{key}: {v}");
+    }
+    // The kernel reads a (128 B) and b (32 B) and writes f32[4,8] (128 B); the sum
+    // reads that and writes f32[4] (16 B).
+    assert_eq!(v["bytes_moved"], 128 + 32 + 128 + 128 + 16);
+    assert!(
+        v["gbps"].is_null() || v["gbps"].as_f64().is_some_and(|x| x > 0.0),
+        "{v}"
+    );
+    let r = ndfuse(&[
+        "eval",
+        "a * 2",
+        "--input",
+        "a=a.npy",
+        "--backend",
+        "interp",
+        "--report",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("valid JSON");
+    assert_eq!(
+        (v["backend"].as_str(), v["kernels"].as_u64()),
+        (Some("interp"), Some(0))
+    );
+}
+
+#[test]
+fn explain_shows_graph_schedule_kernels_and_code() {
+    let r = ndfuse(&[
+        "explain",
+        "softmax(x, axis=-1) * y",
+        "--shape",
+        "x=4x8",
+        "--shape",
+        "y=8:f64",
+    ]);
+    assert!(r.ok, "{}", r.stderr);
+    let s = &r.stdout;
+    for want in [
+        "== inputs\nin0 = x : f32[4,8]\nin1 = y : f64[8]\n",
+        "== graph\n%0 = input \"in0\" : f32[4,8]\n",
+        "== schedule (backend cpu: 2 kernels, 2 interpreter steps)",
+        "; k0_sub_exp [jit], stored: read by sum outside this kernel",
+        "== kernels\n",
+        "kernel k0_sub_exp  domain=[4,8]  plan=elementwise",
+        "step 1: k0_sub_exp [jit] reads 144 B, writes 128 B",
+        "== code (Cranelift IR",
+        "function %k0_sub_exp(",
+    ] {
+        assert!(s.contains(want), "explain lacks {want:?}:\n{s}");
+    }
+    // Inputs are numbered in the order the expression first uses them.
+    let r = ndfuse(&[
+        "explain",
+        "y * 2 + x",
+        "--shape",
+        "x=3",
+        "--shape",
+        "y=4x3:i32",
+    ]);
+    assert!(
+        r.stdout.contains("in0 = y : i32[4,3]\nin1 = x : f32[3]\n"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("%0 = input \"in0\" : i32[4,3]"),
+        "{}",
+        r.stdout
+    );
+    let r = ndfuse(&["explain", "exp(x)", "--shape", "x=3", "--backend", "interp"]);
+    assert!(
+        r.ok && r.stdout.contains("nothing is fused"),
+        "{}",
+        r.stdout
+    );
+}
+
+/// Runs a failing command with `--output` into a fresh folder: non-zero exit, one line
+/// on stderr containing `want`, nothing on stdout, and the folder still empty.
+fn assert_fails(name: &str, args: &[&str], want: &str) {
+    let dir = scratch(&format!("fail-{name}"));
+    let out = dir.join("out.npy");
+    let out_s = out.to_string_lossy().into_owned();
+    let mut all: Vec<&str> = args.to_vec();
+    if args.first() == Some(&"eval") {
+        all.extend(["--output", &out_s]);
+    }
+    let r = ndfuse(&all);
+    assert!(!r.ok, "{name}: {args:?} should fail");
+    assert!(
+        r.code.is_some_and(|c| c != 0),
+        "{name}: exit status {:?}",
+        r.code
+    );
+    assert_eq!(
+        r.stderr.lines().count(),
+        1,
+        "{name}: one line on stderr:\n{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains(want),
+        "{name}: stderr {:?} lacks {want:?}",
+        r.stderr
+    );
+    assert_eq!(r.stdout, "", "{name}");
+    let left: Vec<_> = std::fs::read_dir(&dir).expect("scratch").collect();
+    assert!(left.is_empty(), "{name}: files left behind: {left:?}");
+}
+
+#[test]
+fn every_bad_input_fails_with_one_line_and_no_output() {
+    let dir = scratch("corrupt");
+    let header = |h: &str| {
+        let mut v = b"\x93NUMPY\x01\x00".to_vec();
+        v.extend_from_slice(&(h.len() as u16).to_le_bytes());
+        v.extend_from_slice(h.as_bytes());
+        v
+    };
+    let files: &[(&str, Vec<u8>)] = &[
+        ("magic.npy", b"not an npy file at all".to_vec()),
+        ("truncated.npy", {
+            let mut v = header("{'descr': '<f4', 'fortran_order': False, 'shape': (4, 8), }\n");
+            v.extend_from_slice(&[0; 10]);
+            v
+        }),
+        ("header.npy", header("{'descr': '<f4', 'fortran_order': False, 'shape': (4, 8)")),
+        ("uint8.npy", {
+            let mut v = header("{'descr': '|u1', 'fortran_order': False, 'shape': (2,), }\n");
+            v.extend_from_slice(&[1, 2]);
+            v
+        }),
+        ("huge.npy", header("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 16), }\n")),
+    ];
+    for (name, bytes) in files {
+        std::fs::write(dir.join(name), bytes).expect("write fixture");
+    }
+    let corrupt = |f: &str| format!("x={}", dir.join(f).display());
+    let (magic, truncated, hdr, uint8, huge) = (
+        corrupt("magic.npy"),
+        corrupt("truncated.npy"),
+        corrupt("header.npy"),
+        corrupt("uint8.npy"),
+        corrupt("huge.npy"),
+    );
+    let cases: &[(&str, &[&str], &str)] = &[
+        (
+            "missing-file",
+            &["eval", "x", "--input", "x=no_such.npy"],
+            "error: --input x=no_such.npy: cannot read: No such file",
+        ),
+        (
+            "bad-magic",
+            &["eval", "x", "--input", &magic],
+            "not a .npy file",
+        ),
+        (
+            "truncated",
+            &["eval", "x", "--input", &truncated],
+            "truncated: header says f32[4,8] (128 bytes of data) but the file holds 10 bytes",
+        ),
+        (
+            "bad-header",
+            &["eval", "x", "--input", &hdr],
+            "corrupt .npy header",
+        ),
+        (
+            "bad-npy-dtype",
+            &["eval", "x", "--input", &uint8],
+            "unsupported dtype '|u1' (uint8)",
+        ),
+        ("huge-shape", &["eval", "x", "--input", &huge], "too large"),
+        (
+            "shape-mismatch",
+            &["eval", "a + j", "--input", "a=a.npy", "--input", "j=j.npy"],
+            "error at column 3: add: shapes f32[4,8] and i64[5] do not broadcast",
+        ),
+        (
+            "unknown-input",
+            &["eval", "a + q", "--input", "a=a.npy"],
+            "error at column 5: unknown input 'q' (inputs: a)",
+        ),
+        (
+            "bad-random-dtype",
+            &["eval", "x", "--random", "x=3:f8"],
+            "--random x=3:f8: unknown dtype 'f8'",
+        ),
+        (
+            "bad-dtype-flag",
+            &["eval", "x", "--random", "x=3", "--dtype", "f8"],
+            "invalid value 'f8' for '--dtype <DTYPE>'",
+        ),
+        (
+            "bad-shape",
+            &["eval", "x", "--random", "x=4x-4"],
+            "bad shape '4x-4'",
+        ),
+        (
+            "bad-shape-comma",
+            &["eval", "x", "--shape-typo", "x=4,4"],
+            "unexpected argument",
+        ),
+        (
+            "bad-name",
+            &["eval", "x", "--random", "2x=4"],
+            "'2x' is not a valid input name",
+        ),
+        (
+            "no-equals",
+            &["eval", "x", "--input", "a.npy"],
+            "--input a.npy: expected NAME=...",
+        ),
+        (
+            "duplicate",
+            &["eval", "x", "--random", "x=3", "--input", "x=a.npy"],
+            "input 'x' is given more than once",
+        ),
+        (
+            "bf16-output",
+            &["eval", "x", "--random", "x=3:bf16"],
+            "numpy has no bf16 dtype",
+        ),
+        (
+            "cuda",
+            &["eval", "x", "--random", "x=3", "--backend", "cuda"],
+            "backend cuda is not available",
+        ),
+        (
+            "bad-backend",
+            &["eval", "x", "--random", "x=3", "--backend", "gpu"],
+            "[possible values: auto, cpu, cuda, interp]",
+        ),
+        (
+            "zero-repeat",
+            &["eval", "x", "--random", "x=3", "--repeat", "0"],
+            "--repeat",
+        ),
+        (
+            "axis",
+            &["eval", "sum(a, axis=2)", "--input", "a=a.npy"],
+            "error at column 1: sum: axis 2 is out of range for f32[4,8] (rank 2)",
+        ),
+        (
+            "reshape",
+            &["eval", "reshape(a, [3, -1])", "--input", "a=a.npy"],
+            "cannot reshape f32[4,8] (32 elements) into [3,-1]",
+        ),
+        (
+            "bool-arith",
+            &["eval", "m + 1", "--input", "m=m.npy"],
+            "error at column 3: add",
+        ),
+        (
+            "missing-expr",
+            &["eval"],
+            "required arguments were not provided: <EXPR>",
+        ),
+        (
+            "explain-no-shape",
+            &["explain", "x + 1"],
+            "unknown input 'x' (no inputs given: add --shape NAME=SHAPE[:DTYPE])",
+        ),
+        (
+            "explain-cuda",
+            &["explain", "x", "--shape", "x=3", "--backend", "cuda"],
+            "backend cuda is not available",
+        ),
+        ("bench", &["bench"], "not implemented in this version"),
+        (
+            "bench-args",
+            &["bench", "--json", "gelu"],
+            "not implemented in this version",
+        ),
+    ];
+    for (name, args, want) in cases {
+        assert_fails(name, args, want);
+    }
+}
+
+#[test]
+fn a_failed_run_leaves_an_existing_output_untouched() {
+    let dir = scratch("untouched");
+    let out = dir.join("out.npy");
+    std::fs::write(&out, b"precious").expect("write");
+    let out_s = out.to_string_lossy().into_owned();
+    let r = ndfuse(&[
+        "eval", "a + j", "--input", "a=a.npy", "--input", "j=j.npy", "--output", &out_s,
+    ]);
+    assert!(!r.ok);
+    assert_eq!(std::fs::read(&out).expect("still there"), b"precious");
+    // A successful run replaces it completely, with no temporary file left over.
+    let r = ndfuse(&["eval", "a * 1", "--input", "a=a.npy", "--output", &out_s]);
+    assert!(r.ok, "{}", r.stderr);
+    assert_matches(
+        &load(&out),
+        &load(&Path::new(FIXTURES).join("a.npy")),
+        "overwrite",
+    );
+    assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 1);
+    // A directory is not a file to write.
+    let d = dir.to_string_lossy().into_owned();
+    let r = ndfuse(&["eval", "a", "--input", "a=a.npy", "--output", &d]);
+    assert!(!r.ok && r.stderr.contains("is a directory"), "{}", r.stderr);
+}
+
+#[test]
+fn expression_errors_name_the_column() {
+    let cases: &[(&str, usize, &str)] = &[
+        (
+            "exp(a) + 1.5 * exq(a)",
+            16,
+            "unknown function 'exq' (did you mean 'exp'?)",
+        ),
+        ("a + * b", 5, "expected an operand, found '*'"),
+        ("a < b < c", 7, "chained comparison"),
+        ("exp(a, a)", 8, "exp() takes at most 1 argument (x), got 2"),
+        ("sum(a, axes=1)", 8, "sum() has no keyword 'axes'"),
+        ("sum(a, axis=1.5)", 13, "axis must be an integer"),
+        ("softmax(a, eps=1)", 12, "softmax() has no keyword 'eps'"),
+        ("where(m, a)", 1, "where() is missing argument 'y'"),
+        ("a + 1.2.3", 5, "bad literal '1.2.3'"),
+        (
+            "a + 99999999999999999999",
+            5,
+            "bad literal '99999999999999999999': integer out of range",
+        ),
+        ("cast(a, f8)", 9, "unknown dtype 'f8'"),
+        ("a[1:2, 3, 4]", 2, "too many indices"),
+        ("a[9]", 3, "index 9 is out of bounds for axis 0 with size 4"),
+        ("a[::0]", 5, "slice step cannot be zero"),
+        ("(a + b", 7, "expected ')' to close the '(' at column 1"),
+        ("a & m", 3, "unexpected character '&' (use and(a, b))"),
+        ("a // 2", 3, "floor division"),
+        ("exp", 1, "exp is a function"),
+        (
+            "exp(a) * transpose(a, [0, 2])",
+            10,
+            "permute: [0,2] is not a permutation",
+        ),
+        ("log(a) + matmul(a, a)", 10, "unknown function 'matmul'"),
+        ("a.T", 2, "write transpose(x) for x.T"),
+        ("sum(a, keepdims=1)", 17, "keepdims must be true or false"),
+        ("a + 1 = 2", 7, "use == to compare"),
+    ];
+    for (expr, col, want) in cases {
+        let r = ndfuse(&[
+            "eval", expr, "--input", "a=a.npy", "--input", "b=b.npy", "--input", "m=m.npy",
+        ]);
+        let line = r.stderr.trim_end();
+        assert!(!r.ok, "{expr} should fail");
+        let prefix = format!("error at column {col}: ");
+        assert!(
+            line.starts_with(&prefix) && line.contains(want),
+            "{expr}: got {line:?}, want {prefix}...{want}"
+        );
+    }
+}
+
+#[test]
+fn backends_lists_what_is_built() {
+    let r = ndfuse(&["backends"]);
+    assert!(r.ok);
+    for want in [
+        "cpu     available",
+        "interp  available",
+        "cuda    not available",
+        "default backend: auto",
+        "default dtype: f32",
+    ] {
+        assert!(r.stdout.contains(want), "lacks {want:?}:\n{}", r.stdout);
+    }
+}
