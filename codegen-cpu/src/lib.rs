@@ -30,6 +30,7 @@
 //!     outputs: vec![Buffer { dtype: DType::F32, len: 4 }],
 //!     body: vec![load(0), load(1), Instr { dtype: DType::F32, expr: Expr::Binary(BinaryOp::Add, ValueId(0), ValueId(1)) }],
 //!     stores: vec![Store { value: ValueId(2), output: 0 }],
+//!     reduce_axes: vec![],
 //!     plan: Plan::Elementwise,
 //!     plan_reason: "element-wise".into(),
 //! };

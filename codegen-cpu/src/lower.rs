@@ -214,6 +214,9 @@ impl<M: Module> Lowering<'_, '_, M> {
                     let (a, from) = (operand(a), kernel.body[a.index()].dtype);
                     self.cast(a, from, ins.dtype)
                 }
+                Expr::Reduce(..) | Expr::ArgReduce(..) => {
+                    unreachable!("supports() refuses kernels with reductions")
+                }
             };
             values[v] = Some(value);
         }

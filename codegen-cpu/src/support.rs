@@ -7,6 +7,10 @@ use ndfuse_ir::{Kernel, Plan};
 /// Why half-precision kernels go to the interpreter for now.
 pub(crate) const HALF_UNSUPPORTED: &str = "f16/bf16 kernels are not JIT-compiled yet (computed in f32 in a later issue); the interpreter runs them";
 
+/// Why kernels with reductions go to the interpreter for now.
+pub(crate) const REDUCE_UNSUPPORTED: &str =
+    "reductions are not JIT-compiled yet (the CPU-backend issue); the interpreter runs this kernel";
+
 /// Whether this code generator can compile `kernel`.
 ///
 /// `Err(reason)` names the first thing it cannot do yet, or the first problem of a
@@ -27,7 +31,8 @@ pub fn supports(kernel: &Kernel) -> Result<(), String> {
         return Err(HALF_UNSUPPORTED.to_string());
     }
     match kernel.plan {
-        Plan::Elementwise => {}
+        Plan::Elementwise if kernel.reduce_axes.is_empty() => {}
+        _ => return Err(REDUCE_UNSUPPORTED.to_string()),
     }
     if !cfg!(target_pointer_width = "64") {
         return Err("the CPU code generator needs a 64-bit host (it indexes in i64)".to_string());

@@ -257,6 +257,23 @@ impl Graph {
             .collect()
     }
 
+    /// A hash of the whole graph (every node's op, dtype, shape and operands, and the
+    /// outputs): equal graphs hash equally, so a pass that claims it changed nothing can
+    /// be checked without printing the graph twice.
+    pub fn fingerprint(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for n in self.g.node_indices() {
+            let node = &self.g[n];
+            (n.index(), &node.op, node.dtype, &node.shape).hash(&mut h);
+            for e in self.g.edges_directed(n, Direction::Incoming) {
+                (e.source().index(), e.weight().0).hash(&mut h);
+            }
+        }
+        self.outputs.hash(&mut h);
+        h.finish()
+    }
+
     /// The underlying petgraph graph, read-only (for algorithms petgraph provides).
     pub fn petgraph(&self) -> &StableDiGraph<Node, Slot> {
         &self.g

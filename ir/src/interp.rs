@@ -1028,6 +1028,9 @@ pub fn eval_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<Vec<HostArr
         .iter()
         .map(|a| Vals::from_storage(a.storage()))
         .collect();
+    if !kernel.reduce_axes.is_empty() {
+        return Ok(eval_row_program(kernel, &bufs));
+    }
     let n = kernel.domain.numel();
     let mut outs: Vec<Vals> = kernel
         .outputs
@@ -1062,6 +1065,9 @@ pub fn eval_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<Vec<HostArr
                 }
                 // An explicit cast asks for the target's precision, even to a half type.
                 Expr::Cast(a) => cast(&vals[a.index()], ins.dtype, ins.dtype),
+                Expr::Reduce(..) | Expr::ArgReduce(..) => {
+                    unreachable!("Kernel::check refuses reductions without reduce axes")
+                }
             };
             vals.push(v);
         }
@@ -1088,4 +1094,146 @@ pub fn eval_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<Vec<HostArr
             .into_host()
         })
         .collect())
+}
+
+/// [`eval_kernel`] for a kernel with reduce axes: the row program of the kernel docs, one
+/// row at a time. Row values are kept replicated along the row, so the element-wise maps
+/// apply unchanged; reductions combine in f64 (sums compensated) and round once to the
+/// instruction's compute dtype, as a kernel rounds its accumulator once.
+fn eval_row_program(kernel: &Kernel, bufs: &[Vals]) -> Vec<HostArray> {
+    use crate::kernel::Level;
+    let dims = kernel.domain.dims();
+    let kept: Vec<usize> = (0..dims.len())
+        .filter(|a| !kernel.reduce_axes.contains(a))
+        .collect();
+    // Domain axes reordered kept-first: position r * row_len + j is element j of row r.
+    let perm: Vec<usize> = kept.iter().chain(&kernel.reduce_axes).copied().collect();
+    let (rows, row_len) = (kernel.rows(), kernel.row_len());
+    let width = row_len.max(1);
+    let levels = kernel.levels();
+    let views: Vec<Option<View>> = kernel
+        .body
+        .iter()
+        .map(|ins| match &ins.expr {
+            Expr::Load { view, .. } => Some(view.permute(&perm)),
+            _ => None,
+        })
+        .collect();
+    let out_view = View::contiguous(kernel.domain.clone()).permute(&perm);
+    let mut outs: Vec<Vals> = kernel
+        .stores
+        .iter()
+        .map(|st| {
+            let b = &kernel.outputs[st.output];
+            let len = b.len;
+            match b.dtype.kind() {
+                crate::dtype::DKind::Float => Vals::F(vec![0.0; len]),
+                crate::dtype::DKind::Int => Vals::I(vec![0; len]),
+                crate::dtype::DKind::Bool => Vals::B(vec![false; len]),
+            }
+        })
+        .collect();
+    for r in 0..rows {
+        let first = r * row_len;
+        let mut vals: Vec<Vals> = Vec::with_capacity(kernel.body.len());
+        for (i, ins) in kernel.body.iter().enumerate() {
+            let round_to = ins.dtype.compute_dtype();
+            let v = match &ins.expr {
+                Expr::Load { input, .. } => {
+                    let view = views[i].as_ref().expect("loads have views");
+                    if row_len == 0 {
+                        Vals::fill(Scalar::I(0), ins.dtype, round_to, 0)
+                    } else {
+                        let offs = Offsets::starting_at(
+                            view.shape.dims(),
+                            &view.strides,
+                            view.offset,
+                            first,
+                        );
+                        bufs[*input].gather(offs.take(row_len))
+                    }
+                }
+                Expr::Const(c) => Vals::fill(*c, ins.dtype, round_to, width),
+                Expr::Unary(u, a) => map_unary(*u, &vals[a.index()], round_to),
+                Expr::Binary(b, x, y) => {
+                    let round_to = kernel.body[x.index()].dtype.compute_dtype();
+                    map_binary(*b, &vals[x.index()], &vals[y.index()], round_to)
+                }
+                Expr::Where(c, a, b) => {
+                    select(&vals[c.index()], &vals[a.index()], &vals[b.index()])
+                }
+                Expr::Cast(a) => cast(&vals[a.index()], ins.dtype, ins.dtype),
+                Expr::Reduce(acc, a) => {
+                    let op = match acc {
+                        crate::kernel::Accumulate::Sum => ReduceOp::Sum,
+                        crate::kernel::Accumulate::Prod => ReduceOp::Prod,
+                        crate::kernel::Accumulate::Max => ReduceOp::Max,
+                        crate::kernel::Accumulate::Min => ReduceOp::Min,
+                    };
+                    match &vals[a.index()] {
+                        Vals::F(lane) => {
+                            Vals::F(vec![round_f64(reduce_f64(op, lane), round_to); width])
+                        }
+                        Vals::I(lane) => {
+                            Vals::I(vec![wrap_int(reduce_i64(op, lane), ins.dtype); width])
+                        }
+                        Vals::B(_) => unreachable!("Kernel::check refuses bool reductions"),
+                    }
+                }
+                Expr::ArgReduce(op, a) => {
+                    let idx = match &vals[a.index()] {
+                        Vals::F(lane) => arg_f64(*op, lane.iter().copied()),
+                        Vals::I(lane) => arg_i64(*op, lane.iter().copied()),
+                        Vals::B(lane) => arg_i64(*op, lane.iter().map(|&b| i64::from(b))),
+                    };
+                    Vals::I(vec![idx; width])
+                }
+            };
+            vals.push(v);
+        }
+        for (k, st) in kernel.stores.iter().enumerate() {
+            let dtype = kernel.outputs[st.output].dtype;
+            let v = &vals[st.value.index()];
+            // The buffer's length says whether it takes every position or one per row.
+            let per_row =
+                levels[st.value.index()] == Level::Row && kernel.outputs[st.output].len == rows;
+            let positions: Vec<usize> = if per_row {
+                vec![r]
+            } else {
+                Offsets::starting_at(out_view.shape.dims(), &out_view.strides, 0, first)
+                    .take(row_len)
+                    .collect()
+            };
+            match (&mut outs[k], v) {
+                (Vals::F(o), Vals::F(v)) => positions
+                    .iter()
+                    .zip(v)
+                    .for_each(|(&p, &x)| o[p] = round_f64(x, dtype)),
+                (Vals::I(o), Vals::I(v)) => positions
+                    .iter()
+                    .zip(v)
+                    .for_each(|(&p, &x)| o[p] = wrap_int(x, dtype)),
+                (Vals::B(o), Vals::B(v)) => positions.iter().zip(v).for_each(|(&p, &x)| o[p] = x),
+                _ => panic!("a store of another kind than its buffer passed Kernel::check (a bug)"),
+            }
+        }
+    }
+    // Outputs in `kernel.outputs` order (each is stored exactly once).
+    let mut by_output: Vec<Option<HostArray>> = vec![None; kernel.outputs.len()];
+    for (st, v) in kernel.stores.iter().zip(outs) {
+        let b = &kernel.outputs[st.output];
+        let shape = Shape::new([b.len]);
+        by_output[st.output] = Some(
+            Tensor {
+                dtype: b.dtype,
+                shape,
+                vals: v,
+            }
+            .into_host(),
+        );
+    }
+    by_output
+        .into_iter()
+        .map(|o| o.expect("every output is stored once (Kernel::check)"))
+        .collect()
 }

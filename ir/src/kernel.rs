@@ -7,6 +7,25 @@
 //! strides are constants, so a kernel is specialised to one set of shapes and a codegen
 //! never re-derives fusion or layout.
 //!
+//! ## Reductions: the row program
+//!
+//! A kernel may reduce some axes of its domain ([`Kernel::reduce_axes`]). A *row* (ND4J's
+//! TAD, tensor along dimension) is the set of domain positions that share one index on
+//! the kept axes. Every value then has a [`Level`]:
+//! - **element** values vary along the row (loads that move along a reduced axis, and
+//!   what is computed from them);
+//! - **row** values are one per row: [`Expr::Reduce`] and [`Expr::ArgReduce`] results,
+//!   constants, loads that stay put along every reduced axis, and what is computed from
+//!   those alone.
+//!
+//! A row value used by an element op is broadcast along the row. Instructions are in
+//! dependency order, so softmax is `m = reduce max x; e = exp(x - m); s = reduce sum e;
+//! out = e / s`: one kernel; how many sweeps over a row that takes, and whether the row
+//! stays in cache or registers between them, is the codegen's choice guided by the plan.
+//! A store writes either `domain.numel()` elements in row-major order (a row value is
+//! broadcast along its row), or, for a row value only, one element per row in row-major
+//! order of the kept axes: the output buffer's length says which.
+//!
 //! ```text
 //! kernel k0_mul_add_exp  domain=[4,8]  plan=elementwise
 //!   in0: f32[32]
@@ -63,6 +82,47 @@ pub enum Expr {
     Where(ValueId, ValueId, ValueId),
     /// Conversion of an earlier value to the instruction's dtype.
     Cast(ValueId),
+    /// Combines an element value over each row into a row value (see the module docs).
+    /// The instruction's dtype is the value's; half types accumulate in f32.
+    Reduce(Accumulate, ValueId),
+    /// The position along the one reduced axis of the first maximum / minimum of an
+    /// element value (the first NaN if there is one), as an i64 row value.
+    ArgReduce(crate::op::ArgReduceOp, ValueId),
+}
+
+/// The primitive combining operations of [`Expr::Reduce`]. Mean, norms, variance and
+/// standard deviation are built from these and element-wise ops by the passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Accumulate {
+    /// Sum; 0 over an empty row.
+    Sum,
+    /// Product; 1 over an empty row.
+    Prod,
+    /// NaN-propagating maximum.
+    Max,
+    /// NaN-propagating minimum.
+    Min,
+}
+
+impl Accumulate {
+    /// The name used in dumps and kernel names.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Accumulate::Sum => "sum",
+            Accumulate::Prod => "prod",
+            Accumulate::Max => "max",
+            Accumulate::Min => "min",
+        }
+    }
+}
+
+/// Whether a kernel value varies along the reduced axes (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Level {
+    /// One value per domain position.
+    Element,
+    /// One value per row.
+    Row,
 }
 
 /// One SSA instruction: an expression and the dtype of its result.
@@ -103,14 +163,60 @@ pub struct Store {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Plan {
     /// One flat index space over the domain: each worker takes a contiguous range of
-    /// row-major positions. The plan of every element-wise kernel.
+    /// row-major positions. The plan of every kernel without reductions.
     Elementwise,
+    /// TAD-level: each worker takes whole rows, `rows` of them of `row_len` elements;
+    /// `contiguous` when the reduced axes are the innermost ones (a row is one run of
+    /// memory for a contiguous input).
+    Rows {
+        /// Number of rows (kept positions).
+        rows: usize,
+        /// Elements per row.
+        row_len: usize,
+        /// Whether the reduced axes are the trailing axes of the domain.
+        contiguous: bool,
+    },
+    /// Column strategy: the reduced axes lead and the kept ones trail, so a worker sweeps
+    /// down the reduced axes accumulating a contiguous band of kept positions at once
+    /// (vectorised across the kept axis).
+    Columns {
+        /// Number of kept positions (the width of the band swept).
+        cols: usize,
+        /// Elements reduced into each.
+        col_len: usize,
+    },
+    /// Two-stage reduction for few long rows: each row is cut into `splits` equal chunks
+    /// reduced independently, then the partials are combined in chunk order. `splits`
+    /// depends on shapes only, so results are identical whatever the thread count.
+    Split {
+        /// Number of rows.
+        rows: usize,
+        /// Elements per row.
+        row_len: usize,
+        /// Chunks per row.
+        splits: usize,
+    },
 }
 
 impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Plan::Elementwise => f.write_str("elementwise"),
+            Plan::Rows {
+                rows,
+                row_len,
+                contiguous,
+            } => write!(
+                f,
+                "rows({rows} x {row_len}{})",
+                if *contiguous { "" } else { ", strided" }
+            ),
+            Plan::Columns { cols, col_len } => write!(f, "columns({cols} x {col_len})"),
+            Plan::Split {
+                rows,
+                row_len,
+                splits,
+            } => write!(f, "split({rows} x {row_len} in {splits} chunks)"),
         }
     }
 }
@@ -120,11 +226,15 @@ impl fmt::Display for Plan {
 pub struct Kernel {
     /// Stable, readable name: `k{n}_{ops}` (`k0_mul_add_exp`).
     pub name: String,
-    /// The iteration space; every load's view and every output has this shape.
+    /// The iteration space; every load's view has this shape.
     pub domain: Shape,
+    /// Axes of `domain` reduced inside the kernel, sorted; empty for a kernel without
+    /// reductions (see the module docs).
+    pub reduce_axes: Vec<usize>,
     /// Buffers read.
     pub inputs: Vec<Buffer>,
-    /// Buffers written, each `domain.numel()` elements.
+    /// Buffers written: `domain.numel()` elements, or one per row for a row value (see
+    /// the module docs).
     pub outputs: Vec<Buffer>,
     /// Instructions in SSA order: an operand always refers to an earlier instruction.
     pub body: Vec<Instr>,
@@ -153,11 +263,66 @@ impl Kernel {
             .sum()
     }
 
+    /// Number of rows: positions of the kept axes (the domain's size without reductions).
+    pub fn rows(&self) -> usize {
+        self.domain
+            .dims()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !self.reduce_axes.contains(i))
+            .map(|(_, &d)| d)
+            .product()
+    }
+
+    /// Elements per row: the product of the reduced axes (1 without reductions).
+    pub fn row_len(&self) -> usize {
+        self.reduce_axes
+            .iter()
+            .map(|&a| self.domain.dims()[a])
+            .product()
+    }
+
+    /// The level of every instruction (see the module docs). Without reduce axes every
+    /// load is an element value.
+    pub fn levels(&self) -> Vec<Level> {
+        let mut lv: Vec<Level> = Vec::with_capacity(self.body.len());
+        for ins in &self.body {
+            let l = match &ins.expr {
+                Expr::Const(_) | Expr::Reduce(..) | Expr::ArgReduce(..) => Level::Row,
+                Expr::Load { view, .. } => {
+                    let still = !self.reduce_axes.is_empty()
+                        && self.reduce_axes.iter().all(|&a| {
+                            view.shape.dims().get(a) == Some(&1) || view.strides.get(a) == Some(&0)
+                        });
+                    if still {
+                        Level::Row
+                    } else {
+                        Level::Element
+                    }
+                }
+                e => {
+                    let any_elem = Kernel::operands(e)
+                        .iter()
+                        .any(|v| lv.get(v.index()) == Some(&Level::Element));
+                    if any_elem {
+                        Level::Element
+                    } else {
+                        Level::Row
+                    }
+                }
+            };
+            lv.push(l);
+        }
+        lv
+    }
+
     /// The operands of an instruction, in order.
     pub fn operands(expr: &Expr) -> Vec<ValueId> {
         match expr {
             Expr::Load { .. } | Expr::Const(_) => Vec::new(),
-            Expr::Unary(_, a) | Expr::Cast(a) => vec![*a],
+            Expr::Unary(_, a) | Expr::Cast(a) | Expr::Reduce(_, a) | Expr::ArgReduce(_, a) => {
+                vec![*a]
+            }
             Expr::Binary(_, a, b) => vec![*a, *b],
             Expr::Where(c, a, b) => vec![*c, *a, *b],
         }
@@ -174,6 +339,15 @@ impl Kernel {
     /// - the domain can be indexed with i64.
     pub fn check(&self) -> Result<(), Vec<String>> {
         let mut errs = Vec::new();
+        let sorted = self.reduce_axes.windows(2).all(|w| w[0] < w[1]);
+        if !sorted || self.reduce_axes.iter().any(|&a| a >= self.domain.rank()) {
+            errs.push(format!(
+                "reduce axes {:?} are not sorted axes of {}",
+                self.reduce_axes, self.domain
+            ));
+            return Err(errs);
+        }
+        let levels = self.levels();
         if i64::try_from(self.domain.numel()).is_err() {
             errs.push(format!(
                 "domain {} has more elements than i64 can index",
@@ -216,13 +390,43 @@ impl Kernel {
                         errs.push(format!("v{i} = const {c} is not a {} value", ins.dtype));
                     }
                 }
+                Expr::Reduce(acc, a) => {
+                    let d = self.body[a.index()].dtype;
+                    if self.reduce_axes.is_empty() || levels[a.index()] != Level::Element {
+                        errs.push(format!(
+                            "v{i} = reduce_{} {a}: needs an element value and reduce axes",
+                            acc.name()
+                        ));
+                    } else if d != ins.dtype || d == DType::Bool {
+                        errs.push(format!(
+                            "v{i} = reduce_{} of {d} cannot give {}",
+                            acc.name(),
+                            ins.dtype
+                        ));
+                    }
+                }
+                Expr::ArgReduce(op, a) => {
+                    if self.reduce_axes.len() != 1 || levels[a.index()] != Level::Element {
+                        errs.push(format!(
+                            "v{i} = {} {a}: needs an element value and exactly one reduce axis",
+                            op.name()
+                        ));
+                    } else if ins.dtype != DType::I64 {
+                        errs.push(format!("v{i} = {} gives i64, not {}", op.name(), ins.dtype));
+                    }
+                }
                 expr => {
                     let op = match expr {
                         Expr::Unary(u, _) => Op::Unary(*u),
                         Expr::Binary(b, _, _) => Op::Binary(*b),
                         Expr::Where(..) => Op::Where,
                         Expr::Cast(_) => Op::Cast { to: ins.dtype },
-                        Expr::Load { .. } | Expr::Const(_) => unreachable!("matched above"),
+                        Expr::Load { .. }
+                        | Expr::Const(_)
+                        | Expr::Reduce(..)
+                        | Expr::ArgReduce(..) => {
+                            unreachable!("matched above")
+                        }
                     };
                     let types: Vec<TensorType> = operands
                         .iter()
@@ -255,11 +459,14 @@ impl Kernel {
                             s.output, out.dtype, ins.dtype, s.value
                         ));
                     }
-                    if out.len != self.domain.numel() {
+                    // A store takes every position, or one per row for a row value.
+                    let per_row = levels[s.value.index()] == Level::Row && out.len == self.rows();
+                    if out.len != self.domain.numel() && !per_row {
                         errs.push(format!(
-                            "out{} holds {} elements, domain has {}",
+                            "out{} holds {} elements: {} needs {} (or one per row for a row value)",
                             s.output,
                             out.len,
+                            s.value,
                             self.domain.numel()
                         ));
                     }
@@ -284,15 +491,19 @@ impl Kernel {
 }
 
 impl fmt::Display for Kernel {
+    /// One line of header, the buffers, then one instruction a line; with reduce axes,
+    /// row values are marked `(row)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "kernel {}  domain={}  plan={}  ; {}",
-            self.name, self.domain, self.plan, self.plan_reason
-        )?;
+        write!(f, "kernel {}  domain={}", self.name, self.domain)?;
+        if !self.reduce_axes.is_empty() {
+            let axes: Vec<String> = self.reduce_axes.iter().map(ToString::to_string).collect();
+            write!(f, "  reduce=[{}]", axes.join(","))?;
+        }
+        writeln!(f, "  plan={}  ; {}", self.plan, self.plan_reason)?;
         for (i, b) in self.inputs.iter().enumerate() {
             writeln!(f, "  in{i}: {}[{}]", b.dtype, b.len)?;
         }
+        let levels = self.levels();
         for (i, ins) in self.body.iter().enumerate() {
             write!(f, "  v{i} = ")?;
             match &ins.expr {
@@ -302,16 +513,24 @@ impl fmt::Display for Kernel {
                 Expr::Binary(b, x, y) => write!(f, "{} {x}, {y}", b.name())?,
                 Expr::Where(c, a, b) => write!(f, "where {c}, {a}, {b}")?,
                 Expr::Cast(a) => write!(f, "cast {a}")?,
+                Expr::Reduce(acc, a) => write!(f, "reduce_{} {a}", acc.name())?,
+                Expr::ArgReduce(op, a) => write!(f, "{} {a}", op.name())?,
             }
-            writeln!(f, " : {}", ins.dtype)?;
+            write!(f, " : {}", ins.dtype)?;
+            if !self.reduce_axes.is_empty() && levels[i] == Level::Row {
+                f.write_str("  (row)")?;
+            }
+            writeln!(f)?;
         }
         for s in &self.stores {
-            let out = &self.outputs[s.output];
-            writeln!(
-                f,
-                "  out{} = {} : {}{}",
-                s.output, s.value, out.dtype, self.domain
-            )?;
+            match self.outputs.get(s.output) {
+                Some(out) => writeln!(
+                    f,
+                    "  out{} = {} : {}[{}]",
+                    s.output, s.value, out.dtype, out.len
+                )?,
+                None => writeln!(f, "  out{} = {} : <no such output>", s.output, s.value)?,
+            }
         }
         Ok(())
     }

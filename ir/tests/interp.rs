@@ -1605,6 +1605,7 @@ fn kernel(
                 output,
             })
             .collect(),
+        reduce_axes: Vec::new(),
         plan: Plan::Elementwise,
         plan_reason: "test".into(),
     }

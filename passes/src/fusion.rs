@@ -1,29 +1,45 @@
-//! Fusion and lowering: groups every connected DAG of element-wise ops into one kernel,
-//! folds views into the loads of the kernels that read them, and turns the result into a
-//! [`Schedule`].
+//! Fusion and lowering: groups the graph into the fewest kernels the rules allow, folds
+//! views into the loads of the kernels that read them, and turns the result into a
+//! [`Schedule`] of [`Kernel`] descriptions (see `ndfuse_ir::kernel` for the row program
+//! a kernel with reductions runs).
 //!
-//! The rules, in the order they are applied:
+//! A group has a *domain* (the shape of its element values) and, once it holds a
+//! reduction, *reduce axes*; each member is an element value or a row value. The rules,
+//! in the order they are applied:
 //!
-//! 1. Element-wise compute nodes (unary, binary, where, cast) join the group of their
-//!    element-wise operands, merging groups, as long as the merged group stays *convex*:
-//!    no path leaves it and comes back through another node (that would need the kernel
-//!    to wait for itself). A value with several users inside a group is computed once.
-//! 2. Sibling groups over the same domain merge (again only when convex): one launch
-//!    instead of several, and an input they share is read once.
-//! 3. Constants are never loaded: every kernel that reads one (directly or through
-//!    views) gets it as an immediate.
-//! 4. A view is an index map: a chain of views over a buffer becomes one [`View`] in the
-//!    reading kernel's load. When a reshape cannot be expressed over the strides it sees
-//!    (flattening a transpose), the view below it is copied into a buffer first.
-//! 5. A value is stored (a kernel boundary) when it is an output of the graph, when a
+//! 1. In topological order, an element-wise op (unary, binary, where, cast) joins the
+//!    groups of its operands, merging them, when they agree on domain and reduce axes
+//!    and the merged group stays *convex* (no path leaves it and comes back through
+//!    another node: the kernel would wait for itself). Its level follows its operands:
+//!    an element value if any operand is one, else a row value (an epilogue: mean's
+//!    divide, std's sqrt, softmax's log). A value with several users is computed once.
+//! 2. A reduction (or argmax/argmin) joins the group of its element-valued operand when
+//!    the group reduces the same axes or none yet (prologue fusion: `sum(exp(a*b+c))`),
+//!    and starts a group of its own otherwise.
+//! 3. A view of a row value that only adds or removes size-1 axes, or that broadcasts
+//!    the keepdims form back over the reduced axes, is the same value inside the kernel
+//!    (row-local fusion: softmax, log_softmax, layernorm, var and std are ONE kernel).
+//! 4. Sibling groups over the same domain and compatible reduce axes merge (again only
+//!    when convex): one launch instead of several, and an input they share is read once.
+//! 5. Constants are never loaded: every kernel that reads one gets it as an immediate.
+//! 6. Any other view is an index map: a chain of views over a buffer becomes one [`View`]
+//!    in the reading kernel's load. When a reshape cannot be expressed over the strides
+//!    it sees (flattening a transpose), the view below it is copied into a buffer first.
+//! 7. A value is stored (a kernel boundary) when it is an output of the graph, when a
 //!    node outside its kernel reads it, or when it is read through a view (the view
-//!    reads memory, not the registers of the kernel computing it).
-//! 6. Reductions are evaluated by the interpreter in this version; the fusion issue
-//!    moves them into kernels (prologue/epilogue fusion).
+//!    reads memory, not the registers of the kernel computing it). Each stored value
+//!    records why.
+//!
+//! Composite reductions lower to primitives: mean = sum / n; norm1 = sum |x|; norm2 =
+//! sqrt(sum x²); var = sum((x - mean)²) / n, two sweeps over a row rather than
+//! sum(x²)/n - mean², which cancels catastrophically when the mean is large against the
+//! spread; std = sqrt(var). Shared pieces (the sum inside mean and var) are emitted once.
 
+use crate::plan::{self, TargetDesc};
 use crate::schedule::{Placement, Schedule, Step};
 use ndfuse_ir::{
-    Buffer, Expr, Graph, Instr, Kernel, NodeId, Op, Plan, Scalar, Store, ValueId, View, ViewOp,
+    Accumulate, ArgReduceOp, BinaryOp, Buffer, DType, Expr, Graph, Instr, Kernel, Level, NodeId,
+    Op, ReduceOp, Scalar, Shape, Store, UnaryOp, ValueId, View, ViewOp,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -31,14 +47,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Role {
     Input,
-    /// Element-wise compute, member of group `.0`.
+    /// A member of group `.0` (`usize::MAX` while not yet placed).
     Member(usize),
     /// A constant: an immediate wherever it is read.
     Const,
-    /// A view: folded into loads unless it must be copied.
+    /// A view folded into loads (or copied, when it must be stored).
     View,
-    /// Evaluated on its own by the interpreter.
-    Interp,
 }
 
 /// Where a value read by a kernel comes from after folding views.
@@ -58,6 +72,23 @@ struct Group {
     /// Operands outside the group that have operands themselves: the only places a path
     /// that left the group could come back through.
     ext: Vec<NodeId>,
+    /// Shape of the group's element values.
+    domain: Shape,
+    /// Axes of `domain` reduced in the group, once it holds a reduction.
+    reduce: Option<Vec<usize>>,
+}
+
+impl Group {
+    /// Number of rows (kept positions) for `reduce` axes.
+    fn rows(&self, reduce: &[usize]) -> usize {
+        self.domain
+            .dims()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !reduce.contains(i))
+            .map(|(_, &d)| d)
+            .product()
+    }
 }
 
 struct Fuser<'g> {
@@ -66,25 +97,66 @@ struct Fuser<'g> {
     /// Topological position of every live node.
     pos: HashMap<NodeId, usize>,
     role: HashMap<NodeId, Role>,
+    /// The level of every group member.
+    level: HashMap<NodeId, Level>,
+    /// Members that are views of another member: the same value inside the kernel.
+    alias: HashMap<NodeId, NodeId>,
     groups: Vec<Group>,
     /// Nodes that must live in memory, with the first reason found.
     stored: BTreeMap<NodeId, String>,
     /// Views (and constants) copied into a buffer of their own.
     copies: BTreeSet<NodeId>,
+    target: TargetDesc,
+    /// Whether nodes may share kernels at all.
+    fuse: bool,
 }
 
-/// Fuses and lowers `g` (which must verify) into a schedule of kernels and interpreter
-/// steps for its outputs.
+/// Fuses and lowers `g` (which must verify) into a schedule of kernels for its outputs,
+/// with plans chosen for the CPU target.
 pub fn schedule(g: &Graph) -> Schedule {
-    let mut f = Fuser::new(g);
+    schedule_for(g, &TargetDesc::cpu())
+}
+
+/// [`schedule`] with plans chosen for `target`.
+pub fn schedule_for(g: &Graph, target: &TargetDesc) -> Schedule {
+    schedule_with(g, target, true)
+}
+
+/// [`schedule_for`], with fusion turned off when `fuse` is false
+/// (`NDFUSE_DISABLE_PASSES=fusion`): every op is its own kernel, views still fold into
+/// loads. For bisecting a wrong result to fusion, and for measuring what it buys.
+pub fn schedule_with(g: &Graph, target: &TargetDesc, fuse: bool) -> Schedule {
+    let mut f = Fuser::new(g, target.clone());
+    f.fuse = fuse;
     f.form_groups();
-    f.merge_siblings();
+    if fuse {
+        f.merge_siblings();
+    }
     f.mark_stores();
+    f.absorb_copies();
     f.lower()
 }
 
+/// `dims` without its size-1 axes: two shapes with equal results hold the same
+/// elements in the same order.
+fn strip_ones(s: &Shape) -> Vec<usize> {
+    s.dims().iter().copied().filter(|&d| d != 1).collect()
+}
+
+/// `domain` with every reduced axis set to 1: the keepdims shape of a row value.
+fn keepdims_shape(domain: &Shape, reduce: &[usize]) -> Shape {
+    Shape(
+        domain
+            .dims()
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| if reduce.contains(&i) { 1 } else { d })
+            .collect(),
+    )
+}
+
 impl<'g> Fuser<'g> {
-    fn new(g: &'g Graph) -> Fuser<'g> {
+    fn new(g: &'g Graph, target: TargetDesc) -> Fuser<'g> {
         let order = g.live_nodes();
         let pos = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
         let role = order
@@ -94,10 +166,12 @@ impl<'g> Fuser<'g> {
                     Op::Input { .. } => Role::Input,
                     Op::Const { .. } => Role::Const,
                     Op::View(_) => Role::View,
-                    Op::Reduce { .. } | Op::ArgReduce { .. } => Role::Interp,
-                    Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } => {
-                        Role::Member(usize::MAX)
-                    }
+                    Op::Unary(_)
+                    | Op::Binary(_)
+                    | Op::Where
+                    | Op::Cast { .. }
+                    | Op::Reduce { .. }
+                    | Op::ArgReduce { .. } => Role::Member(usize::MAX),
                 };
                 (n, r)
             })
@@ -107,9 +181,13 @@ impl<'g> Fuser<'g> {
             order,
             pos,
             role,
+            level: HashMap::new(),
+            alias: HashMap::new(),
             groups: Vec::new(),
             stored: BTreeMap::new(),
             copies: BTreeSet::new(),
+            target,
+            fuse: true,
         }
     }
 
@@ -120,38 +198,153 @@ impl<'g> Fuser<'g> {
         }
     }
 
-    /// Rule 1: grow groups in topological order.
+    /// Rules 1-3: grow groups in topological order.
     fn form_groups(&mut self) {
-        for &n in &self.order.clone() {
-            if !matches!(self.role[&n], Role::Member(_)) {
-                continue;
-            }
-            let mut cands: Vec<usize> = self
-                .g
-                .operands(n)
-                .into_iter()
-                .filter_map(|o| self.group_of(o))
-                .collect();
-            cands.sort_unstable();
-            cands.dedup();
-            // All operand groups at once, else the first that stays convex, else alone.
-            let join = if !cands.is_empty() && self.convex_union(&cands, Some(n)) {
-                Some(cands.clone())
-            } else {
-                cands
-                    .iter()
-                    .find(|&&c| self.convex_union(&[c], Some(n)))
-                    .map(|&c| vec![c])
-            };
-            match join {
-                Some(gs) => self.merge(&gs, Some(n)),
-                None => {
-                    self.groups.push(Group::default());
-                    self.merge(&[self.groups.len() - 1], Some(n));
+        for n in self.order.clone() {
+            let node = self.g.node(n);
+            match &node.op {
+                Op::Input { .. } | Op::Const { .. } => {}
+                Op::View(v) => self.try_alias(n, v),
+                Op::Reduce { axes, .. } => self.place_reduction(n, axes.clone()),
+                Op::ArgReduce { axis, .. } => self.place_reduction(n, vec![*axis]),
+                Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } => {
+                    self.place_elementwise(n)
                 }
             }
         }
         self.compact_groups();
+    }
+
+    /// Rule 1 for one element-wise node.
+    fn place_elementwise(&mut self, n: NodeId) {
+        let mut cands: Vec<usize> = self
+            .g
+            .operands(n)
+            .into_iter()
+            .filter_map(|o| self.group_of(o))
+            .collect();
+        cands.sort_unstable();
+        cands.dedup();
+        if !self.fuse {
+            cands.clear();
+        }
+        let fit = |f: &Self, gs: &[usize]| -> Option<(Level, Option<Vec<usize>>)> {
+            f.elementwise_fit(n, gs)
+                .filter(|_| f.convex_union(gs, Some(n)))
+        };
+        let choice = fit(self, &cands).map(|lv| (cands.clone(), lv)).or_else(|| {
+            cands
+                .iter()
+                .find_map(|&c| fit(self, &[c]).map(|lv| (vec![c], lv)))
+        });
+        match choice {
+            Some((gs, (level, reduce))) => {
+                self.merge(&gs, Some(n));
+                self.groups[gs[0]].reduce = reduce;
+                self.level.insert(n, level);
+            }
+            None => self.new_group(n, self.g.node(n).shape.clone(), None, Level::Element),
+        }
+    }
+
+    /// The level `n` would have in the union of groups `gs`, and the union's reduce
+    /// axes, when they are compatible (one domain, agreeing reduce axes) and `n` fits.
+    fn elementwise_fit(&self, n: NodeId, gs: &[usize]) -> Option<(Level, Option<Vec<usize>>)> {
+        let first = self.groups.get(*gs.first()?)?;
+        let mut reduce: Option<Vec<usize>> = None;
+        for &gi in gs {
+            let grp = &self.groups[gi];
+            if grp.domain != first.domain {
+                return None;
+            }
+            match (&reduce, &grp.reduce) {
+                (Some(a), Some(b)) if a != b => return None,
+                (None, Some(b)) => reduce = Some(b.clone()),
+                _ => {}
+            }
+        }
+        let shape = &self.g.node(n).shape;
+        let in_group: Vec<Level> = self
+            .g
+            .operands(n)
+            .into_iter()
+            .filter(|o| self.group_of(*o).is_some_and(|g| gs.contains(&g)))
+            .map(|o| self.level[&o])
+            .collect();
+        if in_group.contains(&Level::Element) {
+            (shape == &first.domain).then_some((Level::Element, reduce))
+        } else {
+            let rows = first.rows(reduce.as_deref()?);
+            (shape.numel() == rows).then_some((Level::Row, reduce))
+        }
+    }
+
+    /// Rule 2 for a reduction (or argmax/argmin) over `axes` of its operand.
+    fn place_reduction(&mut self, n: NodeId, axes: Vec<usize>) {
+        let o = self.g.operands(n)[0];
+        let joins = self.group_of(o).filter(|_| self.fuse).filter(|&gi| {
+            let grp = &self.groups[gi];
+            self.level[&o] == Level::Element
+                && grp.domain == self.g.node(o).shape
+                && grp.reduce.as_ref().is_none_or(|r| *r == axes)
+                && self.convex_union(&[gi], Some(n))
+        });
+        match joins {
+            Some(gi) => {
+                self.merge(&[gi], Some(n));
+                self.groups[gi].reduce = Some(axes);
+                self.level.insert(n, Level::Row);
+            }
+            None => {
+                let domain = self.g.node(o).shape.clone();
+                self.new_group(n, domain, Some(axes), Level::Row);
+            }
+        }
+    }
+
+    /// Rule 3: a view of a row value that stays the same value inside its kernel.
+    fn try_alias(&mut self, n: NodeId, v: &ViewOp) {
+        let o = self.g.operands(n)[0];
+        let Some(gi) = self.group_of(o).filter(|_| self.fuse) else {
+            return;
+        };
+        if self.level[&o] != Level::Row {
+            return;
+        }
+        let grp = &self.groups[gi];
+        let Some(reduce) = &grp.reduce else { return };
+        let (shape, from) = (&self.g.node(n).shape, &self.g.node(o).shape);
+        let level = match v {
+            // keepdims row value broadcast back over the reduced axes.
+            ViewOp::BroadcastTo(_)
+                if shape == &grp.domain && from == &keepdims_shape(&grp.domain, reduce) =>
+            {
+                Level::Element
+            }
+            // Adding or removing size-1 axes keeps one value per row, in row order.
+            ViewOp::Reshape(_) | ViewOp::ExpandDims(_) | ViewOp::Squeeze(_)
+                if strip_ones(shape) == strip_ones(from) =>
+            {
+                Level::Row
+            }
+            _ => return,
+        };
+        if self.convex_union(&[gi], Some(n)) {
+            self.role.insert(n, Role::Member(usize::MAX));
+            self.merge(&[gi], Some(n));
+            self.level.insert(n, level);
+            self.alias.insert(n, o);
+        }
+    }
+
+    fn new_group(&mut self, n: NodeId, domain: Shape, reduce: Option<Vec<usize>>, level: Level) {
+        self.groups.push(Group {
+            domain,
+            reduce,
+            ..Group::default()
+        });
+        self.merge(&[self.groups.len() - 1], Some(n));
+        self.level.insert(n, level);
     }
 
     /// Drops groups emptied by merges and renumbers the rest.
@@ -173,21 +366,34 @@ impl<'g> Fuser<'g> {
         }
     }
 
-    /// Rule 2: merges groups of one domain, in graph order, whenever convex.
+    /// Rule 4: merges groups of one domain and compatible reduce axes, in graph order,
+    /// whenever convex.
     fn merge_siblings(&mut self) {
-        let mut buckets: Vec<(ndfuse_ir::Shape, Vec<usize>)> = Vec::new();
+        let mut buckets: Vec<(Shape, Vec<usize>)> = Vec::new();
         for gi in 0..self.groups.len() {
-            let shape = &self.g.node(self.groups[gi].members[0]).shape;
-            match buckets.iter_mut().find(|(s, _)| s == shape) {
+            let domain = &self.groups[gi].domain;
+            match buckets.iter_mut().find(|(s, _)| s == domain) {
                 Some((_, v)) => v.push(gi),
-                None => buckets.push((shape.clone(), vec![gi])),
+                None => buckets.push((domain.clone(), vec![gi])),
             }
         }
         for (_, bucket) in buckets {
             let mut kept: Vec<usize> = Vec::new();
             for gi in bucket {
-                match kept.iter().find(|&&k| self.convex_union(&[k, gi], None)) {
-                    Some(&k) => self.merge(&[k, gi], None),
+                let target = kept.iter().copied().find(|&k| {
+                    let (a, b) = (&self.groups[k].reduce, &self.groups[gi].reduce);
+                    let compatible = a.is_none() || b.is_none() || a == b;
+                    compatible && self.convex_union(&[k, gi], None)
+                });
+                match target {
+                    Some(k) => {
+                        let reduce = self.groups[k]
+                            .reduce
+                            .clone()
+                            .or_else(|| self.groups[gi].reduce.clone());
+                        self.merge(&[k, gi], None);
+                        self.groups[k].reduce = reduce;
+                    }
                     None => kept.push(gi),
                 }
             }
@@ -201,10 +407,10 @@ impl<'g> Fuser<'g> {
     }
 
     /// Whether the groups `gs` and the node `extra` together are convex: no path leaves
-    /// the set and comes back into it (the kernel would wait for itself). Such a path
-    /// re-enters through an operand outside the set that descends from the set, so a
-    /// backward search from those operands (each group keeps the candidates in `ext`)
-    /// decides it, and may stop at nodes placed before the set.
+    /// the set and comes back into it. Such a path re-enters through an operand outside
+    /// the set that descends from the set, so a backward search from those operands
+    /// (each group keeps the candidates in `ext`) decides it, and may stop at nodes
+    /// placed before the set.
     fn convex_union(&self, gs: &[usize], extra: Option<NodeId>) -> bool {
         let min = gs
             .iter()
@@ -271,29 +477,21 @@ impl<'g> Fuser<'g> {
         self.stored.entry(n).or_insert(why);
     }
 
-    /// Rule 4 (and rule 3's copies): decides which nodes need buffers. Runs to a fixed
+    /// Rule 7 (and rule 6's copies): decides which nodes need buffers. Runs to a fixed
     /// point because resolving a view may ask for a copy below it.
     fn mark_stores(&mut self) {
         for &o in self.g.outputs() {
             self.store(o, "output of the graph".into());
         }
         for n in self.order.clone() {
-            if self.role[&n] == Role::Interp {
-                for o in self.g.operands(n) {
-                    let why = format!("read by {} outside this kernel", self.g.node(n).op.name());
-                    self.store(o, why);
-                }
-            }
-            if let Some(gi) = self.group_of(n) {
-                for u in self.g.users(n) {
-                    match self.role[&u] {
-                        Role::Member(ug) if ug == gi => {}
-                        Role::View => self.store(n, "read through a view".into()),
-                        _ => {
-                            let why =
-                                format!("read by {} outside this kernel", self.g.node(u).op.name());
-                            self.store(n, why);
-                        }
+            let Some(gi) = self.group_of(n) else { continue };
+            for u in self.g.users(n) {
+                match self.role[&u] {
+                    Role::Member(ug) if ug == gi => {}
+                    Role::View => self.store(n, "read through a view".into()),
+                    _ => {
+                        let why = format!("read by {} in another kernel", self.g.node(u).op.name());
+                        self.store(n, why);
                     }
                 }
             }
@@ -308,8 +506,8 @@ impl<'g> Fuser<'g> {
                     self.resolve_below(n);
                 }
             }
-            for &n in &self.order.clone() {
-                if self.group_of(n).is_some() {
+            for n in self.order.clone() {
+                if self.group_of(n).is_some() && !self.alias.contains_key(&n) {
                     for o in self.g.operands(n) {
                         if self.group_of(o) != self.group_of(n) {
                             self.resolve(o);
@@ -320,6 +518,40 @@ impl<'g> Fuser<'g> {
             if (self.stored.len(), self.copies.len()) == before {
                 break;
             }
+        }
+    }
+
+    /// Makes every copy (a stored view or constant) a member: of a same-domain group when
+    /// that stays convex and the group does not write the buffer the copy reads (a kernel
+    /// cannot read its own output), else of a group of its own. One launch then writes
+    /// both, say, `x.T` and `c - x.T`.
+    fn absorb_copies(&mut self) {
+        for c in self.copies.clone() {
+            let domain = self.g.node(c).shape.clone();
+            let base = match self.resolve_below(c) {
+                Source::Buffer { base, .. } => Some(base),
+                Source::Const(_) => None,
+            };
+            self.role.insert(c, Role::Member(usize::MAX));
+            let target = (0..self.groups.len()).find(|&gi| {
+                let grp = &self.groups[gi];
+                self.fuse
+                    && !grp.members.is_empty()
+                    && grp.domain == domain
+                    && base.is_none_or(|b| self.group_of(b) != Some(gi))
+                    && self.convex_union(&[gi], Some(c))
+            });
+            match target {
+                Some(gi) => self.merge(&[gi], Some(c)),
+                None => {
+                    self.groups.push(Group {
+                        domain,
+                        ..Group::default()
+                    });
+                    self.merge(&[self.groups.len() - 1], Some(c));
+                }
+            }
+            self.level.insert(c, Level::Element);
         }
     }
 
@@ -336,14 +568,14 @@ impl<'g> Fuser<'g> {
     fn resolve_below(&mut self, n: NodeId) -> Source {
         match (&self.g.node(n).op, self.role[&n]) {
             (Op::Const { value }, _) => Source::Const(*value),
-            (Op::View(v), _) => {
+            (Op::View(v), role) if role == Role::View || self.copies.contains(&n) => {
                 let operand = self.g.operands(n)[0];
                 match self.resolve(operand) {
                     Source::Const(c) => Source::Const(c),
                     Source::Buffer { base, view } => match apply_view(&view, v) {
                         Some(view) => Source::Buffer { base, view },
                         None => {
-                            // Rule 3: the reshape needs its operand contiguous.
+                            // Rule 6: the reshape needs its operand contiguous.
                             self.store(
                                 operand,
                                 "reshaped in a way its strides cannot express".into(),
@@ -378,44 +610,14 @@ impl<'g> Fuser<'g> {
 
     /// Builds the steps in dependency order.
     fn lower(mut self) -> Schedule {
-        // Units: groups, copies and interp nodes, each keyed by its first node in
-        // topological order so that the schedule follows the graph.
-        let pos = &self.pos;
-        enum Unit {
-            Group(usize),
-            Copy(NodeId),
-            Interp(NodeId),
-        }
-        let mut units: Vec<(usize, Unit)> = Vec::new();
-        for (gi, grp) in self.groups.iter().enumerate() {
-            units.push((grp.min_pos, Unit::Group(gi)));
-        }
-        for &c in &self.copies {
-            units.push((pos[&c], Unit::Copy(c)));
-        }
-        for &n in &self.order {
-            if self.role[&n] == Role::Interp {
-                units.push((pos[&n], Unit::Interp(n)));
-            }
-        }
-        // Lower every unit, then order them so each runs after what it reads.
+        // Units: groups and copies, each keyed by its first node in topological order so
+        // that the schedule follows the graph.
         let mut lowered: Vec<(usize, Step)> = Vec::new();
-        for (first, unit) in units {
-            let step = match unit {
-                Unit::Group(gi) => self.lower_group(gi),
-                Unit::Copy(n) => self.lower_copy(n),
-                Unit::Interp(n) => {
-                    let what = self.g.node(n).op.name();
-                    Step::Interp {
-                        node: n,
-                        operands: self.g.operands(n),
-                        reason: format!("{what} is not compiled into kernels yet"),
-                    }
-                }
-            };
-            lowered.push((first, step));
+        for gi in 0..self.groups.len() {
+            let first = self.groups[gi].min_pos;
+            lowered.push((first, self.lower_group(gi)));
         }
-        let steps = order_steps(lowered, self.g);
+        let mut steps = order_steps(lowered, self.g);
         let mut placement: HashMap<NodeId, Placement> = self
             .g
             .node_ids()
@@ -426,29 +628,11 @@ impl<'g> Fuser<'g> {
             let p = match self.role[&n] {
                 Role::Input => Placement::Input,
                 Role::Const | Role::View => Placement::Folded,
-                Role::Member(_) | Role::Interp => continue,
+                Role::Member(_) => continue,
             };
             placement.insert(n, p);
         }
-        for (si, step) in steps.iter().enumerate() {
-            match step {
-                Step::Kernel { outputs, .. } => {
-                    for &o in outputs {
-                        placement.insert(
-                            o,
-                            Placement::InKernel {
-                                step: si,
-                                stored: self.stored.get(&o).cloned(),
-                            },
-                        );
-                    }
-                }
-                Step::Interp { node, .. } => {
-                    placement.insert(*node, Placement::Interp { step: si });
-                }
-            }
-        }
-        // Members that are not stored live in the step of their group's stores.
+        // Every member lives in the step of its group; stored ones say why.
         let mut group_step: HashMap<usize, usize> = HashMap::new();
         for (si, step) in steps.iter().enumerate() {
             if let Step::Kernel { outputs, .. } = step {
@@ -456,6 +640,13 @@ impl<'g> Fuser<'g> {
                     if let Some(gi) = self.group_of(o) {
                         group_step.insert(gi, si);
                     }
+                    placement.insert(
+                        o,
+                        Placement::InKernel {
+                            step: si,
+                            stored: self.stored.get(&o).cloned(),
+                        },
+                    );
                 }
             }
         }
@@ -477,7 +668,6 @@ impl<'g> Fuser<'g> {
         }
         // Kernel names carry their final position.
         let mut k = 0;
-        let mut steps = steps;
         for s in &mut steps {
             if let Step::Kernel { kernel, .. } = s {
                 kernel.name = format!("k{k}_{}", kernel.name);
@@ -489,13 +679,37 @@ impl<'g> Fuser<'g> {
 
     fn lower_group(&mut self, gi: usize) -> Step {
         let mut ordered = self.groups[gi].members.clone();
-        let domain = self.g.node(ordered[0]).shape.clone();
-        let mut kb = KernelBuilder::default();
+        ordered.sort_by_key(|m| self.pos[m]);
+        let domain = self.groups[gi].domain.clone();
+        let reduce = self.groups[gi].reduce.clone().unwrap_or_default();
+        let mut kb = KernelBuilder::new(domain.clone(), reduce.clone());
         let mut value: HashMap<NodeId, ValueId> = HashMap::new();
         let mut names: Vec<&'static str> = Vec::new();
-        ordered.sort_by_key(|m| self.pos[m]);
         for &m in &ordered {
+            if let Some(o) = self.alias.get(&m) {
+                value.insert(m, value[o]);
+                continue;
+            }
+            if self.copies.contains(&m) {
+                // A copy: the view (or constant) read through to its source.
+                let src = self.resolve_below(m);
+                let node = self.g.node(m);
+                value.insert(m, kb.source(src, node.dtype, Level::Element, self.g));
+                names.push(if matches!(node.op, Op::Const { .. }) {
+                    "fill"
+                } else {
+                    "copy"
+                });
+                continue;
+            }
             let node = self.g.node(m);
+            let level = self.level[&m];
+            // A reduction reads element values; anything else reads at its own level.
+            let operand_level = if node.op.is_reduce() {
+                Level::Element
+            } else {
+                level
+            };
             let args: Vec<ValueId> = self
                 .g
                 .operands(m)
@@ -504,50 +718,38 @@ impl<'g> Fuser<'g> {
                     Some(&v) => v,
                     None => {
                         let src = self.resolve(o);
-                        kb.source(src, self.g.node(o).dtype, self.g)
+                        kb.source(src, self.g.node(o).dtype, operand_level, self.g)
                     }
                 })
                 .collect();
-            let expr = match &node.op {
-                Op::Unary(u) => Expr::Unary(*u, args[0]),
-                Op::Binary(b) => Expr::Binary(*b, args[0], args[1]),
-                Op::Where => Expr::Where(args[0], args[1], args[2]),
-                Op::Cast { .. } => Expr::Cast(args[0]),
-                other => unreachable!(
-                    "group member {} is element-wise (a bug otherwise)",
-                    other.name()
-                ),
+            let v = match &node.op {
+                Op::Unary(u) => kb.push(node.dtype, Expr::Unary(*u, args[0])),
+                Op::Binary(b) => kb.push(node.dtype, Expr::Binary(*b, args[0], args[1])),
+                Op::Where => kb.push(node.dtype, Expr::Where(args[0], args[1], args[2])),
+                Op::Cast { .. } => kb.push(node.dtype, Expr::Cast(args[0])),
+                Op::Reduce { op, .. } => {
+                    let from = self.g.node(self.g.operands(m)[0]).dtype;
+                    kb.reduce(*op, args[0], from, node.dtype)
+                }
+                Op::ArgReduce { op, .. } => kb.arg_reduce(*op, args[0]),
+                other => unreachable!("group member {} is fusible (a bug otherwise)", other.name()),
             };
             if !matches!(node.op, Op::Cast { .. }) {
                 names.push(node.op.name());
             }
-            value.insert(m, kb.push(node.dtype, expr));
+            value.insert(m, v);
         }
         let mut outputs = Vec::new();
         for &m in &ordered {
             if self.stored.contains_key(&m) {
-                kb.store(value[&m], self.g.node(m).dtype, domain.numel());
+                kb.store(value[&m], self.g.node(m).dtype, self.level[&m]);
                 outputs.push(m);
             }
         }
         if names.is_empty() {
-            names.push("cast");
+            names.push("copy");
         }
-        kb.finish(&names, domain, outputs)
-    }
-
-    fn lower_copy(&mut self, n: NodeId) -> Step {
-        let node = self.g.node(n);
-        let src = self.resolve_below(n);
-        let mut kb = KernelBuilder::default();
-        let v = kb.source(src, node.dtype, self.g);
-        kb.store(v, node.dtype, node.shape.numel());
-        let name = if matches!(node.op, Op::Const { .. }) {
-            "fill"
-        } else {
-            "copy"
-        };
-        kb.finish(&[name], node.shape.clone(), vec![n])
+        kb.finish(&names, outputs, &self.target)
     }
 }
 
@@ -594,43 +796,109 @@ fn order_steps(mut lowered: Vec<(usize, Step)>, g: &Graph) -> Vec<Step> {
         .collect()
 }
 
-/// Accumulates one kernel: deduplicated buffers and loads, SSA body, stores.
-#[derive(Default)]
+/// Accumulates one kernel: deduplicated buffers and loads, SSA body with levels, stores.
 struct KernelBuilder {
+    domain: Shape,
+    reduce_axes: Vec<usize>,
     inputs: Vec<NodeId>,
     buffers: Vec<Buffer>,
     body: Vec<Instr>,
+    levels: Vec<Level>,
     memo: HashMap<Instr, ValueId>,
     outputs: Vec<Buffer>,
     stores: Vec<Store>,
 }
 
 impl KernelBuilder {
-    fn push(&mut self, dtype: ndfuse_ir::DType, expr: Expr) -> ValueId {
+    fn new(domain: Shape, reduce_axes: Vec<usize>) -> KernelBuilder {
+        KernelBuilder {
+            domain,
+            reduce_axes,
+            inputs: Vec::new(),
+            buffers: Vec::new(),
+            body: Vec::new(),
+            levels: Vec::new(),
+            memo: HashMap::new(),
+            outputs: Vec::new(),
+            stores: Vec::new(),
+        }
+    }
+
+    fn row_len(&self) -> usize {
+        self.reduce_axes
+            .iter()
+            .map(|&a| self.domain.dims()[a])
+            .product()
+    }
+
+    fn rows(&self) -> usize {
+        (0..self.domain.rank())
+            .filter(|a| !self.reduce_axes.contains(a))
+            .map(|a| self.domain.dims()[a])
+            .product()
+    }
+
+    fn push(&mut self, dtype: DType, expr: Expr) -> ValueId {
         let ins = Instr { dtype, expr };
         if let Some(&v) = self.memo.get(&ins) {
             return v;
         }
+        // Same rule as Kernel::levels, kept as the body grows.
+        let level = match &ins.expr {
+            Expr::Const(_) | Expr::Reduce(..) | Expr::ArgReduce(..) => Level::Row,
+            Expr::Load { view, .. } => {
+                let still = !self.reduce_axes.is_empty()
+                    && self
+                        .reduce_axes
+                        .iter()
+                        .all(|&a| view.shape.dims()[a] == 1 || view.strides[a] == 0);
+                if still {
+                    Level::Row
+                } else {
+                    Level::Element
+                }
+            }
+            e => {
+                if Kernel::operands(e)
+                    .iter()
+                    .any(|v| self.levels[v.index()] == Level::Element)
+                {
+                    Level::Element
+                } else {
+                    Level::Row
+                }
+            }
+        };
         let v = ValueId(
             u32::try_from(self.body.len()).expect("kernels have fewer than 2^32 instructions"),
         );
         self.memo.insert(ins.clone(), v);
         self.body.push(ins);
+        self.levels.push(level);
         v
     }
 
-    fn source(&mut self, src: Source, dtype: ndfuse_ir::DType, g: &Graph) -> ValueId {
+    /// A value read from outside the kernel at `level`: a row value's source has the
+    /// row shape, so its index map is stretched over the domain (stride 0 along the
+    /// reduced axes).
+    fn source(&mut self, src: Source, dtype: DType, level: Level, g: &Graph) -> ValueId {
         match src {
             Source::Const(c) => self.push(dtype, Expr::Const(c)),
             Source::Buffer { base, view } => {
+                let view = if level == Level::Row && !self.reduce_axes.is_empty() {
+                    view.reshape(&keepdims_shape(&self.domain, &self.reduce_axes))
+                        .expect("a row shape differs from the keepdims shape only by size-1 axes")
+                        .broadcast_to(&self.domain)
+                } else {
+                    view
+                };
                 let input = match self.inputs.iter().position(|&b| b == base) {
                     Some(i) => i,
                     None => {
-                        let node = g.node(base);
                         self.inputs.push(base);
                         self.buffers.push(Buffer {
-                            dtype: node.dtype,
-                            len: node.shape.numel(),
+                            dtype,
+                            len: g.node(base).shape.numel(),
                         });
                         self.inputs.len() - 1
                     }
@@ -640,7 +908,99 @@ impl KernelBuilder {
         }
     }
 
-    fn store(&mut self, value: ValueId, dtype: ndfuse_ir::DType, len: usize) {
+    /// `x * n` or `x / n` (n = the row length) computed in `x`'s compute dtype, so a
+    /// count too large for a half type stays exact.
+    fn by_count(&mut self, x: ValueId, dtype: DType, op: BinaryOp) -> ValueId {
+        let n = self.row_len();
+        if dtype.is_int() {
+            let c = self.push(dtype, Expr::Const(Scalar::I(n as i64)));
+            return self.push(dtype, Expr::Binary(op, x, c));
+        }
+        let cd = dtype.compute_dtype();
+        let x = if cd == dtype {
+            x
+        } else {
+            self.push(cd, Expr::Cast(x))
+        };
+        let c = self.push(cd, Expr::Const(Scalar::F(n as f64).cast(cd)));
+        let r = self.push(cd, Expr::Binary(op, x, c));
+        if cd == dtype {
+            r
+        } else {
+            self.push(dtype, Expr::Cast(r))
+        }
+    }
+
+    /// A primitive reduction of `x`; a row value (the same along the row) folds to what
+    /// combining `n` copies gives.
+    fn accumulate(&mut self, acc: Accumulate, x: ValueId, dtype: DType) -> ValueId {
+        if self.levels[x.index()] == Level::Element {
+            return self.push(dtype, Expr::Reduce(acc, x));
+        }
+        match acc {
+            Accumulate::Sum => self.by_count(x, dtype, BinaryOp::Mul),
+            Accumulate::Prod => self.by_count(x, dtype, BinaryOp::Pow),
+            Accumulate::Max | Accumulate::Min => x,
+        }
+    }
+
+    /// The graph reduction `op` of `x` (of dtype `from`) giving dtype `to`, lowered to
+    /// primitives (see the module docs).
+    fn reduce(&mut self, op: ReduceOp, x: ValueId, from: DType, to: DType) -> ValueId {
+        let x = if from == to {
+            x
+        } else {
+            self.push(to, Expr::Cast(x))
+        };
+        let d = to;
+        match op {
+            ReduceOp::Sum => self.accumulate(Accumulate::Sum, x, d),
+            ReduceOp::Prod => self.accumulate(Accumulate::Prod, x, d),
+            ReduceOp::Max => self.accumulate(Accumulate::Max, x, d),
+            ReduceOp::Min => self.accumulate(Accumulate::Min, x, d),
+            ReduceOp::Mean => {
+                let s = self.accumulate(Accumulate::Sum, x, d);
+                self.by_count(s, d, BinaryOp::Div)
+            }
+            ReduceOp::Norm1 => {
+                let a = self.push(d, Expr::Unary(UnaryOp::Abs, x));
+                self.accumulate(Accumulate::Sum, a, d)
+            }
+            ReduceOp::Norm2 => {
+                let sq = self.push(d, Expr::Unary(UnaryOp::Square, x));
+                let s = self.accumulate(Accumulate::Sum, sq, d);
+                self.push(d, Expr::Unary(UnaryOp::Sqrt, s))
+            }
+            ReduceOp::Var | ReduceOp::Std => {
+                let mean = self.reduce(ReduceOp::Mean, x, d, d);
+                let dev = self.push(d, Expr::Binary(BinaryOp::Sub, x, mean));
+                let sq = self.push(d, Expr::Unary(UnaryOp::Square, dev));
+                let s = self.accumulate(Accumulate::Sum, sq, d);
+                let var = self.by_count(s, d, BinaryOp::Div);
+                if op == ReduceOp::Std {
+                    self.push(d, Expr::Unary(UnaryOp::Sqrt, var))
+                } else {
+                    var
+                }
+            }
+        }
+    }
+
+    /// argmax/argmin of `x`; the first position (0) for a row value.
+    fn arg_reduce(&mut self, op: ArgReduceOp, x: ValueId) -> ValueId {
+        if self.levels[x.index()] == Level::Row {
+            return self.push(DType::I64, Expr::Const(Scalar::I(0)));
+        }
+        self.push(DType::I64, Expr::ArgReduce(op, x))
+    }
+
+    /// Stores `value` for a node of `level`: an element node gets every position (a
+    /// broadcast row value included), a row node one element per row.
+    fn store(&mut self, value: ValueId, dtype: DType, level: Level) {
+        let len = match level {
+            Level::Element => self.domain.numel(),
+            Level::Row => self.rows(),
+        };
         self.outputs.push(Buffer { dtype, len });
         self.stores.push(Store {
             value,
@@ -648,7 +1008,7 @@ impl KernelBuilder {
         });
     }
 
-    fn finish(self, names: &[&str], domain: ndfuse_ir::Shape, outputs: Vec<NodeId>) -> Step {
+    fn finish(self, names: &[&str], outputs: Vec<NodeId>, target: &TargetDesc) -> Step {
         // Readable, stable names: the first few ops, then how many more (`mul_add_exp_etc3`).
         const SHOWN: usize = 4;
         let mut name = names
@@ -660,15 +1020,17 @@ impl KernelBuilder {
         if names.len() > SHOWN {
             name.push_str(&format!("_etc{}", names.len() - SHOWN));
         }
+        let (plan, plan_reason) = plan::choose(&self.domain, &self.reduce_axes, target);
         let kernel = Kernel {
             name,
-            domain,
+            domain: self.domain,
+            reduce_axes: self.reduce_axes,
             inputs: self.buffers,
             outputs: self.outputs,
             body: self.body,
             stores: self.stores,
-            plan: Plan::Elementwise,
-            plan_reason: "element-wise: one flat index space".into(),
+            plan,
+            plan_reason,
         };
         Step::Kernel {
             kernel,

@@ -1,15 +1,33 @@
 //! # ndfuse-passes
 //!
-//! Turns a verified graph into a [`Schedule`]: the fewest kernels the current fusion
-//! rules allow, each a [`ndfuse_ir::Kernel`] description that every codegen consumes as
-//! is, plus the nodes that still run in the reference interpreter.
-//!
-//! This version fuses element-wise DAGs (with views folded into loads) into one kernel
-//! each; reductions run in the interpreter. The pass manager, clean-up passes,
-//! reduction fusion and parallel plans grow here (see `fusion.rs` for the rules).
+//! Turns a verified graph into a [`Schedule`]: the fewest kernels the fusion rules
+//! allow, each a [`ndfuse_ir::Kernel`] description (with its parallel plan) that every
+//! codegen consumes as is. Clean-up passes run first under the pass manager
+//! ([`optimize`]); fusion (`fusion.rs`, with its rules) and plan choice (`plan.rs`) then
+//! lower the graph.
 
+pub mod cse;
+pub mod dce;
+pub mod fold;
 pub mod fusion;
+pub mod manager;
+pub mod pipeline;
+mod rewrite;
 pub mod schedule;
+pub mod simplify;
+pub mod views;
 
-pub use fusion::schedule;
+pub use cse::Cse;
+pub use dce::Dce;
+pub use fold::Fold;
+pub use fusion::{schedule, schedule_for, schedule_with};
+pub mod plan;
+pub use manager::{
+    optimize, Pass, PassCx, PassError, PassLog, PassManager, PassOptions, PassRecord, PassStatus,
+    LATER_STAGES,
+};
+pub use pipeline::pipeline;
+pub use plan::TargetDesc;
 pub use schedule::{Placement, Schedule, Step};
+pub use simplify::Simplify;
+pub use views::Views;

@@ -7,6 +7,9 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 /// One unit of work, in execution order.
+// A schedule holds a handful of steps, built once per compile: boxing the kernel would
+// only add an indirection to every match.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
     /// A fused kernel. `inputs[i]` is the graph node whose buffer feeds

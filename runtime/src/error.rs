@@ -40,4 +40,17 @@ pub enum RuntimeError {
     /// CPU code generation or a JIT call failed.
     #[error(transparent)]
     Codegen(#[from] ndfuse_codegen_cpu::CodegenError),
+    /// A pass failed (or broke the graph, which the pass manager caught).
+    #[error(transparent)]
+    Pass(#[from] ndfuse_passes::PassError),
+    /// An environment variable has a value that does not parse.
+    #[error("{var}={value:?}: {why}")]
+    Env {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What was expected.
+        why: String,
+    },
 }

@@ -5,7 +5,7 @@ use crate::error::RuntimeError;
 use ndfuse_codegen_cpu::CompiledKernel;
 use ndfuse_ir::interp;
 use ndfuse_ir::{verify, Graph, HostArray, Kernel, NodeId, Op, TensorType};
-use ndfuse_passes::{Schedule, Step};
+use ndfuse_passes::{PassLog, Schedule, Step};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -54,6 +54,17 @@ pub enum StepPath {
     Interp,
 }
 
+impl StepPath {
+    /// The path without its reason, for notes repeated on every node of a kernel.
+    pub fn short(&self) -> &'static str {
+        match self {
+            StepPath::Jit { cached: false } => "jit",
+            StepPath::Jit { cached: true } => "jit, cached",
+            StepPath::KernelInterp { .. } | StepPath::Interp => "interp",
+        }
+    }
+}
+
 impl std::fmt::Display for StepPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -72,6 +83,11 @@ pub struct Evaluation {
     pub outputs: Vec<HostArray>,
     /// The backend that ran.
     pub backend: BackendKind,
+    /// The graph that ran: after the clean-up passes on a compiling backend, the graph
+    /// as given on the interpreter.
+    pub graph: Graph,
+    /// What each pass did (absent for the interpreter backend, which runs none).
+    pub passes: Option<PassLog>,
     /// The schedule (absent for the interpreter backend, which does not fuse).
     pub schedule: Option<Schedule>,
     /// How each step ran, parallel to `schedule.steps`.
@@ -83,10 +99,11 @@ pub struct Evaluation {
 }
 
 impl Evaluation {
-    /// The graph's text form with, after each node, its kernel and the path it took.
-    pub fn annotated_graph(&self, g: &Graph) -> String {
+    /// The graph that ran, with, after each node, its kernel and the path it took.
+    pub fn annotated_graph(&self) -> String {
+        let g = &self.graph;
         match &self.schedule {
-            Some(s) => s.annotate(g, &|i| self.paths.get(i).map(ToString::to_string)),
+            Some(s) => s.annotate(g, &|i| self.paths.get(i).map(|p| p.short().to_string())),
             None => g.to_text_with(&|id| (!g.node(id).op.is_input()).then(|| "interp".to_string())),
         }
     }
@@ -146,6 +163,8 @@ pub fn execute(
             Ok(Evaluation {
                 outputs,
                 backend,
+                graph: g.clone(),
+                passes: None,
                 schedule: None,
                 paths: Vec::new(),
                 compile_time: Duration::ZERO,
@@ -172,11 +191,28 @@ impl Buf<'_> {
     }
 }
 
+/// The clean-up passes on a copy of `g`, then fusion: the graph that runs, what each
+/// pass did, and the schedule. Input nodes keep their ids, so bindings stay valid.
+/// The IR after each pass is recorded when `record_ir` (for `explain`) or when a dump or
+/// debug level asks for it: printing a large graph after every pass of every eval
+/// would cost more than the passes.
+fn compile(g: &Graph, record_ir: bool) -> Result<(Graph, PassLog, Schedule), RuntimeError> {
+    let mut opts = crate::env::pass_options()?;
+    opts.record_ir = record_ir || opts.debug_level >= 3 || opts.dump_dir.is_some();
+    let mut optimized = g.clone();
+    let log = ndfuse_passes::optimize(&mut optimized, &opts)?;
+    let fuse = !opts.disabled.iter().any(|p| p == "fusion");
+    let schedule =
+        ndfuse_passes::schedule_with(&optimized, &ndfuse_passes::TargetDesc::cpu(), fuse);
+    Ok((optimized, log, schedule))
+}
+
 fn run_cpu(
     g: &Graph,
     inputs: &HashMap<NodeId, Arc<HostArray>>,
 ) -> Result<Evaluation, RuntimeError> {
-    let schedule = ndfuse_passes::schedule(g);
+    let (optimized, passes, schedule) = compile(g, false)?;
+    let g = &optimized;
     // The last step that reads each buffer: it is dropped right after.
     let mut last_read: HashMap<NodeId, usize> = HashMap::new();
     for (i, s) in schedule.steps.iter().enumerate() {
@@ -207,7 +243,15 @@ fn run_cpu(
                 let (results, path, compiled_in) = run_kernel(kernel, &args)?;
                 compile_time += compiled_in;
                 run_time += start.elapsed().saturating_sub(compiled_in);
-                (outs.iter().copied().zip(results).collect::<Vec<_>>(), path)
+                // A kernel writes flat buffers; each takes its node's shape.
+                let shaped = outs.iter().zip(results).map(|(&n, a)| {
+                    let shape = g.node(n).shape.clone();
+                    let a = a
+                        .reshaped(shape)
+                        .expect("a kernel output holds its node's element count (a scheduling bug otherwise)");
+                    (n, a)
+                });
+                (shaped.collect::<Vec<_>>(), path)
             }
             Step::Interp { node, operands, .. } => {
                 let args: Vec<&HostArray> = operands.iter().map(read).collect();
@@ -239,6 +283,8 @@ fn run_cpu(
     Ok(Evaluation {
         outputs,
         backend: BackendKind::Cpu,
+        graph: optimized.clone(),
+        passes: Some(passes),
         schedule: Some(schedule),
         paths,
         compile_time,
@@ -287,7 +333,7 @@ fn run_kernel(
     let mut outs: Vec<HostArray> = kernel
         .outputs
         .iter()
-        .map(|b| HostArray::zeros(b.dtype, kernel.domain.clone()))
+        .map(|b| HostArray::zeros(b.dtype, ndfuse_ir::Shape::new([b.len])))
         .collect();
     let mut out_refs: Vec<&mut HostArray> = outs.iter_mut().collect();
     compiled.run(args, &mut out_refs)?;
@@ -299,6 +345,10 @@ fn run_kernel(
 pub struct Explanation {
     /// The backend that would run.
     pub backend: BackendKind,
+    /// The graph that would run (after the clean-up passes on a compiling backend).
+    pub graph: Graph,
+    /// What each pass did (absent for the interpreter backend).
+    pub passes: Option<PassLog>,
     /// The schedule (absent for the interpreter backend, which does not fuse).
     pub schedule: Option<Schedule>,
     /// How each step would run, parallel to `schedule.steps`.
@@ -314,13 +364,15 @@ pub fn explain(g: &Graph, backend: BackendKind) -> Result<Explanation, RuntimeEr
     match backend {
         BackendKind::Interp => Ok(Explanation {
             backend,
+            graph: g.clone(),
+            passes: None,
             schedule: None,
             paths: Vec::new(),
             code: Vec::new(),
         }),
         BackendKind::Cuda => Err(cuda_unavailable()),
         BackendKind::Auto | BackendKind::Cpu => {
-            let schedule = ndfuse_passes::schedule(g);
+            let (graph, passes, schedule) = compile(g, true)?;
             let mut paths = Vec::with_capacity(schedule.steps.len());
             let mut code = Vec::new();
             for step in &schedule.steps {
@@ -337,6 +389,8 @@ pub fn explain(g: &Graph, backend: BackendKind) -> Result<Explanation, RuntimeEr
             }
             Ok(Explanation {
                 backend: BackendKind::Cpu,
+                graph,
+                passes: Some(passes),
                 schedule: Some(schedule),
                 paths,
                 code,

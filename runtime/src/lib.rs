@@ -8,6 +8,7 @@
 //! Backend discovery, priorities, configuration, caching allocators and the CUDA device
 //! grow here; this version has the CPU JIT path and the interpreter.
 
+mod env;
 mod error;
 mod executor;
 

@@ -87,6 +87,31 @@ pub fn assert_matches(got: &Array, want: &Array, max_ulp: u64, what: &str) {
     }
 }
 
+/// Asserts `|got - want| <= atol + rtol * |want|` element by element (NaN must match
+/// NaN, infinities must match exactly). For results whose error is not relative to
+/// themselves: a value computed as a difference that cancels (layernorm's `x - mean`, a
+/// row sum of normalised values) carries the rounding error of its terms' scale.
+pub fn assert_close(got: &Array, want: &Array, rtol: f64, atol: f64, what: &str) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
+    for (i, (a, b)) in got
+        .to_f64_vec()
+        .into_iter()
+        .zip(want.to_f64_vec())
+        .enumerate()
+    {
+        let ok = if a.is_nan() || b.is_nan() || a.is_infinite() || b.is_infinite() {
+            same_bits(a, b) || (a.is_nan() && b.is_nan())
+        } else {
+            (a - b).abs() <= atol + rtol * b.abs()
+        };
+        assert!(
+            ok,
+            "{what}: element {i} is {a:e}, the reference says {b:e} (rtol {rtol:e}, atol {atol:e})"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -177,10 +177,16 @@ fn every_backend_gives_the_same_answer() {
     let mut results = Vec::new();
     for b in [BackendKind::Interp, BackendKind::Cpu, BackendKind::Auto] {
         ctx.set_backend(b);
-        results.push(y.eval().expect("runs").to_vec::<f32>().expect("f32"));
+        results.push(y.eval().expect("runs"));
     }
-    assert_eq!(results[0], results[1]);
-    assert_eq!(results[1], results[2]);
+    // The fused kernels compute mean and variance in f32 steps that round between them,
+    // where the reference computes each node in f64 and rounds once; the row sums of the
+    // layernorm term cancel to about 0, so the error is absolute at the terms' scale (1).
+    ndfuse_tests::assert_close(&results[1], &results[0], 1e-5, 1e-5, "cpu vs reference");
+    assert_eq!(
+        results[1], results[2],
+        "auto is the cpu backend: bit-identical"
+    );
     ctx.set_backend(BackendKind::Cuda);
     let err = y.eval().expect_err("no CUDA backend in this version");
     assert!(err.to_string().contains("cuda"), "{err}");
@@ -190,12 +196,13 @@ fn every_backend_gives_the_same_answer() {
 fn deep_graphs_build_evaluate_and_drop_without_recursion() {
     let ctx = Context::new();
     let mut t = ctx.ones(&[4]);
-    for _ in 0..100_000 {
+    // Deep enough that a recursive build or drop would overflow a 2 MiB test stack.
+    for _ in 0..50_000 {
         t = &t + 1.0;
     }
     assert_eq!(
         t.eval().expect("runs").to_vec::<f32>().expect("f32"),
-        vec![100_001.0; 4]
+        vec![50_001.0; 4]
     );
     drop(t);
 }

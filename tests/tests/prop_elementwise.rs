@@ -1,6 +1,6 @@
 //! Property test: random element-wise graphs over random shapes and input layouts
 //! (contiguous, transposed, broadcast, reversed slices) evaluate on the Cranelift path
-//! to the same values as the reference interpreter, and always as ONE kernel.
+//! to the same values as the reference interpreter, and always as at most ONE kernel.
 //!
 //! Tolerance: 0 ulp (bit-identical, NaN matching NaN, -0.0 distinct from +0.0) for f32
 //! and f64. This holds because the JIT's f32 arithmetic is IEEE-exact like the
@@ -230,8 +230,9 @@ proptest! {
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_matches(g, w, 0, &format!("output {i} of {p:?}\n{}", report.annotated_graph()));
         }
-        // Everything is element-wise: one kernel, compiled by the JIT.
-        prop_assert_eq!(report.kernel_count(), 1, "{}", report.annotated_graph());
+        // Everything is element-wise: at most one kernel (none when the clean-up passes
+        // reduce the program to its inputs), compiled by the JIT.
+        prop_assert!(report.kernel_count() <= 1, "{}", report.annotated_graph());
         let jit = report.evaluation().paths.iter().all(|p| matches!(p, ndfuse_runtime::StepPath::Jit { .. }));
         prop_assert!(jit, "{}", report.annotated_graph());
     }

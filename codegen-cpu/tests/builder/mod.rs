@@ -22,6 +22,7 @@ impl KernelBuilder {
                 outputs: Vec::new(),
                 body: Vec::new(),
                 stores: Vec::new(),
+                reduce_axes: Vec::new(),
                 plan: Plan::Elementwise,
                 plan_reason: "element-wise (hand-built test kernel)".to_string(),
             },

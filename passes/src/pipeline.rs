@@ -1,0 +1,38 @@
+//! The clean-up pipeline: the one list of graph passes run before fusion, with the
+//! reason for every position.
+
+use crate::cse::Cse;
+use crate::dce::Dce;
+use crate::fold::Fold;
+use crate::manager::Pass;
+use crate::simplify::Simplify;
+use crate::views::Views;
+
+/// The clean-up passes in the order [`crate::PassManager`] runs them. The manager
+/// repeats the list until one full lap changes nothing, so a pass that enables an
+/// earlier one (CSE making `where(c, x, x)` for simplify) is caught on the next lap;
+/// the order below is the one that makes a second lap rare.
+pub fn pipeline() -> Vec<Box<dyn Pass>> {
+    vec![
+        // First: folding turns constant subexpressions into single fills, so the rules
+        // after it see `x * (2.0 - 1.0)` as `x * 1.0`. It also absorbs views of
+        // constants, which `views` would otherwise spend rewrites on.
+        Box::new(Fold),
+        // After fold (its rules match constant operands); before views, because
+        // removing `neg(neg(.))` or an identity cast between two views makes the views
+        // adjacent, and before CSE so that CSE compares canonical forms.
+        Box::new(Simplify),
+        // After simplify (see above); before CSE, because collapsing
+        // `reshape(reshape(x))` to `reshape(x)` makes it a duplicate CSE can merge.
+        Box::new(Views),
+        // After every rewrite that canonicalises, so more duplicates look alike. Its
+        // merges (two equal constants, two equal subexpressions) can enable simplify
+        // rules that need identical operands (`maximum(x, x)`, `where(c, x, x)`): the
+        // next lap runs simplify again.
+        Box::new(Cse),
+        // Last: every pass above only redirects uses and leaves the replaced nodes
+        // behind; one sweep at the end removes them all, and fusion receives a graph
+        // with no dead nodes.
+        Box::new(Dce),
+    ]
+}

@@ -1,0 +1,192 @@
+//! Parallel plans: how a kernel's work is split across workers, chosen from shapes and a
+//! target description, with the reason recorded for dumps.
+//!
+//! Determinism: a plan depends on shapes and on fixed properties of the target (vector
+//! width, cache size), never on how many threads run it, so the order in which partial
+//! results combine (and so every bit of the result) is the same on 1 or 64 threads.
+
+use ndfuse_ir::{Plan, Shape};
+
+/// What a backend offers that plan choice depends on. Fixed per backend, never read
+/// from the running machine's thread count (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetDesc {
+    /// Name shown in dumps.
+    pub name: &'static str,
+    /// Bytes per vector register (16 for Cranelift's x86-64 vectors).
+    pub vector_bytes: usize,
+    /// Elements of one chunk of a split reduction: small enough to stay in a core's
+    /// cache, large enough that combining partials costs nothing.
+    pub split_chunk: usize,
+    /// A reduction is split when it has fewer rows than this...
+    pub split_below_rows: usize,
+    /// ...and each row has at least this many elements.
+    pub split_min_row: usize,
+    /// Most chunks a row is split into.
+    pub max_splits: usize,
+}
+
+impl TargetDesc {
+    /// The CPU backend: 128-bit vectors, 64 Ki-element chunks.
+    pub fn cpu() -> TargetDesc {
+        TargetDesc {
+            name: "cpu",
+            vector_bytes: 16,
+            split_chunk: 1 << 16,
+            split_below_rows: 16,
+            split_min_row: 1 << 17,
+            max_splits: 1024,
+        }
+    }
+}
+
+impl Default for TargetDesc {
+    fn default() -> TargetDesc {
+        TargetDesc::cpu()
+    }
+}
+
+/// The plan for a kernel over `domain` reducing `reduce_axes` (sorted), and why.
+pub fn choose(domain: &Shape, reduce_axes: &[usize], target: &TargetDesc) -> (Plan, String) {
+    if reduce_axes.is_empty() {
+        return (
+            Plan::Elementwise,
+            "no reduction: one flat index space cut into contiguous ranges".into(),
+        );
+    }
+    let dims = domain.dims();
+    let rank = dims.len();
+    let k = reduce_axes.len();
+    let row_len: usize = reduce_axes.iter().map(|&a| dims[a]).product();
+    let rows = domain.numel().checked_div(row_len).unwrap_or_else(|| {
+        (0..rank)
+            .filter(|a| !reduce_axes.contains(a))
+            .map(|a| dims[a])
+            .product()
+    });
+    let trailing = reduce_axes.iter().copied().eq(rank - k..rank);
+    let leading = reduce_axes.iter().copied().eq(0..k);
+    if rows < target.split_below_rows && row_len >= target.split_min_row {
+        let splits = row_len.div_ceil(target.split_chunk).min(target.max_splits);
+        let reason = format!(
+            "few long rows ({rows} of {row_len}): each is cut into {splits} chunks of about {} reduced apart, then combined in chunk order",
+            row_len.div_ceil(splits)
+        );
+        return (
+            Plan::Split {
+                rows,
+                row_len,
+                splits,
+            },
+            reason,
+        );
+    }
+    if trailing {
+        let reason = format!(
+            "reduced axes {reduce_axes:?} are innermost: each of the {rows} rows is one contiguous run, one row per work item (TAD-level)"
+        );
+        return (
+            Plan::Rows {
+                rows,
+                row_len,
+                contiguous: true,
+            },
+            reason,
+        );
+    }
+    if leading {
+        let reason = format!(
+            "reduced axes {reduce_axes:?} lead: sweep down {row_len} elements per column, vectorised across the {rows} contiguous kept positions"
+        );
+        return (
+            Plan::Columns {
+                cols: rows,
+                col_len: row_len,
+            },
+            reason,
+        );
+    }
+    let reason = format!(
+        "reduced axes {reduce_axes:?} are neither innermost nor leading: each of the {rows} rows is gathered with strides, one row per work item"
+    );
+    (
+        Plan::Rows {
+            rows,
+            row_len,
+            contiguous: false,
+        },
+        reason,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(dims: &[usize], axes: &[usize]) -> Plan {
+        choose(&Shape::new(dims.to_vec()), axes, &TargetDesc::cpu()).0
+    }
+
+    #[test]
+    fn plans_follow_the_shape() {
+        assert_eq!(plan(&[4096, 4096], &[]), Plan::Elementwise);
+        assert_eq!(
+            plan(&[4096, 4096], &[1]),
+            Plan::Rows {
+                rows: 4096,
+                row_len: 4096,
+                contiguous: true
+            }
+        );
+        assert_eq!(
+            plan(&[4096, 4096], &[0]),
+            Plan::Columns {
+                cols: 4096,
+                col_len: 4096
+            }
+        );
+        assert_eq!(
+            plan(&[8, 16, 32], &[0, 2]),
+            Plan::Rows {
+                rows: 16,
+                row_len: 256,
+                contiguous: false
+            }
+        );
+        // A full sum of 64M: one row, split into 1024 chunks (capped) of 65536.
+        assert_eq!(
+            plan(&[64 << 20], &[0]),
+            Plan::Split {
+                rows: 1,
+                row_len: 64 << 20,
+                splits: 1024
+            }
+        );
+        // Few short rows are not worth splitting.
+        assert_eq!(
+            plan(&[2, 1000], &[1]),
+            Plan::Rows {
+                rows: 2,
+                row_len: 1000,
+                contiguous: true
+            }
+        );
+        // Empty rows and empty domains still get a plan.
+        assert_eq!(
+            plan(&[3, 0], &[1]),
+            Plan::Rows {
+                rows: 3,
+                row_len: 0,
+                contiguous: true
+            }
+        );
+        assert_eq!(
+            plan(&[0, 5], &[1]),
+            Plan::Rows {
+                rows: 0,
+                row_len: 5,
+                contiguous: true
+            }
+        );
+    }
+}
