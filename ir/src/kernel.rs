@@ -508,7 +508,7 @@ impl fmt::Display for Kernel {
             write!(f, "  v{i} = ")?;
             match &ins.expr {
                 Expr::Load { input, view } => write!(f, "load in{input} {view}")?,
-                Expr::Const(c) => write!(f, "const {c}")?,
+                Expr::Const(c) => write!(f, "const {}", crate::print::const_text(*c, ins.dtype))?,
                 Expr::Unary(u, a) => write!(f, "{} {a}", u.name())?,
                 Expr::Binary(b, x, y) => write!(f, "{} {x}, {y}", b.name())?,
                 Expr::Where(c, a, b) => write!(f, "where {c}, {a}, {b}")?,

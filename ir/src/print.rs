@@ -83,7 +83,7 @@ fn list(v: &[usize]) -> String {
 
 /// A constant as the shortest text that reads back to the same value of its dtype
 /// (`0.044715` for an f32, not the f64 expansion of its bits).
-fn const_text(value: Scalar, dtype: DType) -> String {
+pub(crate) fn const_text(value: Scalar, dtype: DType) -> String {
     match (value, dtype) {
         (Scalar::F(v), DType::F32) => format!("{:?}", v as f32),
         (Scalar::F(v), DType::F16) => format!("{:?}", half::f16::from_f64(v).to_f32()),

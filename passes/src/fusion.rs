@@ -69,6 +69,9 @@ struct Group {
     /// Smallest topological position of a member: nothing placed before it can descend
     /// from the group.
     min_pos: usize,
+    /// Largest topological position of a member: a group whose members all come before
+    /// another set cannot depend on it.
+    max_pos: usize,
     /// Operands outside the group that have operands themselves: the only places a path
     /// that left the group could come back through.
     ext: Vec<NodeId>,
@@ -406,11 +409,13 @@ impl<'g> Fuser<'g> {
         Some(x) == extra || self.group_of(x).is_some_and(|g| gs.contains(&g))
     }
 
-    /// Whether the groups `gs` and the node `extra` together are convex: no path leaves
-    /// the set and comes back into it. Such a path re-enters through an operand outside
-    /// the set that descends from the set, so a backward search from those operands
-    /// (each group keeps the candidates in `ext`) decides it, and may stop at nodes
-    /// placed before the set.
+    /// Whether the groups `gs` and the node `extra` together can be one kernel without a
+    /// cycle: no path leaves the set and comes back into it. Paths are taken between
+    /// kernels, not only between nodes: a kernel runs after all of its inputs, so
+    /// reaching any member of another group means depending on everything that group
+    /// reads (sibling merges join nodes with no path between them). The search goes
+    /// backwards from the operands the set reads from outside (each group keeps them in
+    /// `ext`) and stops at nodes, or whole groups, placed before the set.
     fn convex_union(&self, gs: &[usize], extra: Option<NodeId>) -> bool {
         let min = gs
             .iter()
@@ -425,14 +430,26 @@ impl<'g> Fuser<'g> {
             .filter(|&o| !self.in_union(o, gs, extra))
             .collect();
         let mut seen: HashSet<NodeId> = HashSet::new();
+        let mut seen_groups: HashSet<usize> = HashSet::new();
         while let Some(x) = stack.pop() {
-            if self.pos[&x] < min || !seen.insert(x) {
-                continue;
-            }
             if self.in_union(x, gs, extra) {
                 return false;
             }
-            stack.extend(self.g.operands(x));
+            if !seen.insert(x) {
+                continue;
+            }
+            match self.group_of(x) {
+                Some(h) => {
+                    if seen_groups.insert(h) && self.groups[h].max_pos >= min {
+                        stack.extend(self.groups[h].ext.iter().copied());
+                    }
+                }
+                None => {
+                    if self.pos[&x] >= min {
+                        stack.extend(self.g.operands(x));
+                    }
+                }
+            }
         }
         true
     }
@@ -452,6 +469,7 @@ impl<'g> Fuser<'g> {
             t.members.extend(moved.members);
             t.ext.extend(moved.ext);
             t.min_pos = t.min_pos.min(moved.min_pos);
+            t.max_pos = t.max_pos.max(moved.max_pos);
         }
         if let Some(n) = extra {
             self.role.insert(n, Role::Member(target));
@@ -465,6 +483,7 @@ impl<'g> Fuser<'g> {
             t.members.push(n);
             t.ext.extend(outside);
             t.min_pos = t.min_pos.min(self.pos[&n]);
+            t.max_pos = t.max_pos.max(self.pos[&n]);
         }
         let mut ext = std::mem::take(&mut self.groups[target].ext);
         ext.retain(|&o| self.group_of(o) != Some(target));

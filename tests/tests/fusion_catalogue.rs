@@ -250,6 +250,18 @@ const CATALOGUE: &[Case] = &[
         tol: F32_STEPS,
         build: |c| vec![x(c, &[30, 1], 32).broadcast_to(&[30, 20]).mean(1)],
     },
+    Case {
+        name: "transpose then reduce",
+        kernels: 1,
+        tol: Tol::Exact,
+        build: |c| vec![x(c, &[20, 30], 33).transpose().sum(1)],
+    },
+    Case {
+        name: "cast chains",
+        kernels: 1,
+        tol: Tol::Exact,
+        build: |c| vec![(x(c, &[100], 34).cast(DType::F16).cast(DType::F32) * 2.0).cast(DType::F64)],
+    },
 ];
 
 fn run(case: &Case) -> ndfuse::Report {
@@ -272,6 +284,41 @@ fn run(case: &Case) -> ndfuse::Report {
         }
     }
     report
+}
+
+/// The fusion report of a catalogue graph: where each node went and why, then every
+/// kernel with its plan, the reason for it and the bytes it moves.
+fn fusion_report(case: &Case) -> String {
+    let ctx = Context::new();
+    let outs = (case.build)(&ctx);
+    let refs: Vec<&Tensor> = outs.iter().collect();
+    let g = ctx.graph(&refs).expect("builds");
+    let s = ndfuse_passes::schedule(&g);
+    let bytes: Vec<String> = s
+        .kernels()
+        .map(|k| {
+            format!(
+                "{}: reads {} B, writes {} B",
+                k.name,
+                k.bytes_in(),
+                k.bytes_out()
+            )
+        })
+        .collect();
+    format!(
+        "{}\n{}\n{}\n",
+        s.annotate(&g, &|_| None),
+        s.to_text(&g),
+        bytes.join("\n")
+    )
+}
+
+#[test]
+fn every_catalogue_graph_has_its_fusion_report_pinned() {
+    for case in CATALOGUE {
+        let name = case.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+        insta::assert_snapshot!(name, fusion_report(case));
+    }
 }
 
 #[test]
