@@ -284,7 +284,12 @@ impl Report {
     /// The graph with each node's kernel, whether it was stored and why, and the path it
     /// took (`jit`, or `interp: ...` with the reason).
     pub fn annotated_graph(&self) -> String {
-        self.ev.annotated_graph(&self.graph)
+        self.ev.annotated_graph()
+    }
+
+    /// What each clean-up pass did (absent on the interpreter backend).
+    pub fn passes_text(&self) -> Option<String> {
+        self.ev.passes.as_ref().map(ToString::to_string)
     }
 
     /// Number of kernels launched (interpreter-only steps excluded).
@@ -300,7 +305,7 @@ impl Report {
         self.ev
             .schedule
             .as_ref()
-            .map_or_else(String::new, |s| s.to_text(&self.graph))
+            .map_or_else(String::new, |s| s.to_text(&self.ev.graph))
     }
 
     /// The backend-level details: schedule, paths, timings.
@@ -313,7 +318,7 @@ impl Report {
     /// under the interp backend) its operands and its result.
     pub fn bytes_moved(&self) -> u64 {
         use ndfuse_passes::Step;
-        let g = &self.graph;
+        let g = &self.ev.graph;
         let node_bytes = |n: NodeId| {
             let ty = g.ty(n);
             (ty.shape.numel() * ty.dtype.size_bytes()) as u64
@@ -407,24 +412,36 @@ impl Context {
     ///
     /// ```
     /// let ctx = ndfuse::Context::new();
-    /// let x = ctx.ones(&[4, 8]);
-    /// let text = ctx.explain(&[&(x.exp() * 2.0)])?;
-    /// assert!(text.contains("== kernels") && text.contains("k0_exp_mul"));
+    /// let x = ctx.rand_uniform(&[4, 8], -1.0, 1.0, 0);
+    /// let text = ctx.explain(&[&(x.exp() * 2.0).sum(1)])?;
+    /// assert!(text.contains("== kernels") && text.contains("k0_exp_mul_sum"));
     /// # Ok::<(), ndfuse::Error>(())
     /// ```
     pub fn explain(&self, outputs: &[&Tensor]) -> Result<String> {
         let g = self.graph(outputs)?;
         let ex = ndfuse_runtime::explain(&g, self.backend())?;
-        Ok(explain_text(&g, &ex))
+        Ok(explain_text(&ex))
     }
 }
 
-/// Formats an explanation in sections (`== graph`, `== schedule`, `== kernels`, `== code`).
-fn explain_text(g: &Graph, ex: &ndfuse_runtime::Explanation) -> String {
+/// Formats an explanation in sections (`== graph`, `== passes`, `== schedule`,
+/// `== kernels`, `== code`).
+fn explain_text(ex: &ndfuse_runtime::Explanation) -> String {
     use ndfuse_passes::Step;
     use std::fmt::Write as _;
     let mut s = String::new();
-    let _ = writeln!(s, "== graph\n{g}");
+    let g = &ex.graph;
+    if let Some(log) = &ex.passes {
+        let input = log.input.clone().unwrap_or_default();
+        let _ = writeln!(s, "== graph\n{input}");
+        let _ = writeln!(
+            s,
+            "== passes (IR after each; unchanged passes marked)\n{}",
+            log.to_text(false)
+        );
+    } else {
+        let _ = writeln!(s, "== graph\n{g}");
+    }
     let Some(sched) = &ex.schedule else {
         let _ = writeln!(
             s,
@@ -442,7 +459,7 @@ fn explain_text(g: &Graph, ex: &ndfuse_runtime::Explanation) -> String {
         plural(kernels, "kernel"),
         plural(sched.steps.len() - kernels, "interpreter step")
     );
-    s.push_str(&sched.annotate(g, &|i| ex.paths.get(i).map(ToString::to_string)));
+    s.push_str(&sched.annotate(g, &|i| ex.paths.get(i).map(|p| p.short().to_string())));
     let _ = writeln!(s, "\n== kernels");
     let num = g.print_numbering();
     for (i, (step, path)) in sched.steps.iter().zip(&ex.paths).enumerate() {

@@ -3,6 +3,7 @@
 
 use ndfuse_ir::{DType, IrError, Shape};
 use std::panic::Location;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Everything that can go wrong in the `ndfuse` API.
@@ -51,6 +52,26 @@ pub enum Error {
         /// Type held.
         got: DType,
     },
+    /// A file could not be read or written (`.npy` load and save). Nothing is left
+    /// behind by a failed write.
+    #[error("cannot {action} {}: {}", .path.display(), io_reason(.source))]
+    Io {
+        /// `read` or `write`.
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said (shared so that `Error` stays `Clone`).
+        source: Arc<std::io::Error>,
+    },
+    /// A `.npy` file that is malformed or holds a dtype ndfuse lacks, or an array that
+    /// `.npy` cannot hold (bf16: numpy has no such dtype).
+    #[error("{}: {why}", .path.display())]
+    Npy {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, in one line (`corrupt .npy: truncated: ...`).
+        why: String,
+    },
     /// Evaluation failed in a backend.
     #[error(transparent)]
     Runtime(Arc<ndfuse_runtime::RuntimeError>),
@@ -59,6 +80,16 @@ pub enum Error {
 impl From<ndfuse_runtime::RuntimeError> for Error {
     fn from(e: ndfuse_runtime::RuntimeError) -> Error {
         Error::Runtime(Arc::new(e))
+    }
+}
+
+/// An I/O error's reason without Rust's " (os error 2)" suffix, which says nothing
+/// more to a user than the words before it.
+pub(crate) fn io_reason(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_string(),
+        None => s,
     }
 }
 

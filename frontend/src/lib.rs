@@ -25,9 +25,14 @@ mod array;
 mod composite;
 mod context;
 mod error;
+#[cfg(feature = "ndarray")]
+mod interop;
+pub mod npy;
 mod ops;
 mod random;
 mod tensor;
+
+pub mod bench;
 
 pub use array::Array;
 pub use context::{Context, ContextBuilder, Report};

@@ -196,7 +196,7 @@ impl Buf<'_> {
 /// The IR after each pass is recorded when `record_ir` (for `explain`) or when a dump or
 /// debug level asks for it: printing a large graph after every pass of every eval
 /// would cost more than the passes.
-fn compile(g: &Graph, record_ir: bool) -> Result<(Graph, PassLog, Schedule), RuntimeError> {
+fn compile(g: &Graph, record_ir: bool) -> Result<Compiled, RuntimeError> {
     let mut opts = crate::env::pass_options()?;
     opts.record_ir = record_ir || opts.debug_level >= 3 || opts.dump_dir.is_some();
     let mut optimized = g.clone();
@@ -204,14 +204,42 @@ fn compile(g: &Graph, record_ir: bool) -> Result<(Graph, PassLog, Schedule), Run
     let fuse = !opts.disabled.iter().any(|p| p == "fusion");
     let schedule =
         ndfuse_passes::schedule_with(&optimized, &ndfuse_passes::TargetDesc::cpu(), fuse);
-    Ok((optimized, log, schedule))
+    if opts.debug_level >= 2 {
+        // The fusion report: where each node went and why, then every kernel and plan.
+        eprint!(
+            "ndfuse: fusion report\n{}{}",
+            schedule.annotate(&optimized, &|_| None),
+            schedule.to_text(&optimized)
+        );
+    }
+    Ok(Compiled {
+        graph: optimized,
+        log,
+        schedule,
+        debug: opts.debug_level,
+    })
+}
+
+/// What [`compile`] produces.
+struct Compiled {
+    graph: Graph,
+    log: PassLog,
+    schedule: Schedule,
+    /// `NDFUSE_DEBUG`: 1 = a line per kernel launched, 2 = plus the fusion report,
+    /// 3 = plus the IR after each pass, 4 = plus the generated code.
+    debug: u8,
 }
 
 fn run_cpu(
     g: &Graph,
     inputs: &HashMap<NodeId, Arc<HostArray>>,
 ) -> Result<Evaluation, RuntimeError> {
-    let (optimized, passes, schedule) = compile(g, false)?;
+    let Compiled {
+        graph: optimized,
+        log: passes,
+        schedule,
+        debug,
+    } = compile(g, false)?;
     let g = &optimized;
     // The last step that reads each buffer: it is dropped right after.
     let mut last_read: HashMap<NodeId, usize> = HashMap::new();
@@ -240,9 +268,24 @@ fn run_cpu(
             } => {
                 let args: Vec<&HostArray> = ins.iter().map(read).collect();
                 let start = Instant::now();
-                let (results, path, compiled_in) = run_kernel(kernel, &args)?;
+                let (results, path, compiled_in) = run_kernel(kernel, &args, debug)?;
                 compile_time += compiled_in;
-                run_time += start.elapsed().saturating_sub(compiled_in);
+                let ran = start.elapsed().saturating_sub(compiled_in);
+                run_time += ran;
+                if debug >= 1 {
+                    let bytes = kernel.bytes_in() + kernel.bytes_out();
+                    let secs = ran.as_secs_f64();
+                    let gbps = if secs > 0.0 {
+                        bytes as f64 / secs / 1e9
+                    } else {
+                        0.0
+                    };
+                    eprintln!(
+                        "ndfuse: {} [{path}] {:.3} ms, {bytes} B, {gbps:.2} GB/s",
+                        kernel.name,
+                        secs * 1e3
+                    );
+                }
                 // A kernel writes flat buffers; each takes its node's shape.
                 let shaped = outs.iter().zip(results).map(|(&n, a)| {
                     let shape = g.node(n).shape.clone();
@@ -325,8 +368,12 @@ fn compiled(
 fn run_kernel(
     kernel: &Kernel,
     args: &[&HostArray],
+    debug: u8,
 ) -> Result<(Vec<HostArray>, StepPath, Duration), RuntimeError> {
     let (compiled, path, took) = compiled(kernel)?;
+    if let (Some(c), StepPath::Jit { cached: false }, 4..) = (&compiled, &path, debug) {
+        eprintln!("ndfuse: Cranelift IR of {}\n{}", kernel.name, c.clif());
+    }
     let Some(compiled) = compiled else {
         return Ok((interp::eval_kernel(kernel, args)?, path, took));
     };
@@ -372,7 +419,12 @@ pub fn explain(g: &Graph, backend: BackendKind) -> Result<Explanation, RuntimeEr
         }),
         BackendKind::Cuda => Err(cuda_unavailable()),
         BackendKind::Auto | BackendKind::Cpu => {
-            let (graph, passes, schedule) = compile(g, true)?;
+            let Compiled {
+                graph,
+                log: passes,
+                schedule,
+                ..
+            } = compile(g, true)?;
             let mut paths = Vec::with_capacity(schedule.steps.len());
             let mut code = Vec::new();
             for step in &schedule.steps {

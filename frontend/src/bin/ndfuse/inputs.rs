@@ -5,10 +5,8 @@
 //! `x=:f64`) or `()`.
 
 use crate::args::parse_dtype;
-use crate::npy;
-use ndfuse::{Context, DType, Tensor};
+use ndfuse::{Context, DType, Error, Tensor};
 use ndfuse_ir::Storage;
-use std::path::Path;
 
 /// `NAME=REST` split at the first `=`, with NAME checked to be usable in an expression.
 pub fn split_named<'s>(flag: &str, spec: &'s str) -> Result<(&'s str, &'s str), String> {
@@ -99,10 +97,26 @@ pub fn load_npy(ctx: &Context, spec: &str) -> Result<(String, Tensor), String> {
     if file.is_empty() {
         return Err(format!("--input {spec}: expected NAME=FILE.npy"));
     }
-    let arr = npy::read(Path::new(file)).map_err(|e| format!("--input {name}={file}: {e}"))?;
-    let t = tensor_from_storage(ctx, arr.data, &arr.shape)
-        .map_err(|e| format!("--input {name}={file}: {e}"))?;
+    let t = ctx
+        .load_npy(file)
+        .map_err(|e| format!("--input {name}={file}: {}", file_reason(&e)))?;
     Ok((name.to_string(), t))
+}
+
+/// The reason of a `.npy` read or write error without the path, which the caller's
+/// message already names through the flag (`--input x=a.npy: cannot read: No such
+/// file or directory`).
+pub fn file_reason(e: &Error) -> String {
+    match e {
+        Error::Io { action, source, .. } => {
+            let s = source.to_string();
+            // Rust's " (os error 2)" says nothing more than the words before it.
+            let reason = s.find(" (os error").map_or(s.as_str(), |i| &s[..i]);
+            format!("cannot {action}: {reason}")
+        }
+        Error::Npy { why, .. } => why.clone(),
+        other => crate::lower::frontend_message(other),
+    }
 }
 
 /// A seed for input `name` derived from the run's seed, so that every input gets its

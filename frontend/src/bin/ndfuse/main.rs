@@ -3,6 +3,7 @@
 //! ```text
 //! ndfuse eval 'sum(exp(a * b + 1), axis=1)' --random a=4x8 --random b=8 --report json
 //! ndfuse explain 'softmax(x, axis=-1)' --shape x=4096x4096
+//! ndfuse bench softmax --json
 //! ndfuse backends
 //! ```
 //!
@@ -11,10 +12,10 @@
 //! No output file is written unless the whole evaluation succeeded.
 
 mod args;
+mod bench;
 mod explain;
 mod inputs;
 mod lower;
-mod npy;
 mod parse;
 mod report;
 mod show;
@@ -49,13 +50,9 @@ enum Command {
     /// Show what EXPR compiles to (graph, schedule, kernels, generated code) without
     /// running it.
     Explain(ExplainArgs),
-    /// The benchmark suite (not in this version).
-    Bench {
-        /// The suite and its options (accepted, so that any form gives the same
-        /// clear refusal).
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+    /// Run the built-in benchmark suite: median time, GB/s and the fraction of this
+    /// machine's memory bandwidth (measured in the same run) of each case.
+    Bench(bench::BenchArgs),
     /// List the backends compiled into this build and which one `auto` picks.
     Backends,
 }
@@ -195,9 +192,7 @@ fn main() -> ExitCode {
         Command::Eval(a) => eval(&a),
         Command::Explain(a) => explain_cmd(&a),
         Command::Backends => backends(),
-        Command::Bench { .. } => Err(Failure::plain(
-            "ndfuse bench is not implemented in this version",
-        )),
+        Command::Bench(a) => bench::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -285,10 +280,12 @@ fn eval(a: &EvalArgs) -> Result<(), Failure> {
     }
     let result = result.expect("--repeat is at least 1 (clap checks it), so one evaluation ran");
     if let Some(path) = &a.output {
-        let bytes = npy::to_bytes(result.shape(), result.as_host().storage())
-            .map_err(|e| Failure::plain(format!("--output {}: {e}", path.display())))?;
-        npy::write_atomic(path, &bytes).map_err(|e| {
-            Failure::plain(format!("--output {}: cannot write: {e}", path.display()))
+        ndfuse::npy::write_npy(path, &result).map_err(|e| {
+            Failure::plain(format!(
+                "--output {}: {}",
+                path.display(),
+                inputs::file_reason(&e)
+            ))
         })?;
     }
     let text = match a.report {

@@ -1,42 +1,98 @@
-//! Reading and writing numpy `.npy` files (format versions 1, 2 and 3): f16, f32, f64,
-//! i32, i64 and bool, either byte order, C or Fortran order on reading (Fortran data
-//! is reordered to row-major), little-endian C order on writing.
+//! `.npy` files in and out of the library: [`read_npy`] / [`write_npy`], and the
+//! conveniences [`Context::load_npy`], [`Tensor::load_npy`] and [`Array::save_npy`].
+//!
+//! Format versions 1, 2 and 3 are read: f16, f32, f64, i32, i64 and bool, either byte
+//! order, C or Fortran order (Fortran data is reordered to row-major, which is what an
+//! [`Array`] holds). Writing produces version 1.0 (2.0 for a huge header),
+//! little-endian, C order.
 //!
 //! Hand-written rather than taken from a crate: the format is small, and every
 //! malformed file must give an error, never a panic. (The `npyz` crate, for one,
 //! overflows computing the element count of a corrupt shape such as
-//! `(4294967296, 4294967296, 16)` and panics in debug builds.) Writing is atomic:
-//! see [`write_atomic`].
+//! `(4294967296, 4294967296, 16)` and panics in debug builds.)
+//!
+//! ```
+//! use ndfuse::{npy, Context};
+//! let dir = std::env::temp_dir().join(format!("ndfuse-npy-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! let ctx = Context::new();
+//! let y = (ctx.arange(0.0, 6.0, 1.0)?.reshape(&[2, 3]) * 2.0).eval()?;
+//! y.save_npy(dir.join("y.npy"))?;                  // atomic: complete or absent
+//! let back = ctx.load_npy(dir.join("y.npy"))?;      // a leaf tensor
+//! assert_eq!(back.eval()?, y);
+//! assert_eq!(npy::read_npy(dir.join("y.npy"))?.to_vec::<f32>()?, [0., 2., 4., 6., 8., 10.]);
+//! # std::fs::remove_dir_all(&dir).ok();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
+use crate::array::Array;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
 use half::f16;
-use ndfuse_ir::{DType, Storage};
+use ndfuse_ir::{DType, HostArray, Shape, Storage};
 use std::fmt::Write as _;
 use std::fs;
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 const MAGIC: &[u8; 6] = b"\x93NUMPY";
 
-/// An array read from a `.npy` file, in row-major order.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NpyArray {
-    pub shape: Vec<usize>,
-    pub data: Storage,
+/// Reads the `.npy` file at `path` into a row-major [`Array`].
+///
+/// `Err(Error::Io)` when the file cannot be read, `Err(Error::Npy)` when it is not a
+/// well-formed `.npy` of a dtype ndfuse has (the reason says which byte or field).
+pub fn read_npy(path: impl AsRef<Path>) -> Result<Array> {
+    let path = path.as_ref();
+    let bytes = fs::read(path).map_err(|e| io_error("read", path, e))?;
+    parse(&bytes).map(Array).map_err(|why| Error::Npy {
+        path: path.to_path_buf(),
+        why,
+    })
 }
 
-/// Reads the `.npy` file at `path`. The error is one line and does not name the path
-/// (the caller adds which argument it came from).
-pub fn read(path: &Path) -> Result<NpyArray, String> {
-    let bytes = fs::read(path).map_err(|e| format!("cannot read: {}", io_reason(&e)))?;
-    parse(&bytes)
+/// Writes `array` to `path` as `.npy`, atomically: the data goes to a temporary file in
+/// the same directory, is flushed to disk (fsync), and only then renamed over `path`,
+/// so `path` is either untouched or complete, never partial.
+///
+/// `Err(Error::Npy)` for a bf16 array (numpy has no bf16 dtype: cast it first),
+/// `Err(Error::Io)` when the file cannot be written.
+pub fn write_npy(path: impl AsRef<Path>, array: &Array) -> Result<()> {
+    let path = path.as_ref();
+    let bytes = to_bytes(array.as_host()).map_err(|why| Error::Npy {
+        path: path.to_path_buf(),
+        why,
+    })?;
+    write_atomic(path, &bytes).map_err(|e| io_error("write", path, e))
 }
 
-/// An I/O error's reason without Rust's " (os error 2)" suffix.
-pub fn io_reason(e: &std::io::Error) -> String {
-    let s = e.to_string();
-    match s.find(" (os error") {
-        Some(i) => s[..i].to_string(),
-        None => s,
+fn io_error(action: &'static str, path: &Path, e: std::io::Error) -> Error {
+    Error::Io {
+        action,
+        path: path.to_path_buf(),
+        source: Arc::new(e),
+    }
+}
+
+impl Context {
+    /// A leaf tensor holding the `.npy` file at `path` (see [`read_npy`]).
+    pub fn load_npy(&self, path: impl AsRef<Path>) -> Result<Tensor> {
+        Ok(self.from_array(&read_npy(path)?))
+    }
+}
+
+impl Tensor {
+    /// A leaf tensor in the global context holding the `.npy` file at `path`.
+    pub fn load_npy(path: impl AsRef<Path>) -> Result<Tensor> {
+        Context::global().load_npy(path)
+    }
+}
+
+impl Array {
+    /// Writes this array to `path` as `.npy`, atomically (see [`write_npy`]).
+    pub fn save_npy(&self, path: impl AsRef<Path>) -> Result<()> {
+        write_npy(path, self)
     }
 }
 
@@ -50,7 +106,7 @@ struct Header {
 }
 
 /// Parses a whole `.npy` file held in memory.
-pub fn parse(bytes: &[u8]) -> Result<NpyArray, String> {
+fn parse(bytes: &[u8]) -> Result<HostArray, String> {
     if bytes.len() < 8 || &bytes[..6] != MAGIC {
         return Err("not a .npy file (it does not start with the \\x93NUMPY magic bytes)".into());
     }
@@ -117,10 +173,8 @@ pub fn parse(bytes: &[u8]) -> Result<NpyArray, String> {
     } else {
         storage
     };
-    Ok(NpyArray {
-        shape: header.shape,
-        data: storage,
-    })
+    HostArray::new(Shape(header.shape), storage)
+        .ok_or_else(|| "internal error: decoded element count differs from the shape".into())
 }
 
 fn decode(dtype: DType, big: bool, data: &[u8], count: usize) -> Result<Storage, String> {
@@ -154,7 +208,9 @@ fn decode(dtype: DType, big: bool, data: &[u8], count: usize) -> Result<Storage,
             }
             Storage::Bool(data.iter().map(|&b| b == 1).collect())
         }
-        DType::BF16 => unreachable!("parse_header never yields bf16 (numpy has no bf16)"),
+        // parse_descr never yields bf16 (numpy has no bf16), but a corrupt file must
+        // not be able to reach a panic, so this is an error like any other.
+        DType::BF16 => return Err("bf16 is not a numpy dtype".into()),
     })
     .inspect(|s| debug_assert_eq!(s.len(), count, "decoded element count"))
 }
@@ -436,7 +492,9 @@ fn parse_descr(d: &str) -> Result<(DType, bool), String> {
 /// The `.npy` bytes of a row-major array: version 1.0 (2.0 for a header longer than
 /// 65535 bytes), little-endian, C order, header padded to a multiple of 64 bytes.
 /// `Err` for bf16, which numpy has no dtype for.
-pub fn to_bytes(shape: &[usize], data: &Storage) -> Result<Vec<u8>, String> {
+fn to_bytes(array: &HostArray) -> Result<Vec<u8>, String> {
+    let shape = array.shape().dims();
+    let data = array.storage();
     let descr = match data {
         Storage::F16(_) => "<f2",
         Storage::F32(_) => "<f4",
@@ -497,7 +555,8 @@ pub fn to_bytes(shape: &[usize], data: &Storage) -> Result<Vec<u8>, String> {
             .iter()
             .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
         Storage::Bool(v) => out.extend(v.iter().map(|&b| u8::from(b))),
-        Storage::BF16(_) => unreachable!("bf16 was refused above"),
+        // Refused above; written as nothing rather than a panic.
+        Storage::BF16(_) => {}
     }
     Ok(out)
 }
@@ -506,20 +565,25 @@ pub fn to_bytes(shape: &[usize], data: &Storage) -> Result<Vec<u8>, String> {
 /// goes to a temporary file in the same directory (same file system, so the rename
 /// is atomic), is flushed to disk, and only then renamed over `path`. On any failure
 /// the temporary file is removed.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::{Error as IoError, ErrorKind};
     let name = path
         .file_name()
-        .ok_or_else(|| "not a file path".to_string())?
+        .ok_or_else(|| IoError::new(ErrorKind::InvalidInput, "not a file path"))?
         .to_string_lossy()
         .into_owned();
-    let dir = match path.parent() {
+    let dir: PathBuf = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => Path::new(".").to_path_buf(),
+        _ => PathBuf::from("."),
     };
     if path.is_dir() {
-        return Err("is a directory".into());
+        return Err(IoError::new(ErrorKind::IsADirectory, "is a directory"));
     }
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    // The process id keeps two processes writing the same file apart; the counter,
+    // two threads of one process.
+    static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{serial}.tmp", std::process::id()));
     let result = (|| -> std::io::Result<()> {
         let mut f = fs::OpenOptions::new()
             .write(true)
@@ -536,9 +600,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
         }
         Ok(())
     })();
-    result.map_err(|e| {
+    result.inspect_err(|_| {
         let _ = fs::remove_file(&tmp);
-        io_reason(&e)
     })
 }
 
@@ -569,17 +632,103 @@ mod tests {
             (vec![1], Storage::F16(vec![f16::from_f32(0.5)])),
         ];
         for (shape, data) in cases {
-            let bytes = to_bytes(&shape, &data).expect("writes");
+            let a = HostArray::new(Shape(shape), data).expect("count matches");
+            let bytes = to_bytes(&a).expect("writes");
             assert_eq!(
                 bytes.iter().position(|&b| b == b'\n').map(|p| (p + 1) % 64),
                 Some(0)
             );
             let back = parse(&bytes).expect("reads back");
-            assert_eq!(back.shape, shape);
+            assert_eq!(back.shape(), a.shape());
             // NaN != NaN, so compare bit patterns through the writer.
-            assert_eq!(to_bytes(&back.shape, &back.data), Ok(bytes));
+            assert_eq!(to_bytes(&back), Ok(bytes));
         }
-        assert!(to_bytes(&[1], &Storage::BF16(vec![half::bf16::ONE])).is_err());
+        let bf = HostArray::new(Shape(vec![1]), Storage::BF16(vec![half::bf16::ONE]));
+        assert!(to_bytes(&bf.expect("one element")).is_err());
+    }
+
+    /// A fresh folder under the system temp dir for one test.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir()
+            .join(format!("ndfuse-npy-{}", std::process::id()))
+            .join(name);
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("scratch folder");
+        dir
+    }
+
+    #[test]
+    fn files_round_trip_every_dtype_through_the_public_api() {
+        let dir = scratch("files");
+        let arrays = [
+            Storage::F16(vec![f16::from_f32(-1.5), f16::INFINITY, f16::from_f32(0.1)]),
+            Storage::F32(vec![1.0, f32::NAN, -0.0]),
+            Storage::F64(vec![1e-300, f64::NEG_INFINITY, 3.25]),
+            Storage::I32(vec![i32::MIN, 0, i32::MAX]),
+            Storage::I64(vec![i64::MIN, -1, i64::MAX]),
+            Storage::Bool(vec![true, false, true]),
+        ];
+        for data in arrays {
+            let dtype = data.dtype();
+            let a = Array(HostArray::new(Shape(vec![3, 1]), data).expect("3 elements"));
+            let path = dir.join(format!("{dtype}.npy"));
+            a.save_npy(&path).expect("saves");
+            let back = read_npy(&path).expect("reads");
+            assert_eq!(back.dtype(), dtype);
+            assert_eq!(back.shape(), &[3, 1]);
+            assert_eq!(
+                to_bytes(back.as_host()),
+                to_bytes(a.as_host()),
+                "{dtype}: bits"
+            );
+            // Through a tensor: the loaded leaf evaluates to the same bits.
+            let t = Context::new().load_npy(&path).expect("loads");
+            let evaluated = t.eval().expect("evaluates");
+            assert_eq!(to_bytes(evaluated.as_host()), to_bytes(a.as_host()));
+        }
+        // Nothing but the six files: no temporary file is left behind.
+        assert_eq!(fs::read_dir(&dir).expect("dir").count(), 6);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn file_errors_are_values_that_name_the_file() {
+        let dir = scratch("errors");
+        let missing = dir.join("missing.npy");
+        let e = read_npy(&missing).expect_err("no such file");
+        assert!(matches!(&e, Error::Io { action: "read", path, .. } if path == &missing));
+        assert!(e.to_string().starts_with("cannot read "), "{e}");
+        assert!(!e.to_string().contains("os error"), "{e}");
+
+        let bad = dir.join("bad.npy");
+        fs::write(&bad, b"\x93NUMPY\x01\x00\x10\x00{'descr': '<f4'").expect("write");
+        let e = read_npy(&bad).expect_err("corrupt");
+        assert!(
+            matches!(&e, Error::Npy { path, .. } if path == &bad),
+            "{e:?}"
+        );
+
+        let bf = Array(
+            HostArray::new(Shape(vec![]), Storage::BF16(vec![half::bf16::ONE])).expect("scalar"),
+        );
+        let out = dir.join("bf.npy");
+        let e = bf.save_npy(&out).expect_err("bf16");
+        assert!(e.to_string().contains("numpy has no bf16 dtype"), "{e}");
+        let e = write_npy(&dir, &bf).expect_err("bf16 is refused before the path is looked at");
+        assert!(matches!(e, Error::Npy { .. }));
+        let f = Array(HostArray::new(Shape(vec![]), Storage::F32(vec![1.0])).expect("scalar"));
+        let e = write_npy(&dir, &f).expect_err("a directory");
+        assert!(e.to_string().ends_with("is a directory"), "{e}");
+        let e = write_npy(dir.join("no/such/dir/x.npy"), &f).expect_err("no folder");
+        assert!(matches!(
+            e,
+            Error::Io {
+                action: "write",
+                ..
+            }
+        ));
+        assert_eq!(fs::read_dir(&dir).expect("dir").count(), 1, "only bad.npy");
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -594,13 +743,15 @@ mod tests {
             &data,
         );
         let a = parse(&f).expect("reads");
-        assert_eq!(a.data, Storage::I32(vec![0, 1, 2, 3, 4, 5]));
+        assert_eq!(a.storage(), &Storage::I32(vec![0, 1, 2, 3, 4, 5]));
         let data: Vec<u8> = (0..24i64).flat_map(|v| v.to_le_bytes()).collect();
         let f = file(
             "{'descr': '<i8', 'fortran_order': True, 'shape': (2L, 3L, 4L), }",
             &data,
         );
-        let Storage::I64(v) = parse(&f).expect("reads").data else {
+        let a = parse(&f).expect("reads");
+        assert_eq!(a.shape().dims(), &[2, 3, 4]);
+        let Storage::I64(v) = a.storage() else {
             panic!("i64")
         };
         // Row-major element (i, j, k) is file element i + 2j + 6k.

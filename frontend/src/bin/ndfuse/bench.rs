@@ -1,0 +1,72 @@
+//! `ndfuse bench [SUITE] [--json] [--repeat N] [--tiny]`: the library's benchmark suite
+//! (`ndfuse::bench`) with a progress line per case on a terminal.
+
+use crate::Failure;
+use ndfuse::bench::{run_suite_with, BenchOptions, Event, Size};
+use std::io::{IsTerminal as _, Write as _};
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Run only the cases whose name contains SUITE: gelu, chain, softmax, layernorm,
+    /// sum, colsum, broadcast, gelu_f16, compile_new, compile_cached.
+    suite: Option<String>,
+    /// Print one JSON object (machine, measured bandwidths, rows) instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// At most N timed runs of each case after its warm-up run; a case stops earlier
+    /// once it has run for 1 s and at least 3 times.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
+    /// The same cases on tiny shapes (and a small bandwidth measurement): a smoke test
+    /// of the suite in well under a second, not a measurement.
+    #[arg(long)]
+    tiny: bool,
+}
+
+pub fn run(a: &BenchArgs) -> Result<(), Failure> {
+    let mut opts = if a.tiny {
+        BenchOptions::tiny()
+    } else {
+        BenchOptions::default()
+    };
+    opts.max_runs = a.repeat as usize;
+    // Progress goes to a person watching, never into a pipe or a log.
+    let progress = std::io::stderr().is_terminal();
+    let mut on_event = |e: Event<'_>| {
+        if !progress {
+            return;
+        }
+        match e {
+            Event::MeasuringBandwidth { array_bytes } => eprintln!(
+                "ndfuse bench: measuring memory bandwidth (copy and triad over 3 x {} MiB)",
+                array_bytes >> 20
+            ),
+            Event::Bandwidth(bw) => eprintln!(
+                "ndfuse bench: bandwidth {:.1} GB/s ({})",
+                bw.gbps(),
+                bw.source()
+            ),
+            Event::CaseStart { index, total, case } => eprintln!(
+                "ndfuse bench: [{index}/{total}] {} `{}` on {}",
+                case.name,
+                case.expr,
+                case.inputs_text()
+            ),
+            Event::CaseDone(_) => {}
+        }
+    };
+    let report = run_suite_with(a.suite.as_deref(), &opts, &mut on_event)
+        .map_err(|e| Failure::plain(crate::lower::frontend_message(&e)))?;
+    let text = if a.json {
+        format!("{}\n", report.to_json())
+    } else {
+        let mut t = report.table();
+        if report.size == Size::Tiny {
+            t.push_str("\n(tiny shapes: a smoke test, not a measurement)\n");
+        }
+        t
+    };
+    // A closed stdout (`| head`) is not worth a panic.
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    Ok(())
+}
