@@ -1046,29 +1046,11 @@ pub fn eval_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<Vec<HostArr
         let len = CHUNK.min(n - start);
         let mut vals: Vec<Vals> = Vec::with_capacity(kernel.body.len());
         for ins in &kernel.body {
-            let round_to = ins.dtype.compute_dtype();
-            let v = match &ins.expr {
-                Expr::Load { input, view } => {
-                    let offs =
-                        Offsets::starting_at(view.shape.dims(), &view.strides, view.offset, start);
-                    bufs[*input].gather(offs.take(len))
-                }
-                Expr::Const(c) => Vals::fill(*c, ins.dtype, round_to, len),
-                Expr::Unary(u, a) => map_unary(*u, &vals[a.index()], round_to),
-                Expr::Binary(b, x, y) => {
-                    // A comparison's dtype is bool; its operands' dtype decides the math.
-                    let round_to = kernel.body[x.index()].dtype.compute_dtype();
-                    map_binary(*b, &vals[x.index()], &vals[y.index()], round_to)
-                }
-                Expr::Where(c, a, b) => {
-                    select(&vals[c.index()], &vals[a.index()], &vals[b.index()])
-                }
-                // An explicit cast asks for the target's precision, even to a half type.
-                Expr::Cast(a) => cast(&vals[a.index()], ins.dtype, ins.dtype),
-                Expr::Reduce(..) | Expr::ArgReduce(..) => {
-                    unreachable!("Kernel::check refuses reductions without reduce axes")
-                }
-            };
+            let v = eval_instr(kernel, ins, &vals, len, |input, view| {
+                let offs =
+                    Offsets::starting_at(view.shape.dims(), &view.strides, view.offset, start);
+                bufs[input].gather(offs.take(len))
+            });
             vals.push(v);
         }
         for s in &kernel.stores {
@@ -1094,6 +1076,53 @@ pub fn eval_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<Vec<HostArr
             .into_host()
         })
         .collect())
+}
+
+/// One instruction of a kernel over `width` positions (a chunk of the domain, or one
+/// row with row values replicated along it); `load` gathers an input through a view.
+/// Reductions combine the whole vector: only the row program may have them.
+fn eval_instr(
+    kernel: &Kernel,
+    ins: &crate::kernel::Instr,
+    vals: &[Vals],
+    width: usize,
+    load: impl FnOnce(usize, &View) -> Vals,
+) -> Vals {
+    let round_to = ins.dtype.compute_dtype();
+    match &ins.expr {
+        Expr::Load { input, view } => load(*input, view),
+        Expr::Const(c) => Vals::fill(*c, ins.dtype, round_to, width),
+        Expr::Unary(u, a) => map_unary(*u, &vals[a.index()], round_to),
+        Expr::Binary(b, x, y) => {
+            // A comparison's dtype is bool; its operands' dtype decides the math.
+            let round_to = kernel.body[x.index()].dtype.compute_dtype();
+            map_binary(*b, &vals[x.index()], &vals[y.index()], round_to)
+        }
+        Expr::Where(c, a, b) => select(&vals[c.index()], &vals[a.index()], &vals[b.index()]),
+        // An explicit cast asks for the target's precision, even to a half type.
+        Expr::Cast(a) => cast(&vals[a.index()], ins.dtype, ins.dtype),
+        Expr::Reduce(acc, a) => {
+            let op = match acc {
+                crate::kernel::Accumulate::Sum => ReduceOp::Sum,
+                crate::kernel::Accumulate::Prod => ReduceOp::Prod,
+                crate::kernel::Accumulate::Max => ReduceOp::Max,
+                crate::kernel::Accumulate::Min => ReduceOp::Min,
+            };
+            match &vals[a.index()] {
+                Vals::F(lane) => Vals::F(vec![round_f64(reduce_f64(op, lane), round_to); width]),
+                Vals::I(lane) => Vals::I(vec![wrap_int(reduce_i64(op, lane), ins.dtype); width]),
+                Vals::B(_) => unreachable!("Kernel::check refuses bool reductions"),
+            }
+        }
+        Expr::ArgReduce(op, a) => {
+            let idx = match &vals[a.index()] {
+                Vals::F(lane) => arg_f64(*op, lane.iter().copied()),
+                Vals::I(lane) => arg_i64(*op, lane.iter().copied()),
+                Vals::B(lane) => arg_i64(*op, lane.iter().map(|&b| i64::from(b))),
+            };
+            Vals::I(vec![idx; width])
+        }
+    }
 }
 
 /// [`eval_kernel`] for a kernel with reduce axes: the row program of the kernel docs, one
@@ -1137,58 +1166,16 @@ fn eval_row_program(kernel: &Kernel, bufs: &[Vals]) -> Vec<HostArray> {
         let first = r * row_len;
         let mut vals: Vec<Vals> = Vec::with_capacity(kernel.body.len());
         for (i, ins) in kernel.body.iter().enumerate() {
-            let round_to = ins.dtype.compute_dtype();
-            let v = match &ins.expr {
-                Expr::Load { input, .. } => {
-                    let view = views[i].as_ref().expect("loads have views");
-                    if row_len == 0 {
-                        Vals::fill(Scalar::I(0), ins.dtype, round_to, 0)
-                    } else {
-                        let offs = Offsets::starting_at(
-                            view.shape.dims(),
-                            &view.strides,
-                            view.offset,
-                            first,
-                        );
-                        bufs[*input].gather(offs.take(row_len))
-                    }
+            let v = eval_instr(kernel, ins, &vals, width, |input, _| {
+                let view = views[i].as_ref().expect("loads have views");
+                if row_len == 0 {
+                    Vals::fill(Scalar::I(0), ins.dtype, ins.dtype, 0)
+                } else {
+                    let offs =
+                        Offsets::starting_at(view.shape.dims(), &view.strides, view.offset, first);
+                    bufs[input].gather(offs.take(row_len))
                 }
-                Expr::Const(c) => Vals::fill(*c, ins.dtype, round_to, width),
-                Expr::Unary(u, a) => map_unary(*u, &vals[a.index()], round_to),
-                Expr::Binary(b, x, y) => {
-                    let round_to = kernel.body[x.index()].dtype.compute_dtype();
-                    map_binary(*b, &vals[x.index()], &vals[y.index()], round_to)
-                }
-                Expr::Where(c, a, b) => {
-                    select(&vals[c.index()], &vals[a.index()], &vals[b.index()])
-                }
-                Expr::Cast(a) => cast(&vals[a.index()], ins.dtype, ins.dtype),
-                Expr::Reduce(acc, a) => {
-                    let op = match acc {
-                        crate::kernel::Accumulate::Sum => ReduceOp::Sum,
-                        crate::kernel::Accumulate::Prod => ReduceOp::Prod,
-                        crate::kernel::Accumulate::Max => ReduceOp::Max,
-                        crate::kernel::Accumulate::Min => ReduceOp::Min,
-                    };
-                    match &vals[a.index()] {
-                        Vals::F(lane) => {
-                            Vals::F(vec![round_f64(reduce_f64(op, lane), round_to); width])
-                        }
-                        Vals::I(lane) => {
-                            Vals::I(vec![wrap_int(reduce_i64(op, lane), ins.dtype); width])
-                        }
-                        Vals::B(_) => unreachable!("Kernel::check refuses bool reductions"),
-                    }
-                }
-                Expr::ArgReduce(op, a) => {
-                    let idx = match &vals[a.index()] {
-                        Vals::F(lane) => arg_f64(*op, lane.iter().copied()),
-                        Vals::I(lane) => arg_i64(*op, lane.iter().copied()),
-                        Vals::B(lane) => arg_i64(*op, lane.iter().map(|&b| i64::from(b))),
-                    };
-                    Vals::I(vec![idx; width])
-                }
-            };
+            });
             vals.push(v);
         }
         for (k, st) in kernel.stores.iter().enumerate() {
