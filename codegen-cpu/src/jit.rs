@@ -49,7 +49,10 @@ pub struct CompiledKernel {
     compile_time: Duration,
     inputs: Vec<Buffer>,
     outputs: Vec<Buffer>,
-    numel: usize,
+    /// The unit of a range: rows for a kernel with reduce axes, positions otherwise.
+    unit: Unit,
+    /// How many units a whole run covers (`rows()` or the domain's `numel()`).
+    extent: usize,
     entry: KernelFn,
     /// Behind a mutex only to make the kernel `Sync` (`JITModule` is not); it is never
     /// locked, only freed when the kernel is dropped.
@@ -63,8 +66,27 @@ impl fmt::Debug for CompiledKernel {
             .field("compile_time", &self.compile_time)
             .field("inputs", &self.inputs)
             .field("outputs", &self.outputs)
-            .field("numel", &self.numel)
+            .field("unit", &self.unit)
+            .field("extent", &self.extent)
             .finish_non_exhaustive()
+    }
+}
+
+/// What the `start..end` of a kernel's function count (see the crate docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unit {
+    /// Row-major positions of the domain (kernels without reduce axes).
+    Positions,
+    /// Rows, in row-major order of the kept axes (kernels with reduce axes).
+    Rows,
+}
+
+impl Unit {
+    fn name(self) -> &'static str {
+        match self {
+            Unit::Positions => "the domain's",
+            Unit::Rows => "the kernel's rows",
+        }
     }
 }
 
@@ -143,6 +165,11 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
         .finalize_definitions()
         .map_err(|e| cranelift(e.to_string()))?;
     let entry = entry_point(module.get_finalized_function(id));
+    let (unit, extent) = if kernel.reduce_axes.is_empty() {
+        (Unit::Positions, kernel.domain.numel())
+    } else {
+        (Unit::Rows, kernel.rows())
+    };
 
     Ok(CompiledKernel {
         name: kernel.name.clone(),
@@ -150,7 +177,8 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
         compile_time: started.elapsed(),
         inputs: kernel.inputs.clone(),
         outputs: kernel.outputs.clone(),
-        numel: kernel.domain.numel(),
+        unit,
+        extent,
         entry,
         _code: Mutex::new(code),
     })
@@ -188,15 +216,19 @@ fn entry_point(code: *const u8) -> KernelFn {
     unsafe { std::mem::transmute::<*const u8, KernelFn>(code) }
 }
 
-/// Runs the kernel's code over positions `[start, end)`. Only `run_range` calls it,
-/// after the checks its SAFETY comment relies on.
+/// Runs the kernel's code over units (positions, or rows) `[start, end)`. Only
+/// `run_range` calls it, after the checks its SAFETY comment relies on.
 fn invoke(entry: KernelFn, ptrs: &[*mut u8], start: i64, end: i64) {
     // SAFETY: `run_range` has checked, before building `ptrs`, that there is one pointer
     // per kernel buffer (inputs, then outputs), each to an array of the buffer's dtype
     // and exact length, outputs borrowed mutably and so distinct from each other and
-    // from the inputs, and that `0 <= start <= end <= numel`. `supports` proved every
-    // load of every position in `0..numel` inside its buffer, and stores go to position
-    // `i < numel` of outputs of `numel` elements. Bool outputs receive only 0 or 1.
+    // from the inputs, and that `0 <= start <= end <= extent`, where the extent is
+    // `numel` (positions) or, for a kernel with reduce axes, `rows()` (rows). `supports`
+    // proved every load of every domain position inside its buffer; a row `r < rows`
+    // only visits the positions of that row (and a row-level load only happens when
+    // rows are not empty, so the domain is not). Stores go to a position `< numel` of
+    // outputs of `numel` elements, or to `r < rows` of per-row outputs of `rows`
+    // elements. Bool outputs receive only 0 or 1.
     unsafe { entry(ptrs.as_ptr(), start, end) }
 }
 
@@ -219,7 +251,7 @@ impl CompiledKernel {
         self.compile_time
     }
 
-    /// Runs the kernel over its whole domain.
+    /// Runs the kernel over its whole domain (every row, for a kernel with reduce axes).
     ///
     /// `inputs` and `outputs` must match the kernel's buffers in number, dtype and
     /// length (shapes are not checked: buffers are flat); otherwise
@@ -229,12 +261,17 @@ impl CompiledKernel {
         inputs: &[&HostArray],
         outputs: &mut [&mut HostArray],
     ) -> Result<(), CodegenError> {
-        self.run_range(inputs, outputs, 0, self.numel)
+        self.run_range(inputs, outputs, 0, self.extent)
     }
 
     /// Runs the kernel over row-major positions `[start, end)` of its domain only; the
     /// rest of each output is left as it was. Checks the arguments as [`Self::run`] does
     /// and `start <= end <= numel`.
+    ///
+    /// For a kernel with reduce axes, `start..end` are **rows** instead (row-major over
+    /// the kept axes, `end <= Kernel::rows()`): each row in the range is reduced whole and
+    /// all of its outputs are written (every position of the row, or its one per-row
+    /// element); other rows are left as they were.
     pub fn run_range(
         &self,
         inputs: &[&HostArray],
@@ -266,10 +303,11 @@ impl CompiledKernel {
         for (k, (array, buffer)) in outputs.iter().zip(&self.outputs).enumerate() {
             check_array("output", k, array, buffer).map_err(bad)?;
         }
-        if start > end || end > self.numel {
+        if start > end || end > self.extent {
             return Err(bad(format!(
-                "range {start}..{end} is not within the domain's 0..{}",
-                self.numel
+                "range {start}..{end} is not within {} 0..{}",
+                self.unit.name(),
+                self.extent
             )));
         }
         if start == end {

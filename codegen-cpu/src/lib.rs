@@ -1,7 +1,8 @@
 //! # ndfuse-codegen-cpu
 //!
-//! The CPU code generator: turns a [`Kernel`] (the contract handed down by the passes)
-//! into machine code through Cranelift's JIT and runs it on host arrays.
+//! The CPU code generator: turns a [`Kernel`](ndfuse_ir::Kernel) (the contract handed
+//! down by the passes) into machine code through Cranelift's JIT and runs it on host
+//! arrays.
 //!
 //! The pipeline inside this crate is a straight line:
 //!
@@ -9,13 +10,17 @@
 //!    well-formed description whose loads stay inside their buffers);
 //! 2. `index` plans how each load turns the flat domain position into a buffer offset
 //!    (contiguous, fixed, or strided with merged axes);
-//! 3. `lower` writes one Cranelift function, a scalar loop over `[start, end)`;
+//! 3. `lower` writes one Cranelift function, a scalar loop over `[start, end)` (for a
+//!    kernel with reduce axes, a loop over rows with one sweep over each row per group
+//!    of sibling reductions and one for element stores: `lower::rows`);
 //! 4. `jit` compiles it with the host ISA and owns the code memory.
 //!
 //! Every kernel compiles to one function with the C ABI
 //! `fn(ptrs: *const *mut u8, start: i64, end: i64)`: `ptrs` holds the input buffer
 //! pointers and then the output buffer pointers. A range rather than the whole domain
 //! is the unit of work so that threads can later split the domain without recompiling.
+//! For a kernel with reduce axes, `start..end` count rows (`Kernel::rows`), never
+//! positions: a row is always reduced whole, by one call.
 //!
 //! ```
 //! use ndfuse_codegen_cpu::compile;

@@ -1,5 +1,5 @@
 //! Lowering: one [`Kernel`] to one Cranelift function, a scalar loop over a range of
-//! flat domain positions.
+//! flat domain positions (kernels with reduce axes loop over rows instead: see `rows`).
 //!
 //! ```text
 //! block0(ptrs, start, end):   brif start < end, block1, block3
@@ -26,6 +26,8 @@ use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{FuncId, Linkage, Module};
 use ndfuse_ir::{BinaryOp, DKind, DType, Expr, Kernel, Scalar, UnaryOp, View};
 use std::collections::BTreeMap;
+
+mod rows;
 
 /// The signature of every kernel: `(ptrs: *const *mut u8, start: i64, end: i64)`.
 pub(crate) fn kernel_signature<M: Module>(module: &M) -> Signature {
@@ -103,7 +105,9 @@ struct Lowering<'f, 'm, M: Module> {
     /// Imported functions declared so far, in declaration order.
     imports: Vec<(&'static str, FuncId, FuncRef)>,
     /// i64 constants already materialised. Every block that creates one (entry,
-    /// preheader, loop) dominates the later users, so one definition serves all.
+    /// preheader, loop) dominates the later users, so one definition serves all; the
+    /// sweeps of a row kernel, which do not dominate what follows them, restore this
+    /// cache (and `scaled`) when they end.
     consts: BTreeMap<i64, Value>,
     /// Element offsets already scaled to bytes, by (offset, shift): contiguous loads and
     /// stores of one element size share one address computation.
@@ -112,6 +116,7 @@ struct Lowering<'f, 'm, M: Module> {
 
 /// An element offset: a variable part (`None` for none) plus constant elements, which
 /// end up in the load's or store's immediate offset when they fit.
+#[derive(Clone, Copy)]
 struct Offset {
     var: Option<Value>,
     elems: i64,
@@ -124,6 +129,9 @@ impl<M: Module> Lowering<'_, '_, M> {
         self.b.switch_to_block(entry);
         let params = self.b.block_params(entry).to_vec();
         let (ptrs, start, end) = (params[0], params[1], params[2]);
+        if !kernel.reduce_axes.is_empty() {
+            return self.row_kernel(kernel, ptrs, start, end);
+        }
 
         // An empty domain has no element to read; its views need not even be
         // decomposable, so emit no loop at all.
@@ -142,15 +150,7 @@ impl<M: Module> Lowering<'_, '_, M> {
 
         // Preheader: everything that does not depend on the position.
         self.b.switch_to_block(preheader);
-        let n_ptrs = kernel.inputs.len() + kernel.outputs.len();
-        let word = i32::try_from(self.ptr_ty.bytes()).expect("a pointer is 4 or 8 bytes");
-        let bases: Vec<Value> = (0..n_ptrs)
-            .map(|k| {
-                let at = i32::try_from(k).ok().and_then(|k| k.checked_mul(word));
-                let at = at.expect("a kernel with over 2^28 buffers is a bug");
-                self.b.ins().load(self.ptr_ty, input_flags(), ptrs, at)
-            })
-            .collect();
+        let bases = self.buffer_bases(kernel, ptrs);
         let (in_bases, out_bases) = bases.split_at(kernel.inputs.len());
 
         let views: Vec<&View> = kernel
@@ -188,35 +188,13 @@ impl<M: Module> Lowering<'_, '_, M> {
             if values[v].is_some() {
                 continue;
             }
-            let operand =
-                |x: &ndfuse_ir::ValueId| values[x.index()].expect("SSA order: defined before use");
             let value = match &ins.expr {
                 Expr::Load { input, .. } => {
                     let access = load_access[v].take().expect("a load's access was planned");
                     let off = self.element_offset(&access, &indices, i);
                     self.load_at(in_bases[*input], off, ins.dtype)
                 }
-                Expr::Const(c) => self.constant(*c, ins.dtype),
-                Expr::Unary(op, a) => {
-                    let (a, ad) = (operand(a), kernel.body[a.index()].dtype);
-                    self.unary(*op, a, ad)?
-                }
-                Expr::Binary(op, x, y) => {
-                    let (xd, x, y) = (kernel.body[x.index()].dtype, operand(x), operand(y));
-                    self.binary(*op, x, y, xd)?
-                }
-                Expr::Where(c, x, y) => {
-                    let (c, x, y) = (operand(c), operand(x), operand(y));
-                    // `c` holds 0 or 1; select tests it for non-zero.
-                    self.b.ins().select(c, x, y)
-                }
-                Expr::Cast(a) => {
-                    let (a, from) = (operand(a), kernel.body[a.index()].dtype);
-                    self.cast(a, from, ins.dtype)
-                }
-                Expr::Reduce(..) | Expr::ArgReduce(..) => {
-                    unreachable!("supports() refuses kernels with reductions")
-                }
+                _ => self.compute(kernel, v, &values)?,
             };
             values[v] = Some(value);
         }
@@ -240,6 +218,55 @@ impl<M: Module> Lowering<'_, '_, M> {
         self.b.switch_to_block(exit);
         self.b.ins().return_(&[]);
         Ok(())
+    }
+
+    /// The buffer pointers from the `ptrs` array: inputs, then outputs.
+    fn buffer_bases(&mut self, kernel: &Kernel, ptrs: Value) -> Vec<Value> {
+        let n_ptrs = kernel.inputs.len() + kernel.outputs.len();
+        let word = i32::try_from(self.ptr_ty.bytes()).expect("a pointer is 4 or 8 bytes");
+        (0..n_ptrs)
+            .map(|k| {
+                let at = i32::try_from(k).ok().and_then(|k| k.checked_mul(word));
+                let at = at.expect("a kernel with over 2^28 buffers is a bug");
+                self.b.ins().load(self.ptr_ty, input_flags(), ptrs, at)
+            })
+            .collect()
+    }
+
+    /// Instruction `v` of `kernel`, which is neither a load nor a reduction, from the
+    /// values of its operands in `values` (all defined, by SSA order).
+    fn compute(
+        &mut self,
+        kernel: &Kernel,
+        v: usize,
+        values: &[Option<Value>],
+    ) -> Result<Value, String> {
+        let ins = &kernel.body[v];
+        let operand =
+            |x: &ndfuse_ir::ValueId| values[x.index()].expect("SSA order: defined before use");
+        Ok(match &ins.expr {
+            Expr::Const(c) => self.constant(*c, ins.dtype),
+            Expr::Unary(op, a) => {
+                let (a, ad) = (operand(a), kernel.body[a.index()].dtype);
+                self.unary(*op, a, ad)?
+            }
+            Expr::Binary(op, x, y) => {
+                let (xd, x, y) = (kernel.body[x.index()].dtype, operand(x), operand(y));
+                self.binary(*op, x, y, xd)?
+            }
+            Expr::Where(c, x, y) => {
+                let (c, x, y) = (operand(c), operand(x), operand(y));
+                // `c` holds 0 or 1; select tests it for non-zero.
+                self.b.ins().select(c, x, y)
+            }
+            Expr::Cast(a) => {
+                let (a, from) = (operand(a), kernel.body[a.index()].dtype);
+                self.cast(a, from, ins.dtype)
+            }
+            Expr::Load { .. } | Expr::Reduce(..) | Expr::ArgReduce(..) => {
+                panic!("v{v}: loads and reductions are lowered by their callers; this is a bug")
+            }
+        })
     }
 
     /// Group indices of the flat position `i`, innermost first by division by constant

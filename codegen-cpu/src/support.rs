@@ -2,14 +2,15 @@
 //! including the ones memory safety rests on (loads inside their buffers, bool values
 //! that can only ever be 0 or 1).
 
-use ndfuse_ir::{Kernel, Plan};
+use ndfuse_ir::{Expr, Kernel, Level, Plan};
 
 /// Why half-precision kernels go to the interpreter for now.
 pub(crate) const HALF_UNSUPPORTED: &str = "f16/bf16 kernels are not JIT-compiled yet (computed in f32 in a later issue); the interpreter runs them";
 
-/// Why kernels with reductions go to the interpreter for now.
-pub(crate) const REDUCE_UNSUPPORTED: &str =
-    "reductions are not JIT-compiled yet (the CPU-backend issue); the interpreter runs this kernel";
+/// Why kernels with empty rows and loads that stay put along the row go to the
+/// interpreter: such a load is a row value, but over an empty domain `Kernel::check`
+/// cannot bound its view, and the reference reads nothing for it.
+pub(crate) const EMPTY_ROW_LOAD_UNSUPPORTED: &str = "a row-level load in a kernel with empty rows (row_len 0) is not JIT-compiled: its view is not bounds-checked over an empty domain; the interpreter runs this kernel";
 
 /// Whether this code generator can compile `kernel`.
 ///
@@ -30,14 +31,39 @@ pub fn supports(kernel: &Kernel) -> Result<(), String> {
     if uses_half {
         return Err(HALF_UNSUPPORTED.to_string());
     }
-    match kernel.plan {
-        Plan::Elementwise if kernel.reduce_axes.is_empty() => {}
-        _ => return Err(REDUCE_UNSUPPORTED.to_string()),
+    // Every reduction plan is lowered row by row for now (see `lower::rows`), so the
+    // plan only has to agree with the presence of reduce axes.
+    match (&kernel.plan, kernel.reduce_axes.is_empty()) {
+        (Plan::Elementwise, true) => {}
+        (Plan::Rows { .. } | Plan::Columns { .. } | Plan::Split { .. }, false) => {}
+        (Plan::Elementwise, false) => {
+            return Err(format!(
+                "invalid kernel description: an element-wise plan with reduce axes {:?}",
+                kernel.reduce_axes
+            ))
+        }
+        (plan, true) => {
+            return Err(format!(
+                "invalid kernel description: plan {plan} without reduce axes"
+            ))
+        }
     }
     if !cfg!(target_pointer_width = "64") {
         return Err("the CPU code generator needs a 64-bit host (it indexes in i64)".to_string());
     }
     kernel
         .check()
-        .map_err(|errs| format!("invalid kernel description: {}", errs.join("; ")))
+        .map_err(|errs| format!("invalid kernel description: {}", errs.join("; ")))?;
+    if !kernel.reduce_axes.is_empty() && kernel.row_len() == 0 && kernel.rows() > 0 {
+        let levels = kernel.levels();
+        let row_load = kernel
+            .body
+            .iter()
+            .zip(&levels)
+            .any(|(ins, &l)| matches!(ins.expr, Expr::Load { .. }) && l == Level::Row);
+        if row_load {
+            return Err(EMPTY_ROW_LOAD_UNSUPPORTED.to_string());
+        }
+    }
+    Ok(())
 }

@@ -294,10 +294,7 @@ impl Report {
 
     /// Number of kernels launched (interpreter-only steps excluded).
     pub fn kernel_count(&self) -> usize {
-        self.ev
-            .schedule
-            .as_ref()
-            .map_or(0, ndfuse_passes::Schedule::kernel_count)
+        self.ev.schedule.as_ref().map_or(0, |s| s.kernel_count())
     }
 
     /// The kernels as text (each kernel description in full).

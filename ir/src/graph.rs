@@ -274,6 +274,18 @@ impl Graph {
         h.finish()
     }
 
+    /// Whether `other` is the same graph node for node: the same ids holding the same
+    /// ops, dtypes and shapes with the same operands, and the same outputs. (What a
+    /// cache keyed by [`Graph::fingerprint`] checks, so a hash collision cannot hit.)
+    pub fn same_as(&self, other: &Graph) -> bool {
+        self.outputs == other.outputs
+            && self.g.node_count() == other.g.node_count()
+            && self.g.node_indices().all(|n| {
+                other.g.node_weight(n) == self.g.node_weight(n)
+                    && self.operands(NodeId(n)) == other.operands(NodeId(n))
+            })
+    }
+
     /// The underlying petgraph graph, read-only (for algorithms petgraph provides).
     pub fn petgraph(&self) -> &StableDiGraph<Node, Slot> {
         &self.g

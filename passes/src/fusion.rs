@@ -30,6 +30,12 @@
 //!    reads memory, not the registers of the kernel computing it). Each stored value
 //!    records why.
 //!
+//! The cost rule for a value with several consumers: inside one kernel it is computed
+//! once and reused (SSA); across kernels it is materialised (written once, read by each
+//! consumer) and never recomputed. Recomputing a cheap element-wise producer inside each
+//! consumer would save its write and read (e.g. `y = exp(x)` feeding reductions over two
+//! different axes); that trade is not made yet.
+//!
 //! Composite reductions lower to primitives: mean = sum / n; norm1 = sum |x|; norm2 =
 //! sqrt(sum x²); var = sum((x - mean)²) / n, two sweeps over a row rather than
 //! sum(x²)/n - mean², which cancels catastrophically when the mean is large against the

@@ -85,11 +85,13 @@ pub struct Evaluation {
     pub backend: BackendKind,
     /// The graph that ran: after the clean-up passes on a compiling backend, the graph
     /// as given on the interpreter.
-    pub graph: Graph,
+    pub graph: Arc<Graph>,
     /// What each pass did (absent for the interpreter backend, which runs none).
-    pub passes: Option<PassLog>,
+    pub passes: Option<Arc<PassLog>>,
     /// The schedule (absent for the interpreter backend, which does not fuse).
-    pub schedule: Option<Schedule>,
+    pub schedule: Option<Arc<Schedule>>,
+    /// Whether passes and fusion were skipped because this graph was compiled before.
+    pub compile_cached: bool,
     /// How each step ran, parallel to `schedule.steps`.
     pub paths: Vec<StepPath>,
     /// Time spent compiling kernels (zero when all came from the cache).
@@ -163,9 +165,10 @@ pub fn execute(
             Ok(Evaluation {
                 outputs,
                 backend,
-                graph: g.clone(),
+                graph: Arc::new(g.clone()),
                 passes: None,
                 schedule: None,
+                compile_cached: false,
                 paths: Vec::new(),
                 compile_time: Duration::ZERO,
                 run_time: start.elapsed(),
@@ -196,8 +199,26 @@ impl Buf<'_> {
 /// The IR after each pass is recorded when `record_ir` (for `explain`) or when a dump or
 /// debug level asks for it: printing a large graph after every pass of every eval
 /// would cost more than the passes.
-fn compile(g: &Graph, record_ir: bool) -> Result<Compiled, RuntimeError> {
+fn compile(g: &Graph, record_ir: bool) -> Result<(Arc<Compiled>, bool), RuntimeError> {
     let mut opts = crate::env::pass_options()?;
+    // A graph compiled before with the same options skips passes and fusion: re-running
+    // them would be most of a small eval's cost. The key is a structural hash; a hit is
+    // confirmed node for node, so a collision cannot return another graph's schedule.
+    let key = (
+        g.fingerprint(),
+        opts.disabled.clone(),
+        record_ir,
+        opts.debug_level,
+    );
+    if let Some(hit) = compile_cache()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(&key)
+        .filter(|(src, _)| src.same_as(g))
+        .map(|(_, c)| Arc::clone(c))
+    {
+        return Ok((hit, true));
+    }
     opts.record_ir = record_ir || opts.debug_level >= 3 || opts.dump_dir.is_some();
     let mut optimized = g.clone();
     let log = ndfuse_passes::optimize(&mut optimized, &opts)?;
@@ -212,19 +233,43 @@ fn compile(g: &Graph, record_ir: bool) -> Result<Compiled, RuntimeError> {
             schedule.to_text(&optimized)
         );
     }
-    Ok(Compiled {
-        graph: optimized,
-        log,
-        schedule,
+    let compiled = Arc::new(Compiled {
+        graph: Arc::new(optimized),
+        log: Arc::new(log),
+        schedule: Arc::new(schedule),
         debug: opts.debug_level,
-    })
+    });
+    let mut cache = compile_cache()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if cache.len() >= COMPILE_CACHE_ENTRIES {
+        // A plain bound: programs that build endless new graphs start over.
+        cache.clear();
+    }
+    cache.insert(key, (g.clone(), Arc::clone(&compiled)));
+    Ok((compiled, false))
+}
+
+/// How many compiled graphs [`compile`] keeps.
+const COMPILE_CACHE_ENTRIES: usize = 256;
+
+/// Structural hash of the source graph, disabled passes, whether IR is recorded, debug level.
+type CompileKey = (u64, Vec<String>, bool, u8);
+
+/// Compiled graphs by key, each with its source graph to confirm a hit.
+type CompileCache = Mutex<HashMap<CompileKey, (Graph, Arc<Compiled>)>>;
+
+/// Compiled graphs by structural hash and options, with the source graph to confirm a hit.
+fn compile_cache() -> &'static CompileCache {
+    static CACHE: OnceLock<CompileCache> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
 }
 
 /// What [`compile`] produces.
 struct Compiled {
-    graph: Graph,
-    log: PassLog,
-    schedule: Schedule,
+    graph: Arc<Graph>,
+    log: Arc<PassLog>,
+    schedule: Arc<Schedule>,
     /// `NDFUSE_DEBUG`: 1 = a line per kernel launched, 2 = plus the fusion report,
     /// 3 = plus the IR after each pass, 4 = plus the generated code.
     debug: u8,
@@ -234,13 +279,15 @@ fn run_cpu(
     g: &Graph,
     inputs: &HashMap<NodeId, Arc<HostArray>>,
 ) -> Result<Evaluation, RuntimeError> {
+    let (compiled_graph, compile_cached) = compile(g, false)?;
     let Compiled {
         graph: optimized,
         log: passes,
         schedule,
         debug,
-    } = compile(g, false)?;
-    let g = &optimized;
+    } = &*compiled_graph;
+    let debug = *debug;
+    let g = &**optimized;
     // The last step that reads each buffer: it is dropped right after.
     let mut last_read: HashMap<NodeId, usize> = HashMap::new();
     for (i, s) in schedule.steps.iter().enumerate() {
@@ -326,9 +373,10 @@ fn run_cpu(
     Ok(Evaluation {
         outputs,
         backend: BackendKind::Cpu,
-        graph: optimized.clone(),
-        passes: Some(passes),
-        schedule: Some(schedule),
+        graph: Arc::clone(optimized),
+        passes: Some(Arc::clone(passes)),
+        schedule: Some(Arc::clone(schedule)),
+        compile_cached,
         paths,
         compile_time,
         run_time,
@@ -393,11 +441,11 @@ pub struct Explanation {
     /// The backend that would run.
     pub backend: BackendKind,
     /// The graph that would run (after the clean-up passes on a compiling backend).
-    pub graph: Graph,
+    pub graph: Arc<Graph>,
     /// What each pass did (absent for the interpreter backend).
-    pub passes: Option<PassLog>,
+    pub passes: Option<Arc<PassLog>>,
     /// The schedule (absent for the interpreter backend, which does not fuse).
-    pub schedule: Option<Schedule>,
+    pub schedule: Option<Arc<Schedule>>,
     /// How each step would run, parallel to `schedule.steps`.
     pub paths: Vec<StepPath>,
     /// The generated code of each JIT-compiled kernel: (kernel name, Cranelift IR).
@@ -411,7 +459,7 @@ pub fn explain(g: &Graph, backend: BackendKind) -> Result<Explanation, RuntimeEr
     match backend {
         BackendKind::Interp => Ok(Explanation {
             backend,
-            graph: g.clone(),
+            graph: Arc::new(g.clone()),
             passes: None,
             schedule: None,
             paths: Vec::new(),
@@ -419,12 +467,12 @@ pub fn explain(g: &Graph, backend: BackendKind) -> Result<Explanation, RuntimeEr
         }),
         BackendKind::Cuda => Err(cuda_unavailable()),
         BackendKind::Auto | BackendKind::Cpu => {
-            let Compiled {
-                graph,
-                log: passes,
-                schedule,
-                ..
-            } = compile(g, true)?;
+            let (c, _) = compile(g, true)?;
+            let (graph, passes, schedule) = (
+                Arc::clone(&c.graph),
+                Arc::clone(&c.log),
+                Arc::clone(&c.schedule),
+            );
             let mut paths = Vec::with_capacity(schedule.steps.len());
             let mut code = Vec::new();
             for step in &schedule.steps {

@@ -1,12 +1,13 @@
 //! The fusion catalogue: graphs users write, each with the number of kernels fusion must
 //! produce AND its values checked against the reference interpreter.
 //!
-//! Tolerance per entry: `Exact` (bit-identical, NaN matching NaN) wherever the fused
-//! kernel rounds at the same steps as the node-by-node reference (element-wise ops, sum,
-//! prod, max, min, argmax, softmax, log_softmax); `Close` where a composite reduction is
-//! lowered to steps that each round in the kernel's dtype while the reference computes
-//! the whole node in f64 and rounds once (mean = sum / n, var/std through the mean,
-//! norm2 through f32 squares, and layernorm, whose `x - mean` cancels).
+//! Tolerance per entry: `Exact` (bit-identical, NaN matching NaN) wherever the kernel
+//! rounds at the same steps as the node-by-node reference (element-wise ops, max, min,
+//! argmax, integer sums); `F32_ACC` where f32 sums or products accumulate in f32 while
+//! the reference sums exactly (see the constant); `F32_STEPS` and `Close` where a
+//! composite reduction is lowered to steps that each round in the kernel's dtype while
+//! the reference computes the whole node in f64 and rounds once (mean = sum / n, var/std
+//! through the mean, norm2 through f32 squares, and layernorm, whose `x - mean` cancels).
 
 use ndfuse::{BackendKind, Context, DType, SliceArg, Tensor};
 use ndfuse_tests::{assert_close, assert_matches};
@@ -20,6 +21,12 @@ enum Tol {
 
 /// f32 steps that each round: a few ulp relative, absolute at the terms' scale.
 const F32_STEPS: Tol = Tol::Close(2e-6, 1e-6);
+
+/// f32 sums and products accumulate in f32 in a fixed sequential order (the mission:
+/// reductions accumulate in f32); the reference sums exactly in f64 and rounds once. The
+/// error is bounded by (n - 1) eps sum|x|; over these rows (n up to 70 000, |x| up to
+/// about 10) it measured at most 1e-6 relative, and 4e-6 absolute on a sum that cancels.
+const F32_ACC: Tol = Tol::Close(1e-5, 1e-5);
 
 struct Case {
     name: &'static str,
@@ -48,7 +55,7 @@ const CATALOGUE: &[Case] = &[
     Case {
         name: "exp(a*b+c).sum(1)",
         kernels: 1,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| {
             vec![
                 (&x(c, &[32, 24], 1) * &x(c, &[32, 24], 2) + &x(c, &[24], 3))
@@ -78,13 +85,13 @@ const CATALOGUE: &[Case] = &[
     Case {
         name: "softmax",
         kernels: 1,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| vec![x(c, &[16, 33], 7).softmax(-1)],
     },
     Case {
         name: "log_softmax",
         kernels: 1,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| vec![x(c, &[16, 33], 8).log_softmax(-1)],
     },
     Case {
@@ -96,13 +103,13 @@ const CATALOGUE: &[Case] = &[
     Case {
         name: "column sum",
         kernels: 1,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| vec![x(c, &[64, 48], 10).sum(0)],
     },
     Case {
         name: "full sum",
         kernels: 1,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| vec![x(c, &[70_000], 11).sum(..)],
     },
     Case {
@@ -138,7 +145,7 @@ const CATALOGUE: &[Case] = &[
     Case {
         name: "sibling reductions share one pass",
         kernels: 1,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| {
             let a = x(c, &[30, 20], 18);
             vec![a.sum(1), a.max(1), a.min(1), a.prod(1)]
@@ -147,7 +154,7 @@ const CATALOGUE: &[Case] = &[
     Case {
         name: "reductions over different axes of one input",
         kernels: 2,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| {
             let a = x(c, &[30, 20], 19);
             vec![a.sum(0), a.sum(1)]
@@ -156,7 +163,7 @@ const CATALOGUE: &[Case] = &[
     Case {
         name: "a value consumed by reductions over different axes is materialised",
         kernels: 2,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| {
             let y = x(c, &[30, 20], 20).exp();
             vec![y.sum(0), y.sum(1)]
@@ -183,13 +190,13 @@ const CATALOGUE: &[Case] = &[
     Case {
         name: "a reduction of a row-fused result",
         kernels: 1,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| vec![x(c, &[16, 33], 23).softmax(-1).sum(-1)],
     },
     Case {
         name: "epilogue after a reduction",
         kernels: 1,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| {
             let a = x(c, &[30, 20], 24);
             vec![(&a * &a).sum(1).sqrt() + 1.0]
@@ -198,7 +205,7 @@ const CATALOGUE: &[Case] = &[
     Case {
         name: "reduction over non-adjacent axes",
         kernels: 1,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| vec![x(c, &[6, 5, 7], 25).sum([0, 2])],
     },
     Case {
@@ -216,13 +223,13 @@ const CATALOGUE: &[Case] = &[
     Case {
         name: "softmax of a transposed input",
         kernels: 1,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| vec![x(c, &[33, 16], 28).transpose().softmax(-1)],
     },
     Case {
         name: "a reduction of a reduction",
         kernels: 2,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| vec![x(c, &[30, 20], 29).sum(1).max(0)],
     },
     Case {
@@ -237,7 +244,7 @@ const CATALOGUE: &[Case] = &[
     Case {
         name: "reversed slices reduced",
         kernels: 1,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| {
             vec![x(c, &[30, 20], 31)
                 .slice(&[SliceArg::new(None, None, -3)])
@@ -253,7 +260,7 @@ const CATALOGUE: &[Case] = &[
     Case {
         name: "transpose then reduce",
         kernels: 1,
-        tol: Tol::Exact,
+        tol: F32_ACC,
         build: |c| vec![x(c, &[20, 30], 33).transpose().sum(1)],
     },
     Case {

@@ -3,8 +3,8 @@
 
 use ndfuse_codegen_cpu::{compile, CompiledKernel};
 use ndfuse_ir::{
-    BinaryOp, Buffer, DType, Expr, HostArray, Instr, Kernel, Plan, Scalar, Shape, Store, UnaryOp,
-    ValueId, View,
+    Accumulate, ArgReduceOp, BinaryOp, Buffer, DType, Expr, HostArray, Instr, Kernel, Plan, Scalar,
+    Shape, Store, UnaryOp, ValueId, View,
 };
 
 /// A kernel under construction: every `add_*` appends one instruction.
@@ -89,6 +89,48 @@ impl KernelBuilder {
         self.push(to, Expr::Cast(a))
     }
 
+    /// Makes the kernel a row program reducing `axes` (sorted), with the `Rows` plan the
+    /// passes would pick; [`Self::plan`] overrides it.
+    pub fn reduce_over(&mut self, axes: &[usize]) {
+        self.k.reduce_axes = axes.to_vec();
+        let rank = self.k.domain.rank();
+        let trailing = axes
+            .iter()
+            .enumerate()
+            .all(|(i, &a)| a == rank - axes.len() + i);
+        self.k.plan = Plan::Rows {
+            rows: self.k.rows(),
+            row_len: self.k.row_len(),
+            contiguous: trailing,
+        };
+        self.k.plan_reason = "rows (hand-built test kernel)".to_string();
+    }
+
+    pub fn plan(&mut self, plan: Plan) {
+        self.k.plan = plan;
+    }
+
+    pub fn reduce(&mut self, acc: Accumulate, a: ValueId) -> ValueId {
+        let d = self.dtype(a);
+        self.push(d, Expr::Reduce(acc, a))
+    }
+
+    pub fn arg_reduce(&mut self, op: ArgReduceOp, a: ValueId) -> ValueId {
+        self.push(DType::I64, Expr::ArgReduce(op, a))
+    }
+
+    /// Stores row value `v` into a new output of one element per row.
+    pub fn store_rows(&mut self, v: ValueId) -> usize {
+        let dtype = self.dtype(v);
+        self.k.outputs.push(Buffer {
+            dtype,
+            len: self.k.rows(),
+        });
+        let output = self.k.outputs.len() - 1;
+        self.k.stores.push(Store { value: v, output });
+        output
+    }
+
     /// Stores `v` into a new output buffer; returns the output's index.
     pub fn store(&mut self, v: ValueId) -> usize {
         let dtype = self.dtype(v);
@@ -128,14 +170,26 @@ pub fn compiled(kernel: &Kernel) -> CompiledKernel {
     compile(kernel).unwrap_or_else(|e| panic!("{e}\n{kernel}"))
 }
 
+/// Fresh zeroed outputs for `kernel`: shaped like the domain, or flat for per-row ones.
+pub fn zeroed_outputs(kernel: &Kernel) -> Vec<HostArray> {
+    kernel
+        .outputs
+        .iter()
+        .map(|b| {
+            let shape = if b.len == kernel.domain.numel() {
+                kernel.domain.clone()
+            } else {
+                Shape::new([b.len])
+            };
+            HostArray::zeros(b.dtype, shape)
+        })
+        .collect()
+}
+
 /// Compiles and runs `kernel` over its domain on fresh zeroed outputs.
 pub fn run(kernel: &Kernel, inputs: &[&HostArray]) -> Vec<HostArray> {
     let ck = compiled(kernel);
-    let mut outs: Vec<HostArray> = kernel
-        .outputs
-        .iter()
-        .map(|b| HostArray::zeros(b.dtype, kernel.domain.clone()))
-        .collect();
+    let mut outs = zeroed_outputs(kernel);
     let mut refs: Vec<&mut HostArray> = outs.iter_mut().collect();
     ck.run(inputs, &mut refs).unwrap_or_else(|e| panic!("{e}"));
     outs

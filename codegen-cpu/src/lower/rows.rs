@@ -1,0 +1,619 @@
+//! Lowering of kernels with reduce axes: the row program of `ndfuse_ir::kernel`, one
+//! row after another over a range of row indices.
+//!
+//! ```text
+//! block0(ptrs, start, end):  brif start < end, pre, exit
+//! pre:                       buffer pointers, constants; jump row(start)
+//! row(r):                    kept index of r -> per-load base offsets; row values
+//!   sweep 0:  head(j, accs..): reduced index of j, element values, accs' = accs (+) x
+//!             brif j + 1 < row_len, head(j + 1, accs'..), done(accs'..)
+//!   done(results..):         row values that need sweep 0's results
+//!   sweep 1 ...              (reductions that need sweep 0's results)
+//!   per-row stores out[r]; final sweep: element stores (row values broadcast)
+//!   brif r + 1 < end, row(r + 1), exit
+//! exit:                      return
+//! ```
+//!
+//! Every reduction goes into the earliest sweep its operand allows (one after the
+//! sweeps of the reductions it depends on), so sibling reductions share a sweep. Element
+//! values are not kept between sweeps: a later sweep loads and recomputes them, which
+//! costs no scratch memory and re-reads a row that is usually still in cache.
+//!
+//! Element `j` of row `r` is the domain position whose kept axes hold the row-major
+//! index `r` (over the kept axes) and whose reduced axes hold the row-major index `j`
+//! (over the reduced axes). Each is decomposed by division by constant extents with the
+//! plans of `index`, once per row for `r` and once per element for `j`, so a load's
+//! offset is a per-row base plus a per-element part.
+//!
+//! Every plan (`Rows`, contiguous or strided, `Columns`, `Split`) is lowered this same
+//! row-by-row way for now: correct, and deterministic since rows are done in order and
+//! each row is reduced sequentially. Plan-specific loops (a band of columns accumulated
+//! at once, chunked partial sums for `Split`) and SIMD come with the later parts of the
+//! CPU-backend issue.
+
+use super::{cl_type, Lowering, Offset};
+use crate::index::{self, Access, IndexPlan};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{types, BlockArg, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_module::Module;
+use ndfuse_ir::{Accumulate, ArgReduceOp, DKind, DType, Expr, Kernel, Level, Shape, View};
+
+/// The sweep structure of a row program, decided from the body alone.
+struct Schedule {
+    /// Per instruction: 0 if it needs no reduction result, else one more than the sweep
+    /// of the latest reduction it depends on. A reduction runs in sweep `stage - 1`;
+    /// other row values are computed just before sweep `stage` (or after the last one).
+    stage: Vec<usize>,
+    /// Number of reduction sweeps (the final store sweep not counted).
+    sweeps: usize,
+}
+
+fn schedule(kernel: &Kernel) -> Schedule {
+    let mut stage = vec![0usize; kernel.body.len()];
+    let mut sweeps = 0;
+    for (i, ins) in kernel.body.iter().enumerate() {
+        let deps = Kernel::operands(&ins.expr)
+            .iter()
+            .map(|v| stage[v.index()])
+            .max()
+            .unwrap_or(0);
+        stage[i] = match ins.expr {
+            Expr::Reduce(..) | Expr::ArgReduce(..) => {
+                sweeps = sweeps.max(deps + 1);
+                deps + 1
+            }
+            _ => deps,
+        };
+    }
+    Schedule { stage, sweeps }
+}
+
+/// The element values a sweep must compute: `targets` and their element-level operands,
+/// transitively (row-level operands are already computed before the sweep).
+fn element_closure(kernel: &Kernel, levels: &[Level], targets: &[usize]) -> Vec<bool> {
+    let mut need = vec![false; kernel.body.len()];
+    for &t in targets {
+        if levels[t] == Level::Element {
+            need[t] = true;
+        }
+    }
+    for i in (0..kernel.body.len()).rev() {
+        if need[i] {
+            for v in Kernel::operands(&kernel.body[i].expr) {
+                if levels[v.index()] == Level::Element {
+                    need[v.index()] = true;
+                }
+            }
+        }
+    }
+    need
+}
+
+/// `view` restricted to `axes` (shape, strides) with offset `offset`.
+fn restrict(view: &View, axes: &[usize], offset: isize) -> View {
+    View {
+        shape: Shape::new(
+            axes.iter()
+                .map(|&a| view.shape.dims()[a])
+                .collect::<Vec<_>>(),
+        ),
+        strides: axes.iter().map(|&a| view.strides[a]).collect(),
+        offset,
+    }
+}
+
+/// Whether store `s` writes one element per row (a row value into a buffer of `rows`
+/// elements) rather than every domain position: the rule of `Kernel::check`.
+fn per_row(kernel: &Kernel, levels: &[Level], s: &ndfuse_ir::Store) -> bool {
+    levels[s.value.index()] == Level::Row && kernel.outputs[s.output].len == kernel.rows()
+}
+
+/// The running state of one reduction in a sweep.
+#[derive(Clone, Copy)]
+enum Acc {
+    /// `acc = acc (+) x`.
+    Plain(Accumulate),
+    /// The best value so far and its index.
+    Arg(ArgReduceOp),
+}
+
+/// How the row-level part and the element-level part of every load and of the output
+/// position combine: index plans over the kept and over the reduced axes.
+struct RowIndex {
+    kept: IndexPlan,
+    red: IndexPlan,
+    /// Per instruction that is a load: its (kept, reduced) accesses.
+    loads: Vec<Option<(Access, Access)>>,
+    /// The (kept, reduced) accesses of a contiguous output of the domain's shape, when
+    /// some store writes every position.
+    out: Option<(Access, Access)>,
+}
+
+fn row_index(kernel: &Kernel, element_stores: bool) -> RowIndex {
+    let rank = kernel.domain.rank();
+    let kept_axes: Vec<usize> = (0..rank)
+        .filter(|a| !kernel.reduce_axes.contains(a))
+        .collect();
+    let red_axes = &kernel.reduce_axes;
+    let mut kept_views = Vec::new();
+    let mut red_views = Vec::new();
+    for ins in &kernel.body {
+        if let Expr::Load { view, .. } = &ins.expr {
+            kept_views.push(restrict(view, &kept_axes, view.offset));
+            red_views.push(restrict(view, red_axes, 0));
+        }
+    }
+    if element_stores {
+        let out = View::contiguous(kernel.domain.clone());
+        kept_views.push(restrict(&out, &kept_axes, 0));
+        red_views.push(restrict(&out, red_axes, 0));
+    }
+    let dims = kernel.domain.dims();
+    let kept_shape = Shape::new(kept_axes.iter().map(|&a| dims[a]).collect::<Vec<_>>());
+    let red_shape = Shape::new(red_axes.iter().map(|&a| dims[a]).collect::<Vec<_>>());
+    let (kept, kacc) = index::plan(&kept_shape, &kept_views.iter().collect::<Vec<_>>());
+    let (red, racc) = index::plan(&red_shape, &red_views.iter().collect::<Vec<_>>());
+    let mut pairs = kacc.into_iter().zip(racc);
+    let loads = kernel
+        .body
+        .iter()
+        .map(|ins| match ins.expr {
+            Expr::Load { .. } => pairs.next(),
+            _ => None,
+        })
+        .collect();
+    let out = if element_stores { pairs.next() } else { None };
+    RowIndex {
+        kept,
+        red,
+        loads,
+        out,
+    }
+}
+
+/// `a + b` for offsets: one add of the variable parts at most.
+fn sum_offsets<M: Module>(lw: &mut Lowering<'_, '_, M>, a: &Offset, b: Offset) -> Offset {
+    let var = match (a.var, b.var) {
+        (Some(x), Some(y)) => Some(lw.b.ins().iadd(x, y)),
+        (x, y) => x.or(y),
+    };
+    Offset {
+        var,
+        elems: a.elems + b.elems,
+    }
+}
+
+impl<M: Module> Lowering<'_, '_, M> {
+    /// The whole function for a kernel with reduce axes; `start..end` are row indices.
+    pub(super) fn row_kernel(
+        &mut self,
+        kernel: &Kernel,
+        ptrs: Value,
+        start: Value,
+        end: Value,
+    ) -> Result<(), String> {
+        let (rows, row_len) = (kernel.rows(), kernel.row_len());
+        if rows == 0 {
+            self.b.ins().return_(&[]);
+            return Ok(());
+        }
+        let levels = kernel.levels();
+        let sched = schedule(kernel);
+        let element_stores = kernel.stores.iter().any(|s| !per_row(kernel, &levels, s));
+        // With empty rows the domain is empty: no view is decomposable and no element
+        // is read (`supports` refuses row-level loads there), so no index plan is made.
+        let ix = (row_len > 0).then(|| row_index(kernel, element_stores));
+        let row_len = i64::try_from(row_len).expect("row_len <= numel fits i64 (supports)");
+
+        let pre = self.b.create_block();
+        let row = self.b.create_block();
+        let exit = self.b.create_block();
+        let r = self.b.append_block_param(row, types::I64);
+        let nonempty = self.b.ins().icmp(IntCC::SignedLessThan, start, end);
+        self.b.ins().brif(nonempty, pre, &[], exit, &[]);
+
+        // Preheader: buffer pointers and constants, invariant over rows.
+        self.b.switch_to_block(pre);
+        let bases = self.buffer_bases(kernel, ptrs);
+        let (in_bases, out_bases) = bases.split_at(kernel.inputs.len());
+        let mut values: Vec<Option<Value>> = vec![None; kernel.body.len()];
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if let Expr::Const(_) = ins.expr {
+                values[v] = Some(self.compute(kernel, v, &values)?);
+            }
+        }
+        self.b.ins().jump(row, &[start.into()]);
+
+        // The row: its per-row base offsets, then sweeps and row values in stage order.
+        self.b.switch_to_block(row);
+        let mut kept_offsets: Vec<Option<Offset>> = Vec::new();
+        let mut out_kept: Option<Offset> = None;
+        if let Some(ix) = &ix {
+            let kidx = self.decompose(&ix.kept, r);
+            for pair in &ix.loads {
+                kept_offsets.push(pair.as_ref().map(|(k, _)| self.element_offset(k, &kidx, r)));
+            }
+            out_kept = ix
+                .out
+                .as_ref()
+                .map(|(k, _)| self.element_offset(k, &kidx, r));
+        }
+        for s in 0..=sched.sweeps {
+            // Row values that became computable: stage s (stage 0 includes row loads).
+            for (v, ins) in kernel.body.iter().enumerate() {
+                if levels[v] != Level::Row || sched.stage[v] != s || values[v].is_some() {
+                    continue;
+                }
+                let value = match &ins.expr {
+                    Expr::Reduce(..) | Expr::ArgReduce(..) => continue,
+                    Expr::Load { input, .. } => {
+                        let off = kept_offsets
+                            .get(v)
+                            .copied()
+                            .flatten()
+                            .expect("row loads only in non-empty rows (supports); else a bug");
+                        self.load_at(in_bases[*input], off, ins.dtype)
+                    }
+                    _ => self.compute(kernel, v, &values)?,
+                };
+                values[v] = Some(value);
+            }
+            if s == sched.sweeps {
+                break;
+            }
+            let reduces: Vec<usize> = (0..kernel.body.len())
+                .filter(|&v| {
+                    matches!(kernel.body[v].expr, Expr::Reduce(..) | Expr::ArgReduce(..))
+                        && sched.stage[v] == s + 1
+                })
+                .collect();
+            let results = match &ix {
+                Some(ix) => {
+                    let env = SweepEnv {
+                        ix,
+                        levels: &levels,
+                        kept_offsets: &kept_offsets,
+                        in_bases,
+                        row_len,
+                    };
+                    self.reduce_sweep(kernel, &env, &reduces, &values)?
+                }
+                None => reduces
+                    .iter()
+                    .map(|&v| self.empty_result(kernel, v))
+                    .collect(),
+            };
+            for (&v, value) in reduces.iter().zip(results) {
+                values[v] = Some(value);
+            }
+        }
+
+        // Per-row stores: one element per row, at r.
+        for st in &kernel.stores {
+            if per_row(kernel, &levels, st) {
+                let value = values[st.value.index()].expect("row values are computed by now");
+                let dtype = kernel.body[st.value.index()].dtype;
+                let at = Offset {
+                    var: Some(r),
+                    elems: 0,
+                };
+                let (addr, imm) = self.address(out_bases[st.output], at, dtype);
+                self.b
+                    .ins()
+                    .store(MemFlagsData::trusted(), value, addr, imm);
+            }
+        }
+        // Element stores: a final sweep (none over an empty row, which has no position).
+        if let (Some(ix), Some(out_kept)) = (&ix, &out_kept) {
+            let env = SweepEnv {
+                ix,
+                levels: &levels,
+                kept_offsets: &kept_offsets,
+                in_bases,
+                row_len,
+            };
+            self.store_sweep(kernel, &env, out_kept, out_bases, &values)?;
+        }
+        let next = self.b.ins().iadd_imm_s(r, 1);
+        let more = self.b.ins().icmp(IntCC::SignedLessThan, next, end);
+        self.b.ins().brif(more, row, &[next.into()], exit, &[]);
+
+        self.b.switch_to_block(exit);
+        self.b.ins().return_(&[]);
+        Ok(())
+    }
+
+    /// The value of reduction `v` over an empty row: the identity of sum and product,
+    /// NaN for a float max/min and 0 for an integer one (as the reference), index 0.
+    fn empty_result(&mut self, kernel: &Kernel, v: usize) -> Value {
+        let dtype = kernel.body[v].dtype;
+        match kernel.body[v].expr {
+            Expr::Reduce(acc, _) => match (acc, dtype.kind()) {
+                (Accumulate::Sum, _) => self.typed_const(dtype, 0.0, 0),
+                (Accumulate::Prod, _) => self.typed_const(dtype, 1.0, 1),
+                (Accumulate::Max | Accumulate::Min, _) => self.typed_const(dtype, f64::NAN, 0),
+            },
+            _ => self.b.ins().iconst(types::I64, 0),
+        }
+    }
+
+    /// `f` as a float of `dtype`, or `i` as an integer of it.
+    fn typed_const(&mut self, dtype: DType, f: f64, i: i64) -> Value {
+        match dtype.kind() {
+            DKind::Float => self.float_const(dtype, f),
+            _ => self.b.ins().iconst(cl_type(dtype), i),
+        }
+    }
+
+    /// The loop over the elements of the current row, `j` in `0..row_len` (> 0). The
+    /// block params of its head are `j` then `carried`; `body` emits one iteration from
+    /// `j` and the carried values (the caches of constants and scaled offsets made in
+    /// it are dropped afterwards: the body does not dominate what follows) and returns
+    /// the next carried values, which the exit block receives as its params.
+    fn sweep(
+        &mut self,
+        row_len: i64,
+        carried: &[(Type, Value)],
+        body: impl FnOnce(&mut Self, Value, &[Value]) -> Result<Vec<Value>, String>,
+    ) -> Result<Vec<Value>, String> {
+        let head = self.b.create_block();
+        let done = self.b.create_block();
+        let j = self.b.append_block_param(head, types::I64);
+        let mut params = Vec::new();
+        let mut results = Vec::new();
+        for &(ty, _) in carried {
+            params.push(self.b.append_block_param(head, ty));
+            results.push(self.b.append_block_param(done, ty));
+        }
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let mut args = vec![zero.into()];
+        args.extend(carried.iter().map(|&(_, v)| BlockArg::from(v)));
+        self.b.ins().jump(head, &args);
+
+        self.b.switch_to_block(head);
+        let (consts, scaled) = (self.consts.clone(), self.scaled.clone());
+        let next_vals = body(self, j, &params)?;
+        let next = self.b.ins().iadd_imm_s(j, 1);
+        let more = self
+            .b
+            .ins()
+            .icmp_imm_s(IntCC::SignedLessThan, next, row_len);
+        let mut again = vec![next.into()];
+        again.extend(next_vals.iter().map(|&v| BlockArg::from(v)));
+        let out: Vec<BlockArg> = next_vals.iter().map(|&v| BlockArg::from(v)).collect();
+        self.b.ins().brif(more, head, &again, done, &out);
+        (self.consts, self.scaled) = (consts, scaled);
+
+        self.b.switch_to_block(done);
+        Ok(results)
+    }
+
+    /// Inside a sweep: the element values of `need` for element `j` (whose reduced-axes
+    /// indices are `ridx`), in SSA order, on top of the row values in `values` (element
+    /// values of other sweeps are not there).
+    fn element_values(
+        &mut self,
+        kernel: &Kernel,
+        env: &SweepEnv<'_>,
+        need: &[bool],
+        (j, ridx): (Value, &[Option<Value>]),
+        values: &[Option<Value>],
+    ) -> Result<Vec<Option<Value>>, String> {
+        let mut vals = values.to_vec();
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if !need[v] {
+                continue;
+            }
+            let value = match &ins.expr {
+                Expr::Load { input, .. } => {
+                    let (_, red) = env.ix.loads[v].as_ref().expect("loads have accesses");
+                    let kept = env.kept_offsets[v]
+                        .as_ref()
+                        .expect("loads have row offsets");
+                    let red = self.element_offset(red, ridx, j);
+                    let off = sum_offsets(self, kept, red);
+                    self.load_at(env.in_bases[*input], off, ins.dtype)
+                }
+                Expr::Reduce(..) | Expr::ArgReduce(..) => {
+                    panic!("v{v}: a reduction is a row value, never an element one (a bug)")
+                }
+                _ => self.compute(kernel, v, &vals)?,
+            };
+            vals[v] = Some(value);
+        }
+        Ok(vals)
+    }
+
+    /// One reduction sweep computing `reduces` together; returns their results.
+    fn reduce_sweep(
+        &mut self,
+        kernel: &Kernel,
+        env: &SweepEnv<'_>,
+        reduces: &[usize],
+        values: &[Option<Value>],
+    ) -> Result<Vec<Value>, String> {
+        let operands: Vec<usize> = reduces
+            .iter()
+            .map(|&v| Kernel::operands(&kernel.body[v].expr)[0].index())
+            .collect();
+        let need = element_closure(kernel, env.levels, &operands);
+        // Carried state: one accumulator per reduction, two (best, index) per arg one.
+        let mut accs = Vec::new();
+        let mut carried = Vec::new();
+        for (&v, &x) in reduces.iter().zip(&operands) {
+            let xd = kernel.body[x].dtype;
+            let acc = match kernel.body[v].expr {
+                Expr::Reduce(a, _) => Acc::Plain(a),
+                Expr::ArgReduce(a, _) => Acc::Arg(a),
+                _ => panic!("v{v} is not a reduction (a bug)"),
+            };
+            let init = self.acc_init(acc, xd);
+            carried.push((cl_type(xd), init));
+            if let Acc::Arg(_) = acc {
+                let zero = self.b.ins().iconst(types::I64, 0);
+                carried.push((types::I64, zero));
+            }
+            accs.push((acc, x, xd));
+        }
+        let finals = self.sweep(env.row_len, &carried, |lw, j, state| {
+            let ridx = lw.decompose(&env.ix.red, j);
+            let vals = lw.element_values(kernel, env, &need, (j, &ridx), values)?;
+            let mut next = Vec::with_capacity(state.len());
+            let mut k = 0;
+            for &(acc, x, xd) in &accs {
+                let xv = vals[x].expect("the operand is computed in the sweep");
+                match acc {
+                    Acc::Plain(a) => {
+                        next.push(lw.accumulate(a, xd, state[k], xv));
+                        k += 1;
+                    }
+                    Acc::Arg(op) => {
+                        let (best, at) = (state[k], state[k + 1]);
+                        let take = lw.arg_better(op, xd, xv, best);
+                        next.push(lw.b.ins().select(take, xv, best));
+                        next.push(lw.b.ins().select(take, j, at));
+                        k += 2;
+                    }
+                }
+            }
+            Ok(next)
+        })?;
+        // The result of an arg reduction is the index, the second of its pair.
+        let mut results = Vec::with_capacity(reduces.len());
+        let mut k = 0;
+        for &(acc, _, _) in &accs {
+            match acc {
+                Acc::Plain(_) => {
+                    results.push(finals[k]);
+                    k += 1;
+                }
+                Acc::Arg(_) => {
+                    results.push(finals[k + 1]);
+                    k += 2;
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    /// The starting accumulator of `acc` over values of `dtype`: the identity of the
+    /// operation, so the first element is taken as it is (-inf for max, whose
+    /// `fmax(-inf, -0)` is -0; the first element always wins an arg reduction, since
+    /// the comparison with the start is strict and the start index is 0).
+    fn acc_init(&mut self, acc: Acc, dtype: DType) -> Value {
+        let (lo, hi) = match dtype {
+            DType::I32 => (i64::from(i32::MIN), i64::from(i32::MAX)),
+            // Bools compare unsigned: 0 is the least, 1 the greatest.
+            DType::Bool => (0, 1),
+            _ => (i64::MIN, i64::MAX),
+        };
+        match acc {
+            Acc::Plain(Accumulate::Sum) => self.typed_const(dtype, 0.0, 0),
+            Acc::Plain(Accumulate::Prod) => self.typed_const(dtype, 1.0, 1),
+            Acc::Plain(Accumulate::Max) | Acc::Arg(ArgReduceOp::ArgMax) => {
+                self.typed_const(dtype, f64::NEG_INFINITY, lo)
+            }
+            Acc::Plain(Accumulate::Min) | Acc::Arg(ArgReduceOp::ArgMin) => {
+                self.typed_const(dtype, f64::INFINITY, hi)
+            }
+        }
+    }
+
+    /// `acc (+) x` in the value's own type: f32 in f32 (rounded at every step, in
+    /// element order), f64 in f64, integers wrapping. Float max/min propagate NaN and
+    /// order -0 below +0, as the reference's.
+    fn accumulate(&mut self, acc: Accumulate, dtype: DType, a: Value, x: Value) -> Value {
+        let ins = self.b.ins();
+        match (acc, dtype.kind() == DKind::Float) {
+            (Accumulate::Sum, true) => ins.fadd(a, x),
+            (Accumulate::Prod, true) => ins.fmul(a, x),
+            (Accumulate::Max, true) => ins.fmax(a, x),
+            (Accumulate::Min, true) => ins.fmin(a, x),
+            (Accumulate::Sum, false) => ins.iadd(a, x),
+            (Accumulate::Prod, false) => ins.imul(a, x),
+            (Accumulate::Max, false) => ins.smax(a, x),
+            (Accumulate::Min, false) => ins.smin(a, x),
+        }
+    }
+
+    /// Whether `x` replaces `best` in an arg reduction (the reference's `arg_f64` /
+    /// `arg_i64`): strictly better, or the first NaN. Once `best` is a NaN nothing
+    /// compares better and a later NaN is not first, so the first NaN's index stays.
+    fn arg_better(&mut self, op: ArgReduceOp, dtype: DType, x: Value, best: Value) -> Value {
+        let max = op == ArgReduceOp::ArgMax;
+        match dtype.kind() {
+            DKind::Float => {
+                let cc = if max {
+                    FloatCC::GreaterThan
+                } else {
+                    FloatCC::LessThan
+                };
+                let better = self.b.ins().fcmp(cc, x, best);
+                let x_nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
+                let best_num = self.b.ins().fcmp(FloatCC::Ordered, best, best);
+                let first_nan = self.b.ins().band(x_nan, best_num);
+                self.b.ins().bor(better, first_nan)
+            }
+            DKind::Int => {
+                let cc = if max {
+                    IntCC::SignedGreaterThan
+                } else {
+                    IntCC::SignedLessThan
+                };
+                self.b.ins().icmp(cc, x, best)
+            }
+            DKind::Bool => {
+                let cc = if max {
+                    IntCC::UnsignedGreaterThan
+                } else {
+                    IntCC::UnsignedLessThan
+                };
+                self.b.ins().icmp(cc, x, best)
+            }
+        }
+    }
+
+    /// The final sweep: every element store of the kernel, element values recomputed
+    /// and row values broadcast along the row.
+    fn store_sweep(
+        &mut self,
+        kernel: &Kernel,
+        env: &SweepEnv<'_>,
+        out_kept: &Offset,
+        out_bases: &[Value],
+        values: &[Option<Value>],
+    ) -> Result<(), String> {
+        let stores: Vec<&ndfuse_ir::Store> = kernel
+            .stores
+            .iter()
+            .filter(|s| !per_row(kernel, env.levels, s))
+            .collect();
+        let targets: Vec<usize> = stores.iter().map(|s| s.value.index()).collect();
+        let need = element_closure(kernel, env.levels, &targets);
+        let (_, out_red) = env.ix.out.as_ref().expect("planned with element stores");
+        self.sweep(env.row_len, &[], |lw, j, _| {
+            let ridx = lw.decompose(&env.ix.red, j);
+            let vals = lw.element_values(kernel, env, &need, (j, &ridx), values)?;
+            let red = lw.element_offset(out_red, &ridx, j);
+            let at = sum_offsets(lw, out_kept, red);
+            for st in &stores {
+                let value = vals[st.value.index()].expect("stored values are computed");
+                let dtype = kernel.body[st.value.index()].dtype;
+                let (addr, imm) = lw.address(out_bases[st.output], at, dtype);
+                lw.b.ins().store(MemFlagsData::trusted(), value, addr, imm);
+            }
+            Ok(Vec::new())
+        })?;
+        Ok(())
+    }
+}
+
+/// What every sweep of one row reads.
+struct SweepEnv<'a> {
+    ix: &'a RowIndex,
+    levels: &'a [Level],
+    /// Per instruction that is a load: its offset at the row's first element.
+    kept_offsets: &'a [Option<Offset>],
+    in_bases: &'a [Value],
+    row_len: i64,
+}
