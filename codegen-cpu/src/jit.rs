@@ -11,6 +11,7 @@ use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module, ModuleError};
 use ndfuse_ir::{Buffer, HostArray, Kernel};
+use rayon::prelude::*;
 use std::fmt;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -18,6 +19,32 @@ use std::time::{Duration, Instant};
 /// The machine-level type of every kernel (see the crate docs for the ABI). `unsafe`
 /// because the code trusts its arguments: the pointers must back the kernel's buffers.
 type KernelFn = unsafe extern "C" fn(ptrs: *const *mut u8, start: i64, end: i64);
+
+/// Elements of work in one chunk of a parallel [`CompiledKernel::run`]: big enough that
+/// handing a chunk to a thread costs nothing next to running it (tens of microseconds
+/// of work at the least), small enough that a few hundred chunks balance the threads of
+/// a large kernel. A constant, so that chunk boundaries depend on the kernel's shape
+/// only and never on the thread count.
+const CHUNK_WORK: usize = 1 << 16;
+
+/// Units (positions or rows) per chunk of a parallel run, from the kernel's shape alone.
+///
+/// Positions are cut every [`CHUNK_WORK`] positions, a multiple of any vector width, so
+/// a chunk starts where the whole-domain loop would be aligned too. Rows are grouped so
+/// that a chunk holds at least [`CHUNK_WORK`] elements (an empty row still counts as one
+/// unit of work: its per-row stores); a row is never cut, so every reduction within a
+/// row stays sequential and no partial results are ever combined across chunks.
+///
+/// Every reduction plan is lowered row by row for now (`lower::rows`), `Split`
+/// included, so a `Split` kernel is chunked by rows like the others: one long row (a
+/// full sum) is a single chunk and runs on one thread. A true two-stage split (partials
+/// per chunk of a row, combined in chunk order) is later work.
+fn chunk_units(unit: Unit, row_len: usize) -> usize {
+    match unit {
+        Unit::Positions => CHUNK_WORK,
+        Unit::Rows => CHUNK_WORK.div_ceil(row_len.max(1)),
+    }
+}
 
 /// The host ISA, built once: detecting CPU features and building the backend costs
 /// more than compiling a small kernel.
@@ -42,7 +69,8 @@ fn host_isa() -> Result<OwnedTargetIsa, String> {
 /// A kernel compiled to machine code, ready to run on host arrays.
 ///
 /// It is `Send + Sync`: JIT code only reads its inputs and writes the range of outputs
-/// it is given, so threads may later run disjoint ranges of one compiled kernel.
+/// it is given, so threads may run disjoint ranges of one compiled kernel (as
+/// [`CompiledKernel::run`] does).
 pub struct CompiledKernel {
     name: String,
     clif: String,
@@ -53,6 +81,8 @@ pub struct CompiledKernel {
     unit: Unit,
     /// How many units a whole run covers (`rows()` or the domain's `numel()`).
     extent: usize,
+    /// Units per chunk of a parallel run ([`chunk_units`]).
+    chunk: usize,
     entry: KernelFn,
     /// Behind a mutex only to make the kernel `Sync` (`JITModule` is not); it is never
     /// locked, only freed when the kernel is dropped.
@@ -68,6 +98,7 @@ impl fmt::Debug for CompiledKernel {
             .field("outputs", &self.outputs)
             .field("unit", &self.unit)
             .field("extent", &self.extent)
+            .field("chunk", &self.chunk)
             .finish_non_exhaustive()
     }
 }
@@ -170,6 +201,7 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
     } else {
         (Unit::Rows, kernel.rows())
     };
+    let chunk = chunk_units(unit, kernel.row_len());
 
     Ok(CompiledKernel {
         name: kernel.name.clone(),
@@ -179,6 +211,7 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
         outputs: kernel.outputs.clone(),
         unit,
         extent,
+        chunk,
         entry,
         _code: Mutex::new(code),
     })
@@ -217,19 +250,74 @@ fn entry_point(code: *const u8) -> KernelFn {
 }
 
 /// Runs the kernel's code over units (positions, or rows) `[start, end)`. Only
-/// `run_range` calls it, after the checks its SAFETY comment relies on.
-fn invoke(entry: KernelFn, ptrs: &[*mut u8], start: i64, end: i64) {
-    // SAFETY: `run_range` has checked, before building `ptrs`, that there is one pointer
-    // per kernel buffer (inputs, then outputs), each to an array of the buffer's dtype
-    // and exact length, outputs borrowed mutably and so distinct from each other and
-    // from the inputs, and that `0 <= start <= end <= extent`, where the extent is
-    // `numel` (positions) or, for a kernel with reduce axes, `rows()` (rows). `supports`
-    // proved every load of every domain position inside its buffer; a row `r < rows`
-    // only visits the positions of that row (and a row-level load only happens when
-    // rows are not empty, so the domain is not). Stores go to a position `< numel` of
-    // outputs of `numel` elements, or to `r < rows` of per-row outputs of `rows`
-    // elements. Bool outputs receive only 0 or 1.
+/// `run_range` and `invoke_chunks` call it, with pointers from
+/// [`CompiledKernel::checked_pointers`], after the checks its SAFETY comment relies on.
+fn invoke(entry: KernelFn, ptrs: &[*mut u8], start: usize, end: usize) {
+    let as_i64 = |v: usize| i64::try_from(v).expect("numel fits i64: checked by supports()");
+    let (start, end) = (as_i64(start), as_i64(end));
+    // SAFETY: `checked_pointers` has checked, before building `ptrs`, that there is one
+    // pointer per kernel buffer (inputs, then outputs), each to an array of the buffer's
+    // dtype and exact length, outputs borrowed mutably and so distinct from each other
+    // and from the inputs, and that the range it was given lies in `0..=extent`, where
+    // the extent is `numel` (positions) or, for a kernel with reduce axes, `rows()`
+    // (rows); `run_range` passes that range, `invoke_chunks` a chunk inside it, so
+    // `0 <= start <= end <= extent`. Calls that run at once on other threads
+    // (`invoke_chunks`) cover disjoint ranges and write disjoint elements (see
+    // `SharedPtrs`). `supports` proved every load of every domain position inside its
+    // buffer; a row `r < rows` only visits the positions of that row (and a row-level
+    // load only happens when rows are not empty, so the domain is not). Stores go to a
+    // position `< numel` of outputs of `numel` elements, or to `r < rows` of per-row
+    // outputs of `rows` elements. Bool outputs receive only 0 or 1.
     unsafe { entry(ptrs.as_ptr(), start, end) }
+}
+
+/// The pointer array of one parallel run, shared by the threads that run its chunks.
+/// Only `invoke_chunks` builds one.
+struct SharedPtrs<'a>(&'a [*mut u8]);
+
+impl SharedPtrs<'_> {
+    /// The pointers. A method rather than the field, so that a closure captures the
+    /// whole (`Sync`) wrapper and not the bare slice of raw pointers.
+    fn get(&self) -> &[*mut u8] {
+        self.0
+    }
+}
+
+// SAFETY: sharing the pointer array lets several threads use the buffers behind it at
+// once; that is free of data races because, in `invoke_chunks` (the only place that
+// builds a `SharedPtrs`):
+// - every argument was checked once, before the pointers were built, by
+//   `checked_pointers` (number, dtype and length of each buffer; the whole range);
+// - each thread calls the kernel on its own chunks, and chunks are disjoint ranges of
+//   units;
+// - a call over positions `[start, end)` (a kernel without reduce axes) writes only the
+//   output elements of those positions; a call over rows `[start, end)` writes only
+//   `out[r]` of per-row outputs and the domain positions of its rows `r` (the rows
+//   partition the domain), each row reduced whole by that one call; so no element is
+//   written by two threads, and outputs are never read (the code loads only from the
+//   pointer array and input buffers);
+// - inputs are only read (the code never writes through an input pointer), and outputs
+//   are distinct from inputs and from each other (borrowed `&mut` by `run`);
+// - the arrays stay borrowed by `run` for the whole parallel loop, and rayon's
+//   `for_each` returns only when every chunk has finished, so no pointer outlives them.
+unsafe impl Sync for SharedPtrs<'_> {}
+
+/// Runs units `0..extent` in chunks of `chunk` units on the current rayon pool; one
+/// chunk or less runs on the calling thread without touching rayon. `ptrs` come from
+/// `checked_pointers` over the whole range `0..extent`.
+fn invoke_chunks(entry: KernelFn, ptrs: &[*mut u8], extent: usize, chunk: usize) {
+    if extent <= chunk {
+        if extent > 0 {
+            invoke(entry, ptrs, 0, extent);
+        }
+        return;
+    }
+    let shared = SharedPtrs(ptrs);
+    (0..extent.div_ceil(chunk)).into_par_iter().for_each(|c| {
+        // No overflow: `c * chunk < extent <= i64::MAX` and `chunk` is small.
+        let start = c * chunk;
+        invoke(entry, shared.get(), start, (start + chunk).min(extent));
+    });
 }
 
 impl CompiledKernel {
@@ -251,22 +339,40 @@ impl CompiledKernel {
         self.compile_time
     }
 
-    /// Runs the kernel over its whole domain (every row, for a kernel with reduce axes).
+    /// How many chunks [`Self::run`] cuts the kernel into (1 for a kernel that runs on the
+    /// calling thread; 0 for an empty one). Depends on the kernel's shape only.
+    pub fn chunks(&self) -> usize {
+        self.extent.div_ceil(self.chunk)
+    }
+
+    /// Runs the kernel over its whole domain (every row, for a kernel with reduce axes),
+    /// on the threads of the current rayon pool: the global one (sized by
+    /// `RAYON_NUM_THREADS`), or the pool whose `install` it is called in.
     ///
     /// `inputs` and `outputs` must match the kernel's buffers in number, dtype and
     /// length (shapes are not checked: buffers are flat); otherwise
     /// [`CodegenError::Args`] names the first argument that does not, and nothing runs.
+    ///
+    /// The domain is cut into chunks whose boundaries depend only on the kernel's shape:
+    /// runs of 64 Ki positions for a kernel without reduce axes, groups of whole rows
+    /// holding at least 64 Ki elements for one with reduce axes (see [`Self::chunks`]).
+    /// Each chunk is one call of the compiled code, every row is reduced sequentially by
+    /// one call, and no partial results are combined, so the outputs are bit-identical
+    /// whatever the number of threads, and to one call over the whole domain
+    /// ([`Self::run_range`]). A kernel of one chunk or less runs on the calling thread.
     pub fn run(
         &self,
         inputs: &[&HostArray],
         outputs: &mut [&mut HostArray],
     ) -> Result<(), CodegenError> {
-        self.run_range(inputs, outputs, 0, self.extent)
+        let ptrs = self.checked_pointers(inputs, outputs, 0, self.extent)?;
+        invoke_chunks(self.entry, &ptrs, self.extent, self.chunk);
+        Ok(())
     }
 
-    /// Runs the kernel over row-major positions `[start, end)` of its domain only; the
-    /// rest of each output is left as it was. Checks the arguments as [`Self::run`] does
-    /// and `start <= end <= numel`.
+    /// Runs the kernel over row-major positions `[start, end)` of its domain only, in one
+    /// call on the calling thread; the rest of each output is left as it was. Checks the
+    /// arguments as [`Self::run`] does and `start <= end <= numel`.
     ///
     /// For a kernel with reduce axes, `start..end` are **rows** instead (row-major over
     /// the kept axes, `end <= Kernel::rows()`): each row in the range is reduced whole and
@@ -279,6 +385,23 @@ impl CompiledKernel {
         start: usize,
         end: usize,
     ) -> Result<(), CodegenError> {
+        let ptrs = self.checked_pointers(inputs, outputs, start, end)?;
+        if start < end {
+            invoke(self.entry, &ptrs, start, end);
+        }
+        Ok(())
+    }
+
+    /// Checks every argument of a run over units `[start, end)` (see [`Self::run_range`])
+    /// and returns the buffer pointers in ABI order: inputs, then outputs. The pointers
+    /// are only valid while `inputs` and `outputs` stay borrowed by the caller.
+    fn checked_pointers(
+        &self,
+        inputs: &[&HostArray],
+        outputs: &mut [&mut HostArray],
+        start: usize,
+        end: usize,
+    ) -> Result<Vec<*mut u8>, CodegenError> {
         let bad = |detail: String| CodegenError::Args {
             kernel: self.name.clone(),
             detail,
@@ -310,9 +433,6 @@ impl CompiledKernel {
                 self.extent
             )));
         }
-        if start == end {
-            return Ok(());
-        }
         // Input pointers are typed `*mut` only because the ABI has one pointer array;
         // the code never writes through them.
         let ptrs: Vec<*mut u8> = inputs
@@ -320,8 +440,6 @@ impl CompiledKernel {
             .map(|a| a.storage().as_ptr().cast_mut())
             .chain(outputs.iter_mut().map(|a| a.storage_mut().as_mut_ptr()))
             .collect();
-        let as_i64 = |v: usize| i64::try_from(v).expect("numel fits i64: checked by supports()");
-        invoke(self.entry, &ptrs, as_i64(start), as_i64(end));
-        Ok(())
+        Ok(ptrs)
     }
 }

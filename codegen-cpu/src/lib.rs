@@ -13,12 +13,15 @@
 //! 3. `lower` writes one Cranelift function, a scalar loop over `[start, end)` (for a
 //!    kernel with reduce axes, a loop over rows with one sweep over each row per group
 //!    of sibling reductions and one for element stores: `lower::rows`);
-//! 4. `jit` compiles it with the host ISA and owns the code memory.
+//! 4. `jit` compiles it with the host ISA, owns the code memory, and runs it (in
+//!    parallel chunks, or one range).
 //!
 //! Every kernel compiles to one function with the C ABI
 //! `fn(ptrs: *const *mut u8, start: i64, end: i64)`: `ptrs` holds the input buffer
 //! pointers and then the output buffer pointers. A range rather than the whole domain
-//! is the unit of work so that threads can later split the domain without recompiling.
+//! is the unit of work so that threads split the domain without recompiling:
+//! [`CompiledKernel::run`] cuts it into chunks fixed by the kernel's shape and runs them
+//! on rayon's threads, with bit-identical results whatever the thread count.
 //! For a kernel with reduce axes, `start..end` count rows (`Kernel::rows`), never
 //! positions: a row is always reduced whole, by one call.
 //!

@@ -431,6 +431,9 @@ fn run_kernel(
         .map(|b| HostArray::zeros(b.dtype, ndfuse_ir::Shape::new([b.len])))
         .collect();
     let mut out_refs: Vec<&mut HostArray> = outs.iter_mut().collect();
+    // The parallel entry: chunks fixed by the kernel's shape run on the global rayon
+    // pool (or the caller's, inside `install`), so outputs are the same bits whatever
+    // RAYON_NUM_THREADS is.
     compiled.run(args, &mut out_refs)?;
     Ok((outs, path, took))
 }
