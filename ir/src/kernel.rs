@@ -247,11 +247,33 @@ pub struct Kernel {
 }
 
 impl Kernel {
-    /// Bytes of the buffers it reads: what it must move in, at the least.
+    /// Bytes it must read at the least: for each input, the elements its loads reach
+    /// (a view's extent without its broadcast axes; the largest view of that input),
+    /// never more than the buffer. A slice of a large buffer counts only the slice.
     pub fn bytes_in(&self) -> usize {
         self.inputs
             .iter()
-            .map(|b| b.len * b.dtype.size_bytes())
+            .enumerate()
+            .map(|(i, b)| {
+                let reached = self
+                    .body
+                    .iter()
+                    .filter_map(|ins| match &ins.expr {
+                        Expr::Load { input, view } if *input == i => Some(
+                            view.shape
+                                .dims()
+                                .iter()
+                                .zip(&view.strides)
+                                .filter(|&(_, &st)| st != 0)
+                                .map(|(&d, _)| d)
+                                .product::<usize>(),
+                        ),
+                        _ => None,
+                    })
+                    .max()
+                    .unwrap_or(0);
+                reached.min(b.len) * b.dtype.size_bytes()
+            })
             .sum()
     }
 
