@@ -620,11 +620,34 @@ fn backends_lists_what_is_built() {
         "cpu     available",
         "interp  available",
         "cuda    not available",
-        "default backend: auto",
-        "default dtype: f32",
+        "auto picks: cpu",
+        "max_grid_size               = 4096  (default)",
+        "default_dtype               = f32  (default)",
     ] {
         assert!(r.stdout.contains(want), "lacks {want:?}:\n{}", r.stdout);
     }
+    // Where each value came from: an ND4J-style priority set in the environment...
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ndfuse"))
+        .arg("backends")
+        .env("BACKEND_PRIORITY_CPU", "7")
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("backend_priority_cpu        = 7  (env BACKEND_PRIORITY_CPU)"),
+        "{text}"
+    );
+    // ...and a value that does not parse is one clear error naming the variable.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ndfuse"))
+        .arg("backends")
+        .env("BACKEND_PRIORITY_CPU", "abc")
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("BACKEND_PRIORITY_CPU"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -43,14 +43,13 @@ pub enum RuntimeError {
     /// A pass failed (or broke the graph, which the pass manager caught).
     #[error(transparent)]
     Pass(#[from] ndfuse_passes::PassError),
-    /// An environment variable has a value that does not parse.
-    #[error("{var}={value:?}: {why}")]
-    Env {
-        /// The variable.
-        var: &'static str,
-        /// Its value.
-        value: String,
-        /// What was expected.
-        why: String,
+    /// The configuration (file, environment or builder) has an unknown key or a bad value.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// `auto` found no backend that can run; each rejected backend with its reason.
+    #[error("no backend can run here: {reasons}")]
+    NoBackend {
+        /// `name: reason` for every rejected backend, `; `-separated.
+        reasons: String,
     },
 }

@@ -154,7 +154,9 @@ pub fn execute(
 ) -> Result<Evaluation, RuntimeError> {
     verify(g)?;
     check_inputs(g, inputs)?;
-    match backend {
+    // Read once per evaluation: the backend choice and the passes both depend on it.
+    let cfg = crate::config::Config::load()?;
+    match crate::backend::resolve(backend, &cfg)? {
         BackendKind::Interp => {
             let start = Instant::now();
             let owned: HashMap<NodeId, HostArray> = inputs
@@ -164,7 +166,7 @@ pub fn execute(
             let outputs = interp::eval(g, &owned)?;
             Ok(Evaluation {
                 outputs,
-                backend,
+                backend: BackendKind::Interp,
                 graph: Arc::new(g.clone()),
                 passes: None,
                 schedule: None,
@@ -175,7 +177,7 @@ pub fn execute(
             })
         }
         BackendKind::Cuda => Err(cuda_unavailable()),
-        BackendKind::Auto | BackendKind::Cpu => run_cpu(g, inputs),
+        BackendKind::Auto | BackendKind::Cpu => run_cpu(g, inputs, &cfg),
     }
 }
 
@@ -199,8 +201,12 @@ impl Buf<'_> {
 /// The IR after each pass is recorded when `record_ir` (for `explain`) or when a dump or
 /// debug level asks for it: printing a large graph after every pass of every eval
 /// would cost more than the passes.
-fn compile(g: &Graph, record_ir: bool) -> Result<(Arc<Compiled>, bool), RuntimeError> {
-    let mut opts = crate::env::pass_options()?;
+fn compile(
+    g: &Graph,
+    record_ir: bool,
+    cfg: &crate::config::Config,
+) -> Result<(Arc<Compiled>, bool), RuntimeError> {
+    let mut opts = crate::env::pass_options_from(cfg);
     // A graph compiled before with the same options skips passes and fusion: re-running
     // them would be most of a small eval's cost. The key is a structural hash; a hit is
     // confirmed node for node, so a collision cannot return another graph's schedule.
@@ -278,8 +284,9 @@ struct Compiled {
 fn run_cpu(
     g: &Graph,
     inputs: &HashMap<NodeId, Arc<HostArray>>,
+    cfg: &crate::config::Config,
 ) -> Result<Evaluation, RuntimeError> {
-    let (compiled_graph, compile_cached) = compile(g, false)?;
+    let (compiled_graph, compile_cached) = compile(g, false, cfg)?;
     let Compiled {
         graph: optimized,
         log: passes,
@@ -459,9 +466,10 @@ pub struct Explanation {
 /// later `execute` reuses them), without reading or writing any data.
 pub fn explain(g: &Graph, backend: BackendKind) -> Result<Explanation, RuntimeError> {
     verify(g)?;
-    match backend {
+    let cfg = crate::config::Config::load()?;
+    match crate::backend::resolve(backend, &cfg)? {
         BackendKind::Interp => Ok(Explanation {
-            backend,
+            backend: BackendKind::Interp,
             graph: Arc::new(g.clone()),
             passes: None,
             schedule: None,
@@ -470,7 +478,7 @@ pub fn explain(g: &Graph, backend: BackendKind) -> Result<Explanation, RuntimeEr
         }),
         BackendKind::Cuda => Err(cuda_unavailable()),
         BackendKind::Auto | BackendKind::Cpu => {
-            let (c, _) = compile(g, true)?;
+            let (c, _) = compile(g, true, &cfg)?;
             let (graph, passes, schedule) = (
                 Arc::clone(&c.graph),
                 Arc::clone(&c.log),

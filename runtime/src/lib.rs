@@ -8,9 +8,17 @@
 //! Backend discovery, priorities, configuration, caching allocators and the CUDA device
 //! grow here; this version has the CPU JIT path and the interpreter.
 
+mod backend;
+mod config;
 mod env;
 mod error;
 mod executor;
 
+pub use backend::{
+    choose, Backend, CpuBackend, CudaBackend, DeviceInfo, InterpBackend, Registry, RegistryEntry,
+};
+pub use config::{
+    Config, ConfigBuilder, ConfigError, ConfigSource, KeyInfo, CONFIG_FILE, CONFIG_VAR, KEYS,
+};
 pub use error::RuntimeError;
 pub use executor::{execute, explain, BackendKind, Evaluation, Explanation, StepPath};

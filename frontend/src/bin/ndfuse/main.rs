@@ -328,17 +328,18 @@ fn explain_cmd(a: &ExplainArgs) -> Result<(), Failure> {
 }
 
 fn backends() -> Result<(), Failure> {
-    let ctx = Context::new();
+    // What was found and rejected (with the reason), the priorities, what `auto` picks,
+    // and every effective configuration value with where it came from.
+    let cfg = ndfuse_runtime::Config::load().map_err(|e| Failure::plain(e.to_string()))?;
+    let registry = ndfuse_runtime::Registry::discover(&cfg);
+    let auto = match ndfuse_runtime::choose(&cfg, None) {
+        Ok(kind) => kind.name().to_string(),
+        Err(e) => format!("nothing can run: {e}"),
+    };
     let text = format!(
-        "backends compiled into this build:\n\
-         \x20 cpu     available      Cranelift JIT for the host ({arch}); fuses element-wise ops into kernels; what the JIT cannot compile yet runs in the reference interpreter\n\
-         \x20 interp  available      reference interpreter, f64 math, one node at a time, no fusion\n\
-         \x20 cuda    not available  the CUDA backend is not built yet in this version of ndfuse\n\
-         default backend: {} (auto picks cpu)\n\
-         default dtype: {}\n",
-        ctx.backend().name(),
-        ctx.default_dtype(),
-        arch = std::env::consts::ARCH,
+        "backends compiled into this build:\n{registry}\nauto picks: {auto}\n\n\
+         configuration (effective value, then where it came from):\n{}",
+        cfg.explain()
     );
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
     Ok(())
