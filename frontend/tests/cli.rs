@@ -700,3 +700,30 @@ fn bench_prints_a_table_and_json_with_the_contract_keys() {
     assert!(rows[0]["compiled_kernels"].as_u64().is_some_and(|n| n >= 1));
     assert_eq!(rows[1]["compiled_kernels"], 0);
 }
+
+/// `cpu_threads` sizes the worker pool; the results are the same bits whatever it is.
+#[test]
+fn cpu_threads_changes_the_pool_not_the_bits() {
+    let dir = std::env::temp_dir().join(format!("ndfuse-cpu-threads-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let mut files = Vec::new();
+    for threads in ["1", "3"] {
+        let out = dir.join(format!("out{threads}.npy"));
+        let status = std::process::Command::new(env!("CARGO_BIN_EXE_ndfuse"))
+            .args([
+                "eval",
+                "softmax(x, axis=-1) + sum(x * x, axis=0)",
+                "--random",
+                "x=700x300",
+            ])
+            .arg("--output")
+            .arg(&out)
+            .env("NDFUSE_CPU_THREADS", threads)
+            .status()
+            .expect("runs");
+        assert!(status.success());
+        files.push(std::fs::read(&out).expect("written"));
+    }
+    assert_eq!(files[0], files[1], "1 and 3 worker threads differ");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -322,7 +322,8 @@ fn run_cpu(
             } => {
                 let args: Vec<&HostArray> = ins.iter().map(read).collect();
                 let start = Instant::now();
-                let (results, path, compiled_in) = run_kernel(kernel, &args, debug)?;
+                let (results, path, compiled_in) =
+                    run_kernel(kernel, &args, debug, cfg.cpu_threads())?;
                 compile_time += compiled_in;
                 let ran = start.elapsed().saturating_sub(compiled_in);
                 run_time += ran;
@@ -424,6 +425,7 @@ fn run_kernel(
     kernel: &Kernel,
     args: &[&HostArray],
     debug: u8,
+    cpu_threads: usize,
 ) -> Result<(Vec<HostArray>, StepPath, Duration), RuntimeError> {
     let (compiled, path, took) = compiled(kernel)?;
     if let (Some(c), StepPath::Jit { cached: false }, 4..) = (&compiled, &path, debug) {
@@ -438,11 +440,40 @@ fn run_kernel(
         .map(|b| HostArray::zeros(b.dtype, ndfuse_ir::Shape::new([b.len])))
         .collect();
     let mut out_refs: Vec<&mut HostArray> = outs.iter_mut().collect();
-    // The parallel entry: chunks fixed by the kernel's shape run on the global rayon
-    // pool (or the caller's, inside `install`), so outputs are the same bits whatever
-    // RAYON_NUM_THREADS is.
-    compiled.run(args, &mut out_refs)?;
+    // The parallel entry: chunks fixed by the kernel's shape run on the current rayon
+    // pool (the global one, or the caller's inside `install`), or on a pool of
+    // `cpu_threads` workers when that key is set; outputs are the same bits either way.
+    match worker_pool(cpu_threads) {
+        Some(pool) => pool.install(|| compiled.run(args, &mut out_refs))?,
+        None => compiled.run(args, &mut out_refs)?,
+    }
     Ok((outs, path, took))
+}
+
+/// The pool for `cpu_threads` workers, `None` for 0 (use the current pool). One pool per
+/// size, built on first use and kept: building threads per eval would dominate it.
+fn worker_pool(cpu_threads: usize) -> Option<Arc<rayon::ThreadPool>> {
+    if cpu_threads == 0 {
+        return None;
+    }
+    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
+    let mut pools = POOLS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(p) = pools.get(&cpu_threads) {
+        return Some(Arc::clone(p));
+    }
+    // A pool that cannot be built (the OS refused threads) falls back to the current one.
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(cpu_threads)
+            .thread_name(|i| format!("ndfuse-cpu-{i}"))
+            .build()
+            .ok()?,
+    );
+    pools.insert(cpu_threads, Arc::clone(&pool));
+    Some(pool)
 }
 
 /// What evaluating a graph would do, found without running it.
