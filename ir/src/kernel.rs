@@ -39,7 +39,7 @@
 
 use crate::dtype::{DType, Scalar};
 use crate::error::TensorType;
-use crate::infer::infer;
+use crate::infer::{infer, reduced_shape};
 use crate::op::{BinaryOp, Op, UnaryOp};
 use crate::shape::{Shape, View};
 use std::fmt;
@@ -287,13 +287,7 @@ impl Kernel {
 
     /// Number of rows: positions of the kept axes (the domain's size without reductions).
     pub fn rows(&self) -> usize {
-        self.domain
-            .dims()
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !self.reduce_axes.contains(i))
-            .map(|(_, &d)| d)
-            .product()
+        reduced_shape(&self.domain, &self.reduce_axes, false).numel()
     }
 
     /// Elements per row: the product of the reduced axes (1 without reductions).

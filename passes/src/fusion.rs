@@ -44,8 +44,8 @@
 use crate::plan::{self, TargetDesc};
 use crate::schedule::{Placement, Schedule, Step};
 use ndfuse_ir::{
-    Accumulate, ArgReduceOp, BinaryOp, Buffer, DType, Expr, Graph, Instr, Kernel, Level, NodeId,
-    Op, ReduceOp, Scalar, Shape, Store, UnaryOp, ValueId, View, ViewOp,
+    reduced_shape, Accumulate, ArgReduceOp, BinaryOp, Buffer, DType, Expr, Graph, Instr, Kernel,
+    Level, NodeId, Op, ReduceOp, Scalar, Shape, Store, UnaryOp, ValueId, View, ViewOp,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -90,13 +90,7 @@ struct Group {
 impl Group {
     /// Number of rows (kept positions) for `reduce` axes.
     fn rows(&self, reduce: &[usize]) -> usize {
-        self.domain
-            .dims()
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !reduce.contains(i))
-            .map(|(_, &d)| d)
-            .product()
+        reduced_shape(&self.domain, reduce, false).numel()
     }
 }
 
@@ -154,14 +148,7 @@ fn strip_ones(s: &Shape) -> Vec<usize> {
 
 /// `domain` with every reduced axis set to 1: the keepdims shape of a row value.
 fn keepdims_shape(domain: &Shape, reduce: &[usize]) -> Shape {
-    Shape(
-        domain
-            .dims()
-            .iter()
-            .enumerate()
-            .map(|(i, &d)| if reduce.contains(&i) { 1 } else { d })
-            .collect(),
-    )
+    reduced_shape(domain, reduce, true)
 }
 
 impl<'g> Fuser<'g> {
@@ -857,10 +844,7 @@ impl KernelBuilder {
     }
 
     fn rows(&self) -> usize {
-        (0..self.domain.rank())
-            .filter(|a| !self.reduce_axes.contains(a))
-            .map(|a| self.domain.dims()[a])
-            .product()
+        reduced_shape(&self.domain, &self.reduce_axes, false).numel()
     }
 
     fn push(&mut self, dtype: DType, expr: Expr) -> ValueId {

@@ -58,12 +58,7 @@ pub fn choose(domain: &Shape, reduce_axes: &[usize], target: &TargetDesc) -> (Pl
     let rank = dims.len();
     let k = reduce_axes.len();
     let row_len: usize = reduce_axes.iter().map(|&a| dims[a]).product();
-    let rows = domain.numel().checked_div(row_len).unwrap_or_else(|| {
-        (0..rank)
-            .filter(|a| !reduce_axes.contains(a))
-            .map(|a| dims[a])
-            .product()
-    });
+    let rows = ndfuse_ir::reduced_shape(domain, reduce_axes, false).numel();
     let trailing = reduce_axes.iter().copied().eq(rank - k..rank);
     let leading = reduce_axes.iter().copied().eq(0..k);
     if rows < target.split_below_rows && row_len >= target.split_min_row {
