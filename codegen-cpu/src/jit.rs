@@ -3,7 +3,7 @@
 
 use crate::error::CodegenError;
 use crate::libcalls;
-use crate::lower;
+use crate::lower::{self, Phase};
 use crate::support::supports;
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
@@ -27,22 +27,19 @@ type KernelFn = unsafe extern "C" fn(ptrs: *const *mut u8, start: i64, end: i64)
 /// only and never on the thread count.
 const CHUNK_WORK: usize = 1 << 16;
 
-/// Units (positions or rows) per chunk of a parallel run, from the kernel's shape alone.
+/// Units per chunk of a parallel run of one phase, from the kernel's shape alone.
 ///
 /// Positions are cut every [`CHUNK_WORK`] positions, a multiple of any vector width, so
 /// a chunk starts where the whole-domain loop would be aligned too. Rows are grouped so
 /// that a chunk holds at least [`CHUNK_WORK`] elements (an empty row still counts as one
-/// unit of work: its per-row stores); a row is never cut, so every reduction within a
-/// row stays sequential and no partial results are ever combined across chunks.
-///
-/// Every reduction plan is lowered row by row for now (`lower::rows`), `Split`
-/// included, so a `Split` kernel is chunked by rows like the others: one long row (a
-/// full sum) is a single chunk and runs on one thread. A true two-stage split (partials
-/// per chunk of a row, combined in chunk order) is later work.
-fn chunk_units(unit: Unit, row_len: usize) -> usize {
+/// unit of work: its per-row stores); a row is never cut by a chunk, so every reduction
+/// within a row stays sequential within its call. The (row, chunk) units of a split
+/// kernel's per-chunk phases are grouped the same way, `unit_len` elements each; its
+/// partials are combined in chunk order by the next phase, never across calls.
+fn chunk_units(unit: Unit, unit_len: usize) -> usize {
     match unit {
         Unit::Positions => CHUNK_WORK,
-        Unit::Rows => CHUNK_WORK.div_ceil(row_len.max(1)),
+        Unit::Rows | Unit::RowChunks => CHUNK_WORK.div_ceil(unit_len.max(1)),
     }
 }
 
@@ -77,13 +74,17 @@ pub struct CompiledKernel {
     compile_time: Duration,
     inputs: Vec<Buffer>,
     outputs: Vec<Buffer>,
-    /// The unit of a range: rows for a kernel with reduce axes, positions otherwise.
+    /// The unit of a range of the public API: rows for a kernel with reduce axes,
+    /// positions otherwise.
     unit: Unit,
     /// How many units a whole run covers (`rows()` or the domain's `numel()`).
     extent: usize,
-    /// Units per chunk of a parallel run ([`chunk_units`]).
-    chunk: usize,
-    entry: KernelFn,
+    /// The functions to run, in order, each over all its units before the next: one,
+    /// or the phases of a split kernel.
+    stages: Vec<Stage>,
+    /// 8-byte slots of scratch memory a run needs (0 but for split kernels): passed
+    /// after the buffers in the pointer array.
+    scratch_slots: usize,
     /// Behind a mutex only to make the kernel `Sync` (`JITModule` is not); it is never
     /// locked, only freed when the kernel is dropped.
     _code: Mutex<CodeMemory>,
@@ -98,7 +99,8 @@ impl fmt::Debug for CompiledKernel {
             .field("outputs", &self.outputs)
             .field("unit", &self.unit)
             .field("extent", &self.extent)
-            .field("chunk", &self.chunk)
+            .field("stages", &self.stages)
+            .field("scratch_slots", &self.scratch_slots)
             .finish_non_exhaustive()
     }
 }
@@ -110,6 +112,8 @@ enum Unit {
     Positions,
     /// Rows, in row-major order of the kept axes (kernels with reduce axes).
     Rows,
+    /// `row * splits + chunk`: the chunks of the rows of a split kernel, in order.
+    RowChunks,
 }
 
 impl Unit {
@@ -117,8 +121,21 @@ impl Unit {
         match self {
             Unit::Positions => "the domain's",
             Unit::Rows => "the kernel's rows",
+            Unit::RowChunks => "the kernel's row chunks",
         }
     }
+}
+
+/// One compiled function of a kernel and how its runs are cut.
+#[derive(Debug)]
+struct Stage {
+    entry: KernelFn,
+    /// Units per row of the kernel (1, or `splits` for `RowChunks`).
+    per_row: usize,
+    /// How many units a whole run covers.
+    extent: usize,
+    /// Units per chunk of a parallel run ([`chunk_units`]).
+    chunk: usize,
 }
 
 /// A JIT module whose code memory is freed when it is dropped (cranelift-jit leaks it
@@ -176,32 +193,61 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
     let sig = lower::kernel_signature(module);
-    let id = module
-        .declare_function(&kernel.name, Linkage::Export, &sig)
-        .map_err(|e| cranelift(e.to_string()))?;
-    let imports = lower::lower(kernel, module, &mut ctx.func, &mut fctx).map_err(cranelift)?;
-    // The text names imports only by id; a comment legend says which function each is.
+    let layout = lower::SplitLayout::of(kernel);
+    let phases = layout.as_ref().map_or(vec![Phase::Whole], |l| l.phases());
     let mut clif = String::new();
-    for (name, id) in imports {
-        clif.push_str(&format!("; u0:{} = {name}\n", id.as_u32()));
+    let mut ids = Vec::with_capacity(phases.len());
+    for &phase in &phases {
+        let name = format!("{}{}", kernel.name, phase.suffix());
+        let id = module
+            .declare_function(&name, Linkage::Export, &sig)
+            .map_err(|e| cranelift(e.to_string()))?;
+        module.clear_context(&mut ctx);
+        let imports =
+            lower::lower(kernel, phase, module, &mut ctx.func, &mut fctx).map_err(cranelift)?;
+        // The text names imports only by id; a comment legend says which function each is.
+        if !clif.is_empty() {
+            clif.push('\n');
+        }
+        for (name, id) in imports {
+            clif.push_str(&format!("; u0:{} = {name}\n", id.as_u32()));
+        }
+        clif.push_str(&ctx.func.display().to_string());
+        module.define_function(id, &mut ctx).map_err(|e| match e {
+            ModuleError::Compilation(err) => cranelift(
+                cranelift_codegen::print_errors::pretty_error(&ctx.func, err),
+            ),
+            other => cranelift(other.to_string()),
+        })?;
+        ids.push(id);
     }
-    clif.push_str(&ctx.func.display().to_string());
-    module.define_function(id, &mut ctx).map_err(|e| match e {
-        ModuleError::Compilation(err) => cranelift(cranelift_codegen::print_errors::pretty_error(
-            &ctx.func, err,
-        )),
-        other => cranelift(other.to_string()),
-    })?;
     module
         .finalize_definitions()
         .map_err(|e| cranelift(e.to_string()))?;
-    let entry = entry_point(module.get_finalized_function(id));
     let (unit, extent) = if kernel.reduce_axes.is_empty() {
         (Unit::Positions, kernel.domain.numel())
     } else {
         (Unit::Rows, kernel.rows())
     };
-    let chunk = chunk_units(unit, kernel.row_len());
+    let stages = phases
+        .iter()
+        .zip(ids)
+        .map(|(&phase, id)| {
+            let entry = entry_point(module.get_finalized_function(id));
+            let (unit, per_row, unit_len) = match (&layout, phase) {
+                (Some(l), p) if p.per_chunk() => (Unit::RowChunks, l.splits, l.chunk_len),
+                (Some(l), _) => (Unit::Rows, 1, l.splits),
+                (None, _) => (unit, 1, kernel.row_len()),
+            };
+            Stage {
+                entry,
+                per_row,
+                extent: extent * per_row,
+                chunk: chunk_units(unit, unit_len),
+            }
+        })
+        .collect();
+    let scratch_slots = layout.as_ref().map_or(0, |l| l.scratch_slots());
 
     Ok(CompiledKernel {
         name: kernel.name.clone(),
@@ -211,8 +257,8 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
         outputs: kernel.outputs.clone(),
         unit,
         extent,
-        chunk,
-        entry,
+        stages,
+        scratch_slots,
         _code: Mutex::new(code),
     })
 }
@@ -249,8 +295,8 @@ fn entry_point(code: *const u8) -> KernelFn {
     unsafe { std::mem::transmute::<*const u8, KernelFn>(code) }
 }
 
-/// Runs the kernel's code over units (positions, or rows) `[start, end)`. Only
-/// `run_range` and `invoke_chunks` call it, with pointers from
+/// Runs one function of a kernel over its units (positions, rows, or row chunks)
+/// `[start, end)`. Only `run_range` and `invoke_chunks` call it, with pointers from
 /// [`CompiledKernel::checked_pointers`], after the checks its SAFETY comment relies on.
 fn invoke(entry: KernelFn, ptrs: &[*mut u8], start: usize, end: usize) {
     let as_i64 = |v: usize| i64::try_from(v).expect("numel fits i64: checked by supports()");
@@ -258,16 +304,21 @@ fn invoke(entry: KernelFn, ptrs: &[*mut u8], start: usize, end: usize) {
     // SAFETY: `checked_pointers` has checked, before building `ptrs`, that there is one
     // pointer per kernel buffer (inputs, then outputs), each to an array of the buffer's
     // dtype and exact length, outputs borrowed mutably and so distinct from each other
-    // and from the inputs, and that the range it was given lies in `0..=extent`, where
-    // the extent is `numel` (positions) or, for a kernel with reduce axes, `rows()`
-    // (rows); `run_range` passes that range, `invoke_chunks` a chunk inside it, so
-    // `0 <= start <= end <= extent`. Calls that run at once on other threads
-    // (`invoke_chunks`) cover disjoint ranges and write disjoint elements (see
-    // `SharedPtrs`). `supports` proved every load of every domain position inside its
-    // buffer; a row `r < rows` only visits the positions of that row (and a row-level
-    // load only happens when rows are not empty, so the domain is not). Stores go to a
-    // position `< numel` of outputs of `numel` elements, or to `r < rows` of per-row
-    // outputs of `rows` elements. Bool outputs receive only 0 or 1.
+    // and from the inputs, followed for a split kernel by a scratch array of the
+    // `SplitLayout::scratch_slots` 8-byte slots its phases address (result slots of
+    // rows `r < rows`, partial slots of units `u < rows * splits`), also distinct; and
+    // that the range it was given lies in `0..=extent`, where the extent is `numel`
+    // (positions) or, for a kernel with reduce axes, `rows()` (rows). `run_range` passes
+    // that range scaled by the stage's units per row (1, or `splits` for the row-chunk
+    // phases of a split kernel), `invoke_chunks` a chunk inside the scaled whole range,
+    // so `0 <= start <= end <= stage extent`. Calls that run at once on other threads
+    // (`invoke_chunks`) are calls of one stage over disjoint ranges and write disjoint
+    // elements (see `SharedPtrs`); stages run one after another. `supports` proved every
+    // load of every domain position inside its buffer; a row `r < rows` (or chunk of a
+    // row) only visits the positions of that row (and a row-level load only happens
+    // when rows are not empty, so the domain is not). Stores go to a position `< numel`
+    // of outputs of `numel` elements, or to `r < rows` of per-row outputs of `rows`
+    // elements. Bool outputs receive only 0 or 1.
     unsafe { entry(ptrs.as_ptr(), start, end) }
 }
 
@@ -288,36 +339,41 @@ impl SharedPtrs<'_> {
 // builds a `SharedPtrs`):
 // - every argument was checked once, before the pointers were built, by
 //   `checked_pointers` (number, dtype and length of each buffer; the whole range);
-// - each thread calls the kernel on its own chunks, and chunks are disjoint ranges of
-//   units;
+// - each thread calls one function (stage) of the kernel on its own chunks, and chunks
+//   are disjoint ranges of units; the next stage starts only after `for_each` returns;
 // - a call over positions `[start, end)` (a kernel without reduce axes) writes only the
 //   output elements of those positions; a call over rows `[start, end)` writes only
-//   `out[r]` of per-row outputs and the domain positions of its rows `r` (the rows
-//   partition the domain), each row reduced whole by that one call; so no element is
+//   `out[r]` of per-row outputs, the domain positions of its rows `r` (the rows
+//   partition the domain), and for a split kernel's combine phase the result slots of
+//   its rows; a call over row chunks `u` (split kernels) writes only the partial slots
+//   of its units, or the domain positions of its chunks of rows; so no element is
 //   written by two threads, and outputs are never read (the code loads only from the
-//   pointer array and input buffers);
+//   pointer array, input buffers, and scratch slots written by an earlier stage);
 // - inputs are only read (the code never writes through an input pointer), and outputs
-//   are distinct from inputs and from each other (borrowed `&mut` by `run`);
+//   and scratch are distinct from inputs and from each other (borrowed `&mut` by `run`);
 // - the arrays stay borrowed by `run` for the whole parallel loop, and rayon's
 //   `for_each` returns only when every chunk has finished, so no pointer outlives them.
 unsafe impl Sync for SharedPtrs<'_> {}
 
-/// Runs units `0..extent` in chunks of `chunk` units on the current rayon pool; one
-/// chunk or less runs on the calling thread without touching rayon. `ptrs` come from
-/// `checked_pointers` over the whole range `0..extent`.
-fn invoke_chunks(entry: KernelFn, ptrs: &[*mut u8], extent: usize, chunk: usize) {
-    if extent <= chunk {
-        if extent > 0 {
-            invoke(entry, ptrs, 0, extent);
+/// Runs units `start..end` of `stage` in chunks of `stage.chunk` units (counted from
+/// 0, so bounds depend on shapes only) on the current rayon pool; one chunk or less runs
+/// on the calling thread without touching rayon. `ptrs` come from `checked_pointers`.
+fn invoke_chunks(stage: &Stage, ptrs: &[*mut u8], start: usize, end: usize) {
+    let chunk = stage.chunk;
+    if end - start <= chunk {
+        if start < end {
+            invoke(stage.entry, ptrs, start, end);
         }
         return;
     }
     let shared = SharedPtrs(ptrs);
-    (0..extent.div_ceil(chunk)).into_par_iter().for_each(|c| {
-        // No overflow: `c * chunk < extent <= i64::MAX` and `chunk` is small.
-        let start = c * chunk;
-        invoke(entry, shared.get(), start, (start + chunk).min(extent));
-    });
+    (start / chunk..end.div_ceil(chunk))
+        .into_par_iter()
+        .for_each(|c| {
+            // No overflow: `c * chunk < end <= i64::MAX` and `chunk` is small.
+            let lo = (c * chunk).max(start);
+            invoke(stage.entry, shared.get(), lo, ((c + 1) * chunk).min(end));
+        });
 }
 
 impl CompiledKernel {
@@ -340,9 +396,14 @@ impl CompiledKernel {
     }
 
     /// How many chunks [`Self::run`] cuts the kernel into (1 for a kernel that runs on the
-    /// calling thread; 0 for an empty one). Depends on the kernel's shape only.
+    /// calling thread; 0 for an empty one): for a split kernel, which runs in phases, the
+    /// most of any phase. Depends on the kernel's shape only.
     pub fn chunks(&self) -> usize {
-        self.extent.div_ceil(self.chunk)
+        self.stages
+            .iter()
+            .map(|s| s.extent.div_ceil(s.chunk))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Runs the kernel over its whole domain (every row, for a kernel with reduce axes),
@@ -356,23 +417,30 @@ impl CompiledKernel {
     /// The domain is cut into chunks whose boundaries depend only on the kernel's shape:
     /// runs of 64 Ki positions for a kernel without reduce axes, groups of whole rows
     /// holding at least 64 Ki elements for one with reduce axes (see [`Self::chunks`]).
-    /// Each chunk is one call of the compiled code, every row is reduced sequentially by
-    /// one call, and no partial results are combined, so the outputs are bit-identical
-    /// whatever the number of threads, and to one call over the whole domain
-    /// ([`Self::run_range`]). A kernel of one chunk or less runs on the calling thread.
+    /// Each chunk is one call of the compiled code. A row is reduced sequentially by one
+    /// call, except under a `Split` plan: there each of the plan's chunks of a row is
+    /// reduced by one call into a partial, and a second phase combines the partials of
+    /// each row in chunk order. Either way the order of every operation depends on
+    /// shapes only, so the outputs are bit-identical whatever the number of threads, and
+    /// to one call over the whole domain ([`Self::run_range`]). A kernel of one chunk or
+    /// less runs on the calling thread.
     pub fn run(
         &self,
         inputs: &[&HostArray],
         outputs: &mut [&mut HostArray],
     ) -> Result<(), CodegenError> {
-        let ptrs = self.checked_pointers(inputs, outputs, 0, self.extent)?;
-        invoke_chunks(self.entry, &ptrs, self.extent, self.chunk);
+        let mut scratch = vec![0u64; self.scratch_slots];
+        let ptrs = self.checked_pointers(inputs, outputs, &mut scratch, 0, self.extent)?;
+        for stage in &self.stages {
+            invoke_chunks(stage, &ptrs, 0, stage.extent);
+        }
         Ok(())
     }
 
-    /// Runs the kernel over row-major positions `[start, end)` of its domain only, in one
-    /// call on the calling thread; the rest of each output is left as it was. Checks the
-    /// arguments as [`Self::run`] does and `start <= end <= numel`.
+    /// Runs the kernel over row-major positions `[start, end)` of its domain only, on the
+    /// calling thread (one call, or one per phase of a split kernel); the rest of each
+    /// output is left as it was. Checks the arguments as [`Self::run`] does and
+    /// `start <= end <= numel`.
     ///
     /// For a kernel with reduce axes, `start..end` are **rows** instead (row-major over
     /// the kept axes, `end <= Kernel::rows()`): each row in the range is reduced whole and
@@ -385,20 +453,30 @@ impl CompiledKernel {
         start: usize,
         end: usize,
     ) -> Result<(), CodegenError> {
-        let ptrs = self.checked_pointers(inputs, outputs, start, end)?;
+        let mut scratch = vec![0u64; self.scratch_slots];
+        let ptrs = self.checked_pointers(inputs, outputs, &mut scratch, start, end)?;
         if start < end {
-            invoke(self.entry, &ptrs, start, end);
+            for stage in &self.stages {
+                invoke(
+                    stage.entry,
+                    &ptrs,
+                    start * stage.per_row,
+                    end * stage.per_row,
+                );
+            }
         }
         Ok(())
     }
 
     /// Checks every argument of a run over units `[start, end)` (see [`Self::run_range`])
-    /// and returns the buffer pointers in ABI order: inputs, then outputs. The pointers
-    /// are only valid while `inputs` and `outputs` stay borrowed by the caller.
+    /// and returns the buffer pointers in ABI order: inputs, then outputs, then (for a
+    /// split kernel) `scratch`, which must hold `scratch_slots` slots. The pointers are
+    /// only valid while `inputs`, `outputs` and `scratch` stay borrowed by the caller.
     fn checked_pointers(
         &self,
         inputs: &[&HostArray],
         outputs: &mut [&mut HostArray],
+        scratch: &mut [u64],
         start: usize,
         end: usize,
     ) -> Result<Vec<*mut u8>, CodegenError> {
@@ -435,11 +513,19 @@ impl CompiledKernel {
         }
         // Input pointers are typed `*mut` only because the ABI has one pointer array;
         // the code never writes through them.
-        let ptrs: Vec<*mut u8> = inputs
+        assert_eq!(
+            scratch.len(),
+            self.scratch_slots,
+            "run allocates the scratch the kernel needs; a mismatch is a bug"
+        );
+        let mut ptrs: Vec<*mut u8> = inputs
             .iter()
             .map(|a| a.storage().as_ptr().cast_mut())
             .chain(outputs.iter_mut().map(|a| a.storage_mut().as_mut_ptr()))
             .collect();
+        if self.scratch_slots > 0 {
+            ptrs.push(scratch.as_mut_ptr().cast());
+        }
         Ok(ptrs)
     }
 }

@@ -28,6 +28,9 @@ use ndfuse_ir::{BinaryOp, DKind, DType, Expr, Kernel, Scalar, UnaryOp, View};
 use std::collections::BTreeMap;
 
 mod rows;
+mod split;
+
+pub(crate) use split::{Phase, SplitLayout};
 
 /// The signature of every kernel: `(ptrs: *const *mut u8, start: i64, end: i64)`.
 pub(crate) fn kernel_signature<M: Module>(module: &M) -> Signature {
@@ -64,19 +67,21 @@ fn input_flags() -> MemFlagsData {
     MemFlagsData::trusted().with_readonly()
 }
 
-/// Writes `kernel` as the body of `func` (whose name and signature this sets). Fails
-/// only when `module` refuses an import.
+/// Writes the function of `phase` of `kernel` (`Phase::Whole` but for the phases of a
+/// split kernel: `SplitLayout::phases`) as the body of `func`, whose name and signature
+/// this sets. Fails only when `module` refuses an import.
 /// Transcendentals become calls to imported [`libcalls`], declared in `module`; the
 /// imports are returned in the order of their ids, for a legend of the CLIF text (which
 /// shows them only as `u0:<id>`).
 pub(crate) fn lower<M: Module>(
     kernel: &Kernel,
+    phase: Phase,
     module: &mut M,
     func: &mut Function,
     fctx: &mut FunctionBuilderContext,
 ) -> Result<Vec<(&'static str, FuncId)>, String> {
     func.signature = kernel_signature(module);
-    func.name = UserFuncName::testcase(&kernel.name);
+    func.name = UserFuncName::testcase(format!("{}{}", kernel.name, phase.suffix()));
     let ptr_ty = module.target_config().pointer_type();
     let b = FunctionBuilder::new(func, fctx);
     let mut lw = Lowering {
@@ -87,7 +92,7 @@ pub(crate) fn lower<M: Module>(
         consts: BTreeMap::new(),
         scaled: BTreeMap::new(),
     };
-    lw.kernel(kernel)?;
+    lw.kernel(kernel, phase)?;
     lw.b.seal_all_blocks();
     let config = lw.module.target_config();
     lw.b.finalize(config);
@@ -123,14 +128,15 @@ struct Offset {
 }
 
 impl<M: Module> Lowering<'_, '_, M> {
-    fn kernel(&mut self, kernel: &Kernel) -> Result<(), String> {
+    fn kernel(&mut self, kernel: &Kernel, phase: Phase) -> Result<(), String> {
         let entry = self.b.create_block();
         self.b.append_block_params_for_function_params(entry);
         self.b.switch_to_block(entry);
         let params = self.b.block_params(entry).to_vec();
         let (ptrs, start, end) = (params[0], params[1], params[2]);
         if !kernel.reduce_axes.is_empty() {
-            return self.row_kernel(kernel, ptrs, start, end);
+            let split = SplitLayout::of(kernel);
+            return self.row_kernel(kernel, (ptrs, start, end), phase, split.as_ref());
         }
 
         // An empty domain has no element to read; its views need not even be

@@ -31,8 +31,9 @@ pub fn supports(kernel: &Kernel) -> Result<(), String> {
     if uses_half {
         return Err(HALF_UNSUPPORTED.to_string());
     }
-    // Every reduction plan is lowered row by row for now (see `lower::rows`), so the
-    // plan only has to agree with the presence of reduce axes.
+    // Every reduction plan has a lowering (`lower::rows`, `lower::split`), and one that
+    // does not fit its plan's fast path falls back to row-by-row sweeps, so the plan
+    // only has to agree with the presence of reduce axes.
     match (&kernel.plan, kernel.reduce_axes.is_empty()) {
         (Plan::Elementwise, true) => {}
         (Plan::Rows { .. } | Plan::Columns { .. } | Plan::Split { .. }, false) => {}

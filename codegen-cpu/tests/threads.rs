@@ -1,14 +1,17 @@
 //! Parallel runs: `CompiledKernel::run` cuts a kernel into chunks fixed by its shape and
 //! runs them on rayon's threads. Its outputs must be bit-identical on pools of 1, 2 and
 //! 4 threads, and to one sequential call over the whole domain (`run_range`), for
-//! element-wise kernels (chunks of positions) and row kernels (chunks of whole rows);
+//! element-wise kernels (chunks of positions), row kernels (chunks of whole rows) and
+//! split kernels (chunks of rows, partials combined in chunk order);
 //! argument checks still come first, and a kernel of one chunk runs inline.
 
 mod builder;
 
 use builder::{compiled, zeroed_outputs, KernelBuilder};
 use ndfuse_codegen_cpu::{CodegenError, CompiledKernel};
-use ndfuse_ir::{Accumulate, BinaryOp, DType, HostArray, Kernel, Plan, Scalar, Shape, UnaryOp};
+use ndfuse_ir::{
+    Accumulate, ArgReduceOp, BinaryOp, DType, HostArray, Kernel, Plan, Scalar, Shape, UnaryOp,
+};
 
 /// A small deterministic generator of floats in [-8, 8).
 fn values(n: usize, seed: u64) -> Vec<f64> {
@@ -197,24 +200,34 @@ fn row_and_element_stores_are_bit_identical_on_1_2_4_threads() {
 }
 
 #[test]
-fn a_split_row_runs_as_one_chunk() {
-    // Every plan is lowered row by row for now: a Split kernel over one long row is one
-    // chunk (one thread) until a two-stage split is implemented.
+fn a_split_row_runs_in_chunks_and_is_bit_identical_on_1_2_4_threads() {
+    // One long row cut into 16 chunks: each chunk is reduced by its own call (on any
+    // thread), and the partials are combined in chunk order, so the thread count does
+    // not change a bit. Two sweeps (sum, then the sum of squared deviations), argmax,
+    // and an element store, so every phase runs.
     let n = 1 << 20;
-    let mut kb = KernelBuilder::new("k0_sum", &[n]);
-    kb.reduce_over(&[0]);
-    kb.plan(Plan::Split {
-        rows: 1,
-        row_len: n,
-        splits: 16,
-    });
-    let x = kb.load(DType::F32);
-    let s = kb.reduce(Accumulate::Sum, x);
-    kb.store_rows(s);
-    let k = kb.build();
-    let x = input(DType::F32, &[n], 7);
-    assert_eq!(compiled(&k).chunks(), 1);
-    assert_deterministic(&k, &[&x], 1);
+    for dtype in [DType::F32, DType::F64] {
+        let mut kb = KernelBuilder::new("k0_split", &[n]);
+        kb.reduce_over(&[0]);
+        kb.plan(Plan::Split {
+            rows: 1,
+            row_len: n,
+            splits: 16,
+        });
+        let x = kb.load(dtype);
+        let s = kb.reduce(Accumulate::Sum, x);
+        let d = kb.binary(BinaryOp::Sub, x, s);
+        let d2 = kb.binary(BinaryOp::Mul, d, d);
+        let ss = kb.reduce(Accumulate::Sum, d2);
+        let am = kb.arg_reduce(ArgReduceOp::ArgMax, x);
+        kb.store_rows(s);
+        kb.store_rows(ss);
+        kb.store_rows(am);
+        kb.store(d);
+        let k = kb.build();
+        let x = input(dtype, &[n], 7);
+        assert_deterministic(&k, &[&x], 16);
+    }
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! ```text
 //! block0(ptrs, start, end):  brif start < end, pre, exit
 //! pre:                       buffer pointers, constants; jump row(start)
-//! row(r):                    kept index of r -> per-load base offsets; row values
+//! row(r):                    (a split phase: r and chunk c of unit u)
+//!                            kept index of r -> per-load base offsets; row values
 //!   sweep 0:  head(j, accs..): reduced index of j, element values, accs' = accs (+) x
 //!             brif j + 1 < row_len, head(j + 1, accs'..), done(accs'..)
 //!   done(results..):         row values that need sweep 0's results
@@ -25,12 +26,13 @@
 //! plans of `index`, once per row for `r` and once per element for `j`, so a load's
 //! offset is a per-row base plus a per-element part.
 //!
-//! Every plan (`Rows`, contiguous or strided, `Columns`, `Split`) is lowered this same
-//! row-by-row way for now: correct, and deterministic since rows are done in order and
-//! each row is reduced sequentially. Plan-specific loops (a band of columns accumulated
-//! at once, chunked partial sums for `Split`) and SIMD come with the later parts of the
-//! CPU-backend issue.
+//! The same function serves the phases of a split kernel (`split`): a phase runs the
+//! row program only as far as it needs (up to one sweep, over one chunk of the row) and
+//! takes the results of earlier sweeps from scratch memory instead of sweeping again.
+//! `Rows` and `Columns` kernels that have no faster loop of their own are lowered
+//! whole, one row after another.
 
+use super::split::{Phase, SplitLayout};
 use super::{cl_type, Lowering, Offset};
 use crate::index::{self, Access, IndexPlan};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -39,16 +41,16 @@ use cranelift_module::Module;
 use ndfuse_ir::{Accumulate, ArgReduceOp, DKind, DType, Expr, Kernel, Level, Shape, View};
 
 /// The sweep structure of a row program, decided from the body alone.
-struct Schedule {
+pub(super) struct Schedule {
     /// Per instruction: 0 if it needs no reduction result, else one more than the sweep
     /// of the latest reduction it depends on. A reduction runs in sweep `stage - 1`;
     /// other row values are computed just before sweep `stage` (or after the last one).
-    stage: Vec<usize>,
+    pub stage: Vec<usize>,
     /// Number of reduction sweeps (the final store sweep not counted).
-    sweeps: usize,
+    pub sweeps: usize,
 }
 
-fn schedule(kernel: &Kernel) -> Schedule {
+pub(super) fn schedule(kernel: &Kernel) -> Schedule {
     let mut stage = vec![0usize; kernel.body.len()];
     let mut sweeps = 0;
     for (i, ins) in kernel.body.iter().enumerate() {
@@ -104,13 +106,13 @@ fn restrict(view: &View, axes: &[usize], offset: isize) -> View {
 
 /// Whether store `s` writes one element per row (a row value into a buffer of `rows`
 /// elements) rather than every domain position: the rule of `Kernel::check`.
-fn per_row(kernel: &Kernel, levels: &[Level], s: &ndfuse_ir::Store) -> bool {
+pub(super) fn per_row(kernel: &Kernel, levels: &[Level], s: &ndfuse_ir::Store) -> bool {
     levels[s.value.index()] == Level::Row && kernel.outputs[s.output].len == kernel.rows()
 }
 
 /// The running state of one reduction in a sweep.
 #[derive(Clone, Copy)]
-enum Acc {
+pub(super) enum Acc {
     /// `acc = acc (+) x`.
     Plain(Accumulate),
     /// The best value so far and its index.
@@ -184,13 +186,14 @@ fn sum_offsets<M: Module>(lw: &mut Lowering<'_, '_, M>, a: &Offset, b: Offset) -
 }
 
 impl<M: Module> Lowering<'_, '_, M> {
-    /// The whole function for a kernel with reduce axes; `start..end` are row indices.
+    /// The function of `phase` for a kernel with reduce axes; `start..end` are rows, or
+    /// (row, chunk) units for the per-chunk phases of a split kernel (see `split`).
     pub(super) fn row_kernel(
         &mut self,
         kernel: &Kernel,
-        ptrs: Value,
-        start: Value,
-        end: Value,
+        (ptrs, start, end): (Value, Value, Value),
+        phase: Phase,
+        split: Option<&SplitLayout>,
     ) -> Result<(), String> {
         let (rows, row_len) = (kernel.rows(), kernel.row_len());
         if rows == 0 {
@@ -206,9 +209,9 @@ impl<M: Module> Lowering<'_, '_, M> {
         let row_len = i64::try_from(row_len).expect("row_len <= numel fits i64 (supports)");
 
         let pre = self.b.create_block();
-        let row = self.b.create_block();
+        let unit = self.b.create_block();
         let exit = self.b.create_block();
-        let r = self.b.append_block_param(row, types::I64);
+        let u = self.b.append_block_param(unit, types::I64);
         let nonempty = self.b.ins().icmp(IntCC::SignedLessThan, start, end);
         self.b.ins().brif(nonempty, pre, &[], exit, &[]);
 
@@ -216,16 +219,31 @@ impl<M: Module> Lowering<'_, '_, M> {
         self.b.switch_to_block(pre);
         let bases = self.buffer_bases(kernel, ptrs);
         let (in_bases, out_bases) = bases.split_at(kernel.inputs.len());
+        let scratch = split.map(|_| self.scratch_base(kernel, ptrs));
         let mut values: Vec<Option<Value>> = vec![None; kernel.body.len()];
         for (v, ins) in kernel.body.iter().enumerate() {
             if let Expr::Const(_) = ins.expr {
                 values[v] = Some(self.compute(kernel, v, &values)?);
             }
         }
-        self.b.ins().jump(row, &[start.into()]);
+        self.b.ins().jump(unit, &[start.into()]);
 
-        // The row: its per-row base offsets, then sweeps and row values in stage order.
-        self.b.switch_to_block(row);
+        // The unit: its row, and for a per-chunk phase the chunk's element range.
+        self.b.switch_to_block(unit);
+        let (r, range) = match (phase.per_chunk(), split) {
+            (true, Some(l)) => {
+                let splits = self.iconst(l.splits as i64);
+                let r = self.b.ins().udiv(u, splits);
+                let whole = self.b.ins().imul(r, splits);
+                let c = self.b.ins().isub(u, whole);
+                let lo = self.b.ins().imul_imm_s(c, l.chunk_len as i64);
+                let hi = self.b.ins().iadd_imm_s(lo, l.chunk_len as i64);
+                let len = self.iconst(row_len);
+                let hi = self.b.ins().umin(hi, len);
+                (r, Range::Dynamic(lo, hi))
+            }
+            _ => (u, Range::Whole(row_len)),
+        };
         let mut kept_offsets: Vec<Option<Offset>> = Vec::new();
         let mut out_kept: Option<Offset> = None;
         if let Some(ix) = &ix {
@@ -238,6 +256,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                 .as_ref()
                 .map(|(k, _)| self.element_offset(k, &kidx, r));
         }
+        // The row: row values and sweeps in stage order, as far as the phase goes.
         for s in 0..=sched.sweeps {
             // Row values that became computable: stage s (stage 0 includes row loads).
             for (v, ins) in kernel.body.iter().enumerate() {
@@ -267,56 +286,86 @@ impl<M: Module> Lowering<'_, '_, M> {
                         && sched.stage[v] == s + 1
                 })
                 .collect();
-            let results = match &ix {
-                Some(ix) => {
-                    let env = SweepEnv {
-                        ix,
-                        levels: &levels,
-                        kept_offsets: &kept_offsets,
-                        in_bases,
-                        row_len,
-                    };
-                    self.reduce_sweep(kernel, &env, &reduces, &values)?
+            let env = ix.as_ref().map(|ix| SweepEnv {
+                ix,
+                levels: &levels,
+                kept_offsets: &kept_offsets,
+                in_bases,
+            });
+            let results = match (phase, split, scratch) {
+                (Phase::Whole, _, _) => match &env {
+                    Some(env) => {
+                        let (accs, finals) =
+                            self.reduce_sweep(kernel, env, &reduces, &values, range)?;
+                        results_of(&accs, &finals)
+                    }
+                    None => reduces
+                        .iter()
+                        .map(|&v| self.empty_result(kernel, v))
+                        .collect(),
+                },
+                (_, Some(l), Some(scratch)) => {
+                    let env = env.as_ref().expect("split kernels have non-empty rows");
+                    match phase {
+                        Phase::Partial(p) if p == s => {
+                            let (_, finals) =
+                                self.reduce_sweep(kernel, env, &reduces, &values, range)?;
+                            self.store_partials(l, scratch, u, &finals);
+                            break;
+                        }
+                        Phase::Combine(p) if p == s => {
+                            let results = self.combine_partials(kernel, l, scratch, r, &reduces)?;
+                            if l.keeps_results(s) {
+                                self.store_results(l, scratch, r, &reduces, &results);
+                            }
+                            if s + 1 < l.sweeps {
+                                break;
+                            }
+                            results
+                        }
+                        _ => self.load_results(kernel, l, scratch, r, &reduces),
+                    }
                 }
-                None => reduces
-                    .iter()
-                    .map(|&v| self.empty_result(kernel, v))
-                    .collect(),
+                _ => panic!("a split phase without its layout and scratch is a bug"),
             };
             for (&v, value) in reduces.iter().zip(results) {
                 values[v] = Some(value);
             }
         }
 
-        // Per-row stores: one element per row, at r.
-        for st in &kernel.stores {
-            if per_row(kernel, &levels, st) {
-                let value = values[st.value.index()].expect("row values are computed by now");
-                let dtype = kernel.body[st.value.index()].dtype;
-                let at = Offset {
-                    var: Some(r),
-                    elems: 0,
-                };
-                let (addr, imm) = self.address(out_bases[st.output], at, dtype);
-                self.b
-                    .ins()
-                    .store(MemFlagsData::trusted(), value, addr, imm);
+        // Per-row stores (one element per row, at r), once the last sweep is complete.
+        let last = split.map_or(0, |l| l.sweeps.saturating_sub(1));
+        if matches!(phase, Phase::Whole) || phase == Phase::Combine(last) {
+            for st in &kernel.stores {
+                if per_row(kernel, &levels, st) {
+                    let value = values[st.value.index()].expect("row values are computed by now");
+                    let dtype = kernel.body[st.value.index()].dtype;
+                    let at = Offset {
+                        var: Some(r),
+                        elems: 0,
+                    };
+                    let (addr, imm) = self.address(out_bases[st.output], at, dtype);
+                    self.b
+                        .ins()
+                        .store(MemFlagsData::trusted(), value, addr, imm);
+                }
             }
         }
         // Element stores: a final sweep (none over an empty row, which has no position).
-        if let (Some(ix), Some(out_kept)) = (&ix, &out_kept) {
-            let env = SweepEnv {
-                ix,
-                levels: &levels,
-                kept_offsets: &kept_offsets,
-                in_bases,
-                row_len,
-            };
-            self.store_sweep(kernel, &env, out_kept, out_bases, &values)?;
+        if matches!(phase, Phase::Whole | Phase::Stores) {
+            if let (Some(ix), Some(out_kept)) = (&ix, &out_kept) {
+                let env = SweepEnv {
+                    ix,
+                    levels: &levels,
+                    kept_offsets: &kept_offsets,
+                    in_bases,
+                };
+                self.store_sweep(kernel, &env, out_kept, out_bases, &values, range)?;
+            }
         }
-        let next = self.b.ins().iadd_imm_s(r, 1);
+        let next = self.b.ins().iadd_imm_s(u, 1);
         let more = self.b.ins().icmp(IntCC::SignedLessThan, next, end);
-        self.b.ins().brif(more, row, &[next.into()], exit, &[]);
+        self.b.ins().brif(more, unit, &[next.into()], exit, &[]);
 
         self.b.switch_to_block(exit);
         self.b.ins().return_(&[]);
@@ -345,14 +394,37 @@ impl<M: Module> Lowering<'_, '_, M> {
         }
     }
 
-    /// The loop over the elements of the current row, `j` in `0..row_len` (> 0). The
-    /// block params of its head are `j` then `carried`; `body` emits one iteration from
-    /// `j` and the carried values (the caches of constants and scaled offsets made in
-    /// it are dropped afterwards: the body does not dominate what follows) and returns
-    /// the next carried values, which the exit block receives as its params.
+    /// The loop over the elements `range` of the current row. The block params of its
+    /// head are `j` then `carried`; `body` emits one iteration from `j` and the carried
+    /// values and returns the next carried values, which the exit block receives as its
+    /// params (the carried values themselves when the range is empty).
     fn sweep(
         &mut self,
-        row_len: i64,
+        range: Range,
+        carried: &[(Type, Value)],
+        body: impl FnOnce(&mut Self, Value, &[Value]) -> Result<Vec<Value>, String>,
+    ) -> Result<Vec<Value>, String> {
+        match range {
+            Range::Whole(n) => {
+                let zero = self.b.ins().iconst(types::I64, 0);
+                self.counted_loop(zero, Bound::Const(n), 1, false, carried, body)
+            }
+            Range::Dynamic(lo, hi) => {
+                self.counted_loop(lo, Bound::Value(hi), 1, true, carried, body)
+            }
+        }
+    }
+
+    /// A loop `for j in (lo..hi).step_by(step)` carrying values (see [`Self::sweep`]);
+    /// `hi - lo` must be a multiple of `step`. Without `guard` the loop is known to run
+    /// at least once. The caches of constants and scaled offsets made in the body are
+    /// dropped afterwards: the body does not dominate what follows.
+    pub(super) fn counted_loop(
+        &mut self,
+        lo: Value,
+        hi: Bound,
+        step: i64,
+        guard: bool,
         carried: &[(Type, Value)],
         body: impl FnOnce(&mut Self, Value, &[Value]) -> Result<Vec<Value>, String>,
     ) -> Result<Vec<Value>, String> {
@@ -365,19 +437,27 @@ impl<M: Module> Lowering<'_, '_, M> {
             params.push(self.b.append_block_param(head, ty));
             results.push(self.b.append_block_param(done, ty));
         }
-        let zero = self.b.ins().iconst(types::I64, 0);
-        let mut args = vec![zero.into()];
+        let mut args = vec![lo.into()];
         args.extend(carried.iter().map(|&(_, v)| BlockArg::from(v)));
-        self.b.ins().jump(head, &args);
+        if guard {
+            let empty: Vec<BlockArg> = carried.iter().map(|&(_, v)| BlockArg::from(v)).collect();
+            let runs = match hi {
+                Bound::Const(n) => self.b.ins().icmp_imm_s(IntCC::SignedLessThan, lo, n),
+                Bound::Value(h) => self.b.ins().icmp(IntCC::SignedLessThan, lo, h),
+            };
+            self.b.ins().brif(runs, head, &args, done, &empty);
+        } else {
+            self.b.ins().jump(head, &args);
+        }
 
         self.b.switch_to_block(head);
         let (consts, scaled) = (self.consts.clone(), self.scaled.clone());
         let next_vals = body(self, j, &params)?;
-        let next = self.b.ins().iadd_imm_s(j, 1);
-        let more = self
-            .b
-            .ins()
-            .icmp_imm_s(IntCC::SignedLessThan, next, row_len);
+        let next = self.b.ins().iadd_imm_s(j, step);
+        let more = match hi {
+            Bound::Const(n) => self.b.ins().icmp_imm_s(IntCC::SignedLessThan, next, n),
+            Bound::Value(h) => self.b.ins().icmp(IntCC::SignedLessThan, next, h),
+        };
         let mut again = vec![next.into()];
         again.extend(next_vals.iter().map(|&v| BlockArg::from(v)));
         let out: Vec<BlockArg> = next_vals.iter().map(|&v| BlockArg::from(v)).collect();
@@ -424,14 +504,17 @@ impl<M: Module> Lowering<'_, '_, M> {
         Ok(vals)
     }
 
-    /// One reduction sweep computing `reduces` together; returns their results.
+    /// One reduction sweep over `range` computing `reduces` together; returns each
+    /// reduction's kind, operand and dtype, and the final accumulator values (one per
+    /// plain reduction, best and index per arg one: see [`results_of`]).
     fn reduce_sweep(
         &mut self,
         kernel: &Kernel,
         env: &SweepEnv<'_>,
         reduces: &[usize],
         values: &[Option<Value>],
-    ) -> Result<Vec<Value>, String> {
+        range: Range,
+    ) -> Result<(Vec<AccInfo>, Vec<Value>), String> {
         let operands: Vec<usize> = reduces
             .iter()
             .map(|&v| Kernel::operands(&kernel.body[v].expr)[0].index())
@@ -455,7 +538,7 @@ impl<M: Module> Lowering<'_, '_, M> {
             }
             accs.push((acc, x, xd));
         }
-        let finals = self.sweep(env.row_len, &carried, |lw, j, state| {
+        let finals = self.sweep(range, &carried, |lw, j, state| {
             let ridx = lw.decompose(&env.ix.red, j);
             let vals = lw.element_values(kernel, env, &need, (j, &ridx), values)?;
             let mut next = Vec::with_capacity(state.len());
@@ -478,29 +561,14 @@ impl<M: Module> Lowering<'_, '_, M> {
             }
             Ok(next)
         })?;
-        // The result of an arg reduction is the index, the second of its pair.
-        let mut results = Vec::with_capacity(reduces.len());
-        let mut k = 0;
-        for &(acc, _, _) in &accs {
-            match acc {
-                Acc::Plain(_) => {
-                    results.push(finals[k]);
-                    k += 1;
-                }
-                Acc::Arg(_) => {
-                    results.push(finals[k + 1]);
-                    k += 2;
-                }
-            }
-        }
-        Ok(results)
+        Ok((accs, finals))
     }
 
     /// The starting accumulator of `acc` over values of `dtype`: the identity of the
     /// operation, so the first element is taken as it is (-inf for max, whose
     /// `fmax(-inf, -0)` is -0; the first element always wins an arg reduction, since
     /// the comparison with the start is strict and the start index is 0).
-    fn acc_init(&mut self, acc: Acc, dtype: DType) -> Value {
+    pub(super) fn acc_init(&mut self, acc: Acc, dtype: DType) -> Value {
         let (lo, hi) = match dtype {
             DType::I32 => (i64::from(i32::MIN), i64::from(i32::MAX)),
             // Bools compare unsigned: 0 is the least, 1 the greatest.
@@ -522,7 +590,13 @@ impl<M: Module> Lowering<'_, '_, M> {
     /// `acc (+) x` in the value's own type: f32 in f32 (rounded at every step, in
     /// element order), f64 in f64, integers wrapping. Float max/min propagate NaN and
     /// order -0 below +0, as the reference's.
-    fn accumulate(&mut self, acc: Accumulate, dtype: DType, a: Value, x: Value) -> Value {
+    pub(super) fn accumulate(
+        &mut self,
+        acc: Accumulate,
+        dtype: DType,
+        a: Value,
+        x: Value,
+    ) -> Value {
         let ins = self.b.ins();
         match (acc, dtype.kind() == DKind::Float) {
             (Accumulate::Sum, true) => ins.fadd(a, x),
@@ -539,7 +613,13 @@ impl<M: Module> Lowering<'_, '_, M> {
     /// Whether `x` replaces `best` in an arg reduction (the reference's `arg_f64` /
     /// `arg_i64`): strictly better, or the first NaN. Once `best` is a NaN nothing
     /// compares better and a later NaN is not first, so the first NaN's index stays.
-    fn arg_better(&mut self, op: ArgReduceOp, dtype: DType, x: Value, best: Value) -> Value {
+    pub(super) fn arg_better(
+        &mut self,
+        op: ArgReduceOp,
+        dtype: DType,
+        x: Value,
+        best: Value,
+    ) -> Value {
         let max = op == ArgReduceOp::ArgMax;
         match dtype.kind() {
             DKind::Float => {
@@ -582,6 +662,7 @@ impl<M: Module> Lowering<'_, '_, M> {
         out_kept: &Offset,
         out_bases: &[Value],
         values: &[Option<Value>],
+        range: Range,
     ) -> Result<(), String> {
         let stores: Vec<&ndfuse_ir::Store> = kernel
             .stores
@@ -591,7 +672,7 @@ impl<M: Module> Lowering<'_, '_, M> {
         let targets: Vec<usize> = stores.iter().map(|s| s.value.index()).collect();
         let need = element_closure(kernel, env.levels, &targets);
         let (_, out_red) = env.ix.out.as_ref().expect("planned with element stores");
-        self.sweep(env.row_len, &[], |lw, j, _| {
+        self.sweep(range, &[], |lw, j, _| {
             let ridx = lw.decompose(&env.ix.red, j);
             let vals = lw.element_values(kernel, env, &need, (j, &ridx), values)?;
             let red = lw.element_offset(out_red, &ridx, j);
@@ -615,5 +696,45 @@ struct SweepEnv<'a> {
     /// Per instruction that is a load: its offset at the row's first element.
     kept_offsets: &'a [Option<Offset>],
     in_bases: &'a [Value],
-    row_len: i64,
+}
+
+/// The elements of a row a sweep covers.
+#[derive(Clone, Copy)]
+pub(super) enum Range {
+    /// The whole row, `0..row_len` (`row_len > 0` whenever a sweep is emitted).
+    Whole(i64),
+    /// `lo..hi`, known at run time (a chunk of a split row; possibly empty).
+    Dynamic(Value, Value),
+}
+
+/// The end of a [`Lowering::counted_loop`].
+#[derive(Clone, Copy)]
+pub(super) enum Bound {
+    /// A constant.
+    Const(i64),
+    /// A value computed before the loop.
+    Value(Value),
+}
+
+/// A reduction of a sweep: its kind, its operand's instruction and dtype.
+pub(super) type AccInfo = (Acc, usize, DType);
+
+/// The results of a sweep's reductions from its final accumulator values: a plain
+/// reduction's accumulator, an arg reduction's index (the second of its pair).
+pub(super) fn results_of(accs: &[AccInfo], finals: &[Value]) -> Vec<Value> {
+    let mut results = Vec::with_capacity(accs.len());
+    let mut k = 0;
+    for &(acc, _, _) in accs {
+        match acc {
+            Acc::Plain(_) => {
+                results.push(finals[k]);
+                k += 1;
+            }
+            Acc::Arg(_) => {
+                results.push(finals[k + 1]);
+                k += 2;
+            }
+        }
+    }
+    results
 }
