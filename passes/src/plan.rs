@@ -40,6 +40,22 @@ impl TargetDesc {
     }
 }
 
+impl TargetDesc {
+    /// The CUDA backend: rows shorter than 2^15 or more numerous than 256 already fill
+    /// a GPU with one thread group per row; fewer, longer rows are cut into chunks of
+    /// 16 Ki elements (one block of 256 threads each, 64 elements per thread).
+    pub fn cuda() -> TargetDesc {
+        TargetDesc {
+            name: "cuda",
+            vector_bytes: 16,
+            split_chunk: 1 << 14,
+            split_below_rows: 256,
+            split_min_row: 1 << 15,
+            max_splits: 4096,
+        }
+    }
+}
+
 impl Default for TargetDesc {
     fn default() -> TargetDesc {
         TargetDesc::cpu()

@@ -1,6 +1,8 @@
 //! Shared helpers of the workspace tests: comparing backend results with the reference
 //! interpreter under a stated tolerance, and distances in units in the last place.
 
+pub mod catalogue;
+
 use ndfuse::Array;
 use ndfuse_ir::DType;
 

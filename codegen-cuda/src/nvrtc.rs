@@ -1,0 +1,345 @@
+//! Compiling emitted CUDA C with NVRTC, loaded at run time through cudarc.
+//!
+//! - **Arch**: [`CompileOptions::arch`] is the device's own (`sm_90` for an H100): NVRTC
+//!   then produces a CUBIN the driver loads without a JIT step. A `compute_XX` arch
+//!   produces PTX instead (for a device newer than this NVRTC knows).
+//! - **Options**: `--fmad=false` (no contraction of `a * b + c`: element-wise arithmetic
+//!   stays bit-identical to the reference), `--std=c++17`, and `-I` for the CUDA headers
+//!   when a kernel uses f16/bf16 ([`include_dirs`] finds them).
+//! - **Caches**: in memory, keyed by (arch, source); on disk in `cache_dir`, one file per
+//!   kernel named by the source's hash, the NVRTC version and the arch, with the source
+//!   beside it: a hit is a file read after the saved source compares equal (so a hash
+//!   collision is a miss, never a wrong kernel). Files are written to a temporary name
+//!   and renamed, so a crash never leaves a partial image.
+//! - **Failures**: an NVRTC error is [`CudaError::Compile`] with the program log and the
+//!   path of the saved source (the cache directory, else the system's temporary one).
+
+use crate::{CudaError, CudaKernel};
+use std::collections::HashMap;
+use std::ffi::{c_char, CString};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+/// What NVRTC produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ImageKind {
+    /// Device code for one architecture (`sm_XX`).
+    Cubin,
+    /// PTX text (for `compute_XX`), compiled by the driver when loaded.
+    Ptx,
+}
+
+/// Where a compiled image came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Origin {
+    /// NVRTC compiled it just now.
+    Nvrtc,
+    /// The in-memory cache.
+    Memory,
+    /// The on-disk cache.
+    Disk,
+}
+
+/// How to compile.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CompileOptions {
+    /// `sm_XX` (CUBIN) or `compute_XX` (PTX).
+    pub arch: String,
+    /// Directories searched for `cuda_fp16.h` / `cuda_bf16.h`.
+    pub include_dirs: Vec<PathBuf>,
+    /// On-disk cache directory; `None` keeps kernels in memory only.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl CompileOptions {
+    /// Options for a device of compute capability `major.minor`, headers from
+    /// [`include_dirs`], no disk cache.
+    pub fn for_capability(major: i32, minor: i32) -> CompileOptions {
+        CompileOptions {
+            arch: format!("sm_{major}{minor}"),
+            include_dirs: include_dirs(),
+            cache_dir: None,
+        }
+    }
+}
+
+/// A compiled kernel image.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Compiled {
+    /// The kernel's name.
+    pub kernel: String,
+    /// CUBIN bytes or PTX text.
+    pub image: Vec<u8>,
+    /// Which of the two.
+    pub kind: ImageKind,
+    /// Where it came from.
+    pub origin: Origin,
+    /// Milliseconds spent (compiling, or loading from disk).
+    pub millis: f64,
+}
+
+/// NVRTC's version, loading the library on first use. `Err` names what was looked for
+/// when the library is not on the loader's path.
+pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
+    static VERSION: OnceLock<Result<(i32, i32), CudaError>> = OnceLock::new();
+    VERSION
+        .get_or_init(|| {
+            // SAFETY: loading the NVRTC shared library runs its initialisers, which have
+            // no preconditions; cudarc only tries the names it lists.
+            let present = unsafe { cudarc::nvrtc::sys::is_culib_present() };
+            if !present {
+                return Err(CudaError::NvrtcMissing {
+                    reason: format!(
+                        "none of {:?} is on the library path (set LD_LIBRARY_PATH to the directory holding libnvrtc.so.12, e.g. the `nvidia/cuda_nvrtc/lib` of `pip install nvidia-cuda-nvrtc-cu12`)",
+                        cudarc::get_lib_name_candidates("nvrtc")
+                            .into_iter()
+                            .filter(|n| n.contains(".so"))
+                            .take(3)
+                            .collect::<Vec<_>>()
+                    ),
+                });
+            }
+            let (mut major, mut minor) = (0, 0);
+            // SAFETY: the library is present (checked above); both pointers are valid
+            // for one write each.
+            let rc = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+            rc.result().map_err(|e| CudaError::Nvrtc {
+                call: "nvrtcVersion",
+                detail: format!("{e:?}"),
+            })?;
+            Ok((major, minor))
+        })
+        .clone()
+}
+
+/// Directories holding the CUDA headers half-precision kernels include: each entry of
+/// `NDFUSE_CUDA_INCLUDE` (a path list), then `$CUDA_HOME/include`, `$CUDA_PATH/include`
+/// and `/usr/local/cuda/include`, those that have `cuda_fp16.h`.
+pub fn include_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Some(v) = std::env::var_os("NDFUSE_CUDA_INCLUDE") {
+        dirs.extend(std::env::split_paths(&v));
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(v) = std::env::var_os(var) {
+            dirs.push(PathBuf::from(v).join("include"));
+        }
+    }
+    dirs.push(PathBuf::from("/usr/local/cuda/include"));
+    dirs.retain(|d| d.join("cuda_fp16.h").is_file());
+    dirs.dedup();
+    dirs
+}
+
+type MemoryCache = Mutex<HashMap<(String, String), Arc<Compiled>>>;
+
+fn memory_cache() -> &'static MemoryCache {
+    static CACHE: OnceLock<MemoryCache> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// FNV-1a, 64 bits: stable across releases and platforms, for file names only (a
+/// collision is caught by comparing the saved source).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Compiles `kernel` (from memory or disk when cached).
+pub fn compile(kernel: &CudaKernel, opts: &CompileOptions) -> Result<Arc<Compiled>, CudaError> {
+    let key = (opts.arch.clone(), kernel.source.clone());
+    if let Some(hit) = memory_cache().lock().expect("cache lock").get(&key) {
+        let mut c = (**hit).clone();
+        c.origin = Origin::Memory;
+        c.millis = 0.0;
+        return Ok(Arc::new(c));
+    }
+    let version = nvrtc_version()?;
+    let kind = if opts.arch.starts_with("sm_") {
+        ImageKind::Cubin
+    } else {
+        ImageKind::Ptx
+    };
+    let stem = format!(
+        "{}-{:016x}-nvrtc{}.{}-{}",
+        kernel.name,
+        fnv1a(kernel.source.as_bytes()),
+        version.0,
+        version.1,
+        opts.arch
+    );
+    let ext = if kind == ImageKind::Cubin {
+        "cubin"
+    } else {
+        "ptx"
+    };
+    let start = Instant::now();
+    if let Some(dir) = &opts.cache_dir {
+        if let Some(image) = read_cached(dir, &stem, ext, &kernel.source) {
+            let c = Arc::new(Compiled {
+                kernel: kernel.name.clone(),
+                image,
+                kind,
+                origin: Origin::Disk,
+                millis: start.elapsed().as_secs_f64() * 1e3,
+            });
+            memory_cache()
+                .lock()
+                .expect("cache lock")
+                .insert(key, c.clone());
+            return Ok(c);
+        }
+    }
+    let options = nvrtc_options(kernel, opts);
+    let image = match run_nvrtc(kernel, &options, kind) {
+        Ok(image) => image,
+        Err(log) => {
+            let dir = opts
+                .cache_dir
+                .clone()
+                .unwrap_or_else(|| std::env::temp_dir().join("ndfuse-failed-kernels"));
+            let source_path = dir.join(format!("{stem}.cu"));
+            let _ = std::fs::create_dir_all(&dir);
+            let _ = std::fs::write(&source_path, &kernel.source);
+            return Err(CudaError::Compile {
+                kernel: kernel.name.clone(),
+                options: options.join(" "),
+                log,
+                source_path,
+            });
+        }
+    };
+    if let Some(dir) = &opts.cache_dir {
+        write_cached(dir, &stem, ext, &kernel.source, &image)?;
+    }
+    let c = Arc::new(Compiled {
+        kernel: kernel.name.clone(),
+        image,
+        kind,
+        origin: Origin::Nvrtc,
+        millis: start.elapsed().as_secs_f64() * 1e3,
+    });
+    memory_cache()
+        .lock()
+        .expect("cache lock")
+        .insert(key, c.clone());
+    Ok(c)
+}
+
+fn nvrtc_options(kernel: &CudaKernel, opts: &CompileOptions) -> Vec<String> {
+    let mut o = vec![
+        format!("--gpu-architecture={}", opts.arch),
+        "--fmad=false".to_string(),
+        "--std=c++17".to_string(),
+    ];
+    if kernel.uses_half {
+        o.extend(
+            opts.include_dirs
+                .iter()
+                .map(|d| format!("-I{}", d.display())),
+        );
+    }
+    o
+}
+
+/// The image, or NVRTC's log on failure.
+fn run_nvrtc(kernel: &CudaKernel, options: &[String], kind: ImageKind) -> Result<Vec<u8>, String> {
+    use cudarc::nvrtc::{result, sys};
+    let src = CString::new(kernel.source.as_bytes()).map_err(|e| e.to_string())?;
+    let name = CString::new(format!("{}.cu", kernel.name)).map_err(|e| e.to_string())?;
+    let prog = result::create_program(&src, Some(&name)).map_err(|e| format!("{e:?}"))?;
+    // SAFETY: `prog` was just created and is destroyed once, below; `src` and `name`
+    // outlive it.
+    let compiled = unsafe { result::compile_program(prog, options) };
+    let out = match compiled {
+        Err(e) => {
+            // SAFETY: `prog` is live.
+            let log = unsafe { result::get_program_log(prog) }
+                .map(|l| c_chars_to_string(&l))
+                .unwrap_or_default();
+            Err(format!("{e:?}\n{log}"))
+        }
+        Ok(()) => match kind {
+            // SAFETY: `prog` is live and compiled.
+            ImageKind::Ptx => unsafe { result::get_ptx(prog) }
+                .map(|p| c_chars_to_string(&p).into_bytes())
+                .map_err(|e| format!("nvrtcGetPTX: {e:?}")),
+            ImageKind::Cubin => {
+                let mut size = 0usize;
+                // SAFETY: `prog` is live and compiled; `size` is valid for one write.
+                unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) }
+                    .result()
+                    .map_err(|e| format!("nvrtcGetCUBINSize: {e:?}"))
+                    .and_then(|()| {
+                        let mut buf = vec![0u8; size];
+                        // SAFETY: `buf` holds exactly the `size` bytes NVRTC reported.
+                        unsafe { sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast::<c_char>()) }
+                            .result()
+                            .map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))
+                            .map(|()| buf)
+                    })
+            }
+        },
+    };
+    // SAFETY: `prog` is live and not used again.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
+}
+
+fn c_chars_to_string(v: &[c_char]) -> String {
+    let bytes: Vec<u8> = v
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn read_cached(dir: &Path, stem: &str, ext: &str, source: &str) -> Option<Vec<u8>> {
+    let saved = std::fs::read_to_string(dir.join(format!("{stem}.cu"))).ok()?;
+    if saved != source {
+        return None;
+    }
+    std::fs::read(dir.join(format!("{stem}.{ext}"))).ok()
+}
+
+fn write_cached(
+    dir: &Path,
+    stem: &str,
+    ext: &str,
+    source: &str,
+    image: &[u8],
+) -> Result<(), CudaError> {
+    let err = |path: &Path, e: std::io::Error| CudaError::Cache {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
+    // The image first: a source without its image is a miss, never a wrong hit.
+    for (name, bytes) in [
+        (format!("{stem}.{ext}"), image),
+        (format!("{stem}.cu"), source.as_bytes()),
+    ] {
+        let path = dir.join(&name);
+        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        std::fs::write(&tmp, bytes).map_err(|e| err(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| err(&path, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv_is_stable() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

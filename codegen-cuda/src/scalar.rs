@@ -1,0 +1,525 @@
+//! CUDA C text for one value of a kernel body: types, literals, loads and stores with
+//! their conversions, every unary / binary op, casts, and the small device helpers they
+//! need (emitted into a kernel's source only when it uses them).
+//!
+//! Semantics follow the reference interpreter (`ndfuse_ir::interp`) op for op:
+//! - integers wrap (the arithmetic is done in the unsigned type, where C defines it);
+//!   integer division by zero gives 0 and `MIN / -1` gives `MIN`;
+//! - `max` / `min` propagate NaN and prefer `+0` / `-0` on equal zeros;
+//! - float to int casts saturate to i64 with NaN to 0, then wrap to the target width;
+//! - a cast to a half type rounds to that type (`__float2half_rn`, `__ll2half_rn`, ...);
+//!   other half values are computed in f32 and rounded only when stored.
+//!
+//! Math functions. f64 values use CUDA's double functions; f32 and half values use the
+//! single-precision ones. Their maximum errors, from the CUDA C++ Programming Guide
+//! ("Mathematical Functions", full-range, default `-ftz=false -prec-div=true
+//! -prec-sqrt=true`), against the correctly rounded f32 result the reference gives:
+//!
+//! | op                      | f32 max ulp | f64 max ulp |
+//! |-------------------------|-------------|-------------|
+//! | add sub mul div sqrt    | 0 (IEEE)    | 0 (IEEE)    |
+//! | exp                     | 2           | 1           |
+//! | log, log1p, expm1       | 1           | 1           |
+//! | sin, cos                | 2           | 2           |
+//! | tanh                    | 2           | 1           |
+//! | erf                     | 2           | 2           |
+//! | pow                     | 4           | 2           |
+//! | rsqrt = 1 / sqrt(x)     | 1 (two IEEE steps) | 1    |
+//! | sigmoid (exp, add, div) | 4           | 3           |
+//! | floor ceil round abs    | 0           | 0           |
+//!
+//! Kernels are compiled with `--fmad=false`, so `a * b + c` rounds twice as the
+//! reference does instead of being contracted into one FMA: element-wise arithmetic is
+//! bit-identical to the reference and only the functions above may differ.
+
+use ndfuse_ir::{BinaryOp, DKind, DType, Scalar, UnaryOp};
+use std::collections::BTreeSet;
+
+/// Device helpers a kernel's source may need; emitted in this order before the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Helper {
+    /// NaN-propagating max / min for float and double.
+    MaxMin,
+    /// Overflow-safe logistic function.
+    Sigmoid,
+    /// Saturating float to i64 conversion (NaN to 0).
+    F2I,
+    /// Integer division total over every divisor.
+    IntDiv,
+    /// Integer power by squaring.
+    IntPow,
+    /// Aligned 4-element vectors for vectorised loads and stores.
+    Vec4,
+    /// Arg-reduction comparison and combining.
+    Arg,
+}
+
+/// The helpers' source, in [`Helper`] order.
+pub(crate) fn helper_source(needs: &BTreeSet<Helper>) -> String {
+    let mut s = String::new();
+    for h in needs {
+        s.push_str(match h {
+            Helper::MaxMin => {
+                "// max / min as the reference: NaN if either is NaN; +0 beats -0 for max.\n\
+__device__ __forceinline__ float nd_maxf(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : a > b ? a : b > a ? b : signbit(a) ? b : a; }\n\
+__device__ __forceinline__ float nd_minf(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : a < b ? a : b < a ? b : signbit(a) ? a : b; }\n\
+__device__ __forceinline__ double nd_max(double a, double b) { return (a != a || b != b) ? __longlong_as_double(0x7ff8000000000000LL) : a > b ? a : b > a ? b : signbit(a) ? b : a; }\n\
+__device__ __forceinline__ double nd_min(double a, double b) { return (a != a || b != b) ? __longlong_as_double(0x7ff8000000000000LL) : a < b ? a : b < a ? b : signbit(a) ? a : b; }\n"
+            }
+            Helper::Sigmoid => {
+                "// e^x / (1 + e^x) for x < 0 keeps the tiny results 1 / (1 + e^-x) loses.\n\
+__device__ __forceinline__ float nd_sigmoidf(float x) { if (x >= 0.0f) return 1.0f / (1.0f + expf(-x)); float e = expf(x); return e / (1.0f + e); }\n\
+__device__ __forceinline__ double nd_sigmoid(double x) { if (x >= 0.0) return 1.0 / (1.0 + exp(-x)); double e = exp(x); return e / (1.0 + e); }\n"
+            }
+            Helper::F2I => {
+                "// float to i64: saturating, NaN to 0 (the reference's cast rule).\n\
+__device__ __forceinline__ long long nd_f2ll(double x) { return x != x ? 0LL : x >= 9223372036854775807.0 ? 9223372036854775807LL : x <= -9223372036854775808.0 ? (-9223372036854775807LL - 1) : (long long)x; }\n"
+            }
+            Helper::IntDiv => {
+                "// integer division: 0 for a zero divisor, MIN / -1 wraps to MIN.\n\
+__device__ __forceinline__ int nd_div_i32(int a, int b) { return b == 0 ? 0 : (b == -1 ? (int)(0u - (unsigned)a) : a / b); }\n\
+__device__ __forceinline__ long long nd_div_i64(long long a, long long b) { return b == 0 ? 0LL : (b == -1 ? (long long)(0ull - (unsigned long long)a) : a / b); }\n"
+            }
+            Helper::IntPow => {
+                "// integer power: wrapping, by squaring; a negative exponent truncates the exact power.\n\
+__device__ __forceinline__ long long nd_pow_i64(long long b, long long e) {\n\
+  if (e < 0) return b == 1 ? 1LL : b == -1 ? ((e & 1) ? -1LL : 1LL) : 0LL;\n\
+  unsigned long long acc = 1ull, x = (unsigned long long)b, k = (unsigned long long)e;\n\
+  while (k) { if (k & 1ull) acc *= x; x *= x; k >>= 1; }\n\
+  return (long long)acc;\n\
+}\n"
+            }
+            Helper::Vec4 => {
+                "// four consecutive elements, loaded and stored as one aligned access.\n\
+template <typename T> struct __align__(4 * sizeof(T)) nd_v4 { T v[4]; };\n"
+            }
+            Helper::Arg => {
+                "// arg-reductions: (value, index) pairs, index -1 for none yet; the first NaN,\n\
+// else the first extreme, wins, whatever order partial results combine in.\n\
+template <typename T> __device__ __forceinline__ bool nd_isnan(T x) { return x != x; }\n\
+template <bool MAX, typename T> __device__ __forceinline__ bool nd_arg_better(T x, long long i, T y, long long j) {\n\
+  if (j < 0) return i >= 0;\n\
+  if (i < 0) return false;\n\
+  bool xn = nd_isnan(x), yn = nd_isnan(y);\n\
+  if (xn || yn) return xn && (!yn || i < j);\n\
+  if (MAX ? x > y : x < y) return true;\n\
+  return x == y && i < j;\n\
+}\n"
+            }
+        });
+    }
+    s
+}
+
+/// The C type a buffer of `d` holds.
+pub(crate) fn storage_type(d: DType) -> &'static str {
+    match d {
+        DType::F16 => "__half",
+        DType::BF16 => "__nv_bfloat16",
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::I32 => "int",
+        DType::I64 => "long long",
+        DType::Bool => "bool",
+    }
+}
+
+/// The C type values of `d` are computed in (half types in f32).
+pub(crate) fn compute_type(d: DType) -> &'static str {
+    match d {
+        DType::F16 | DType::BF16 | DType::F32 => "float",
+        DType::F64 => "double",
+        DType::I32 => "int",
+        DType::I64 => "long long",
+        DType::Bool => "bool",
+    }
+}
+
+/// The unsigned type integer arithmetic of `d` wraps in.
+fn unsigned_type(d: DType) -> &'static str {
+    match d {
+        DType::I32 => "unsigned",
+        _ => "unsigned long long",
+    }
+}
+
+/// `x`, a stored element of `d`, as its compute type.
+pub(crate) fn load_conv(d: DType, x: &str) -> String {
+    match d {
+        DType::F16 => format!("__half2float({x})"),
+        DType::BF16 => format!("__bfloat162float({x})"),
+        _ => x.to_string(),
+    }
+}
+
+/// `x`, a compute value of `d`, as a stored element (rounded once for half types).
+pub(crate) fn store_conv(d: DType, x: &str) -> String {
+    match d {
+        DType::F16 => format!("__float2half_rn({x})"),
+        DType::BF16 => format!("__float2bfloat16_rn({x})"),
+        _ => x.to_string(),
+    }
+}
+
+/// Whether a kernel using `d` needs `cuda_fp16.h` / `cuda_bf16.h`.
+pub(crate) fn is_half(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16)
+}
+
+fn f32_lit(x: f32) -> String {
+    if x.is_finite() {
+        let s = format!("{x:?}f");
+        if x.is_sign_negative() {
+            format!("({s})")
+        } else {
+            s
+        }
+    } else {
+        format!("__int_as_float(0x{:08x})", x.to_bits())
+    }
+}
+
+fn f64_lit(x: f64) -> String {
+    if x.is_finite() {
+        let s = format!("{x:?}");
+        if x.is_sign_negative() {
+            format!("({s})")
+        } else {
+            s
+        }
+    } else {
+        format!("__longlong_as_double(0x{:016x}LL)", x.to_bits())
+    }
+}
+
+/// A literal of `d`'s compute type holding `c` (already of dtype `d`), exactly.
+pub(crate) fn literal(c: Scalar, d: DType) -> String {
+    match (c.cast(d), d.kind()) {
+        (Scalar::F(x), _) if d == DType::F64 => f64_lit(x),
+        // f32 and the half types (whose values f32 holds exactly).
+        (Scalar::F(x), _) => f32_lit(x as f32),
+        (Scalar::I(v), _) if d == DType::I32 => {
+            if v == i64::from(i32::MIN) {
+                "(-2147483647 - 1)".into()
+            } else if v < 0 {
+                format!("({v})")
+            } else {
+                v.to_string()
+            }
+        }
+        (Scalar::I(v), _) => {
+            if v == i64::MIN {
+                "(-9223372036854775807LL - 1)".into()
+            } else if v < 0 {
+                format!("({v}LL)")
+            } else {
+                format!("{v}LL")
+            }
+        }
+        (Scalar::B(b), _) => if b { "true" } else { "false" }.into(),
+    }
+}
+
+/// The identity literal of a reduction over values of `d` (compute type).
+pub(crate) fn identity(op: ndfuse_ir::Accumulate, d: DType) -> String {
+    use ndfuse_ir::Accumulate as A;
+    let f = |x: f64| literal(Scalar::F(x), if d == DType::F64 { d } else { DType::F32 });
+    match (op, d.kind()) {
+        (A::Sum, DKind::Float) => f(0.0),
+        (A::Prod, DKind::Float) => f(1.0),
+        (A::Max, DKind::Float) => f(f64::NEG_INFINITY),
+        (A::Min, DKind::Float) => f(f64::INFINITY),
+        (A::Sum, _) => literal(Scalar::I(0), int_or_i32(d)),
+        (A::Prod, _) => literal(Scalar::I(1), int_or_i32(d)),
+        (A::Max, _) if d == DType::Bool => "false".into(),
+        (A::Min, _) if d == DType::Bool => "true".into(),
+        (A::Max, _) => literal(
+            Scalar::I(if d == DType::I32 {
+                i64::from(i32::MIN)
+            } else {
+                i64::MIN
+            }),
+            d,
+        ),
+        (A::Min, _) => literal(
+            Scalar::I(if d == DType::I32 {
+                i64::from(i32::MAX)
+            } else {
+                i64::MAX
+            }),
+            d,
+        ),
+    }
+}
+
+fn int_or_i32(d: DType) -> DType {
+    if d == DType::Bool {
+        DType::I32
+    } else {
+        d
+    }
+}
+
+/// `acc (+) x` for a reduction accumulator of `d`'s compute type.
+pub(crate) fn accumulate(
+    op: ndfuse_ir::Accumulate,
+    d: DType,
+    acc: &str,
+    x: &str,
+    needs: &mut BTreeSet<Helper>,
+) -> String {
+    use ndfuse_ir::Accumulate as A;
+    let float = d.kind() == DKind::Float;
+    let suffix = if d == DType::F64 { "" } else { "f" };
+    match op {
+        A::Sum | A::Prod if float => {
+            format!("{acc} {} {x}", if op == A::Sum { "+" } else { "*" })
+        }
+        A::Sum | A::Prod if d == DType::Bool => {
+            // Not produced by the passes (bool sums are cast first); total anyway.
+            if op == A::Sum {
+                format!("{acc} || {x}")
+            } else {
+                format!("{acc} && {x}")
+            }
+        }
+        A::Sum | A::Prod => {
+            let u = unsigned_type(d);
+            let t = compute_type(d);
+            format!(
+                "({t})(({u}){acc} {} ({u}){x})",
+                if op == A::Sum { "+" } else { "*" }
+            )
+        }
+        A::Max | A::Min if float => {
+            needs.insert(Helper::MaxMin);
+            format!(
+                "nd_{}{suffix}({acc}, {x})",
+                if op == A::Max { "max" } else { "min" }
+            )
+        }
+        A::Max => format!("({x} > {acc} ? {x} : {acc})"),
+        A::Min => format!("({x} < {acc} ? {x} : {acc})"),
+    }
+}
+
+/// The expression of a unary op on `a` (of dtype `d`), giving `out`'s compute type.
+pub(crate) fn unary(
+    op: UnaryOp,
+    d: DType,
+    out: DType,
+    a: &str,
+    needs: &mut BTreeSet<Helper>,
+) -> String {
+    match d.kind() {
+        DKind::Float => {
+            let dbl = d == DType::F64;
+            let (f, one, zero) = if dbl {
+                ("", "1.0", "0.0")
+            } else {
+                ("f", "1.0f", "0.0f")
+            };
+            match op {
+                UnaryOp::Neg => format!("(-{a})"),
+                UnaryOp::Abs => format!("fabs{f}({a})"),
+                UnaryOp::Sign => {
+                    format!("({a} > {zero} ? {one} : {a} < {zero} ? -{one} : {a})")
+                }
+                UnaryOp::Exp => format!("exp{f}({a})"),
+                UnaryOp::Log => format!("log{f}({a})"),
+                UnaryOp::Log1p => format!("log1p{f}({a})"),
+                UnaryOp::Expm1 => format!("expm1{f}({a})"),
+                UnaryOp::Sqrt => format!("sqrt{f}({a})"),
+                UnaryOp::Rsqrt => format!("({one} / sqrt{f}({a}))"),
+                UnaryOp::Square => format!("({a} * {a})"),
+                UnaryOp::Recip => format!("({one} / {a})"),
+                UnaryOp::Sin => format!("sin{f}({a})"),
+                UnaryOp::Cos => format!("cos{f}({a})"),
+                UnaryOp::Tanh => format!("tanh{f}({a})"),
+                UnaryOp::Sigmoid => {
+                    needs.insert(Helper::Sigmoid);
+                    format!("nd_sigmoid{f}({a})")
+                }
+                UnaryOp::Relu => format!("(({a} > {zero} || {a} != {a}) ? {a} : {zero})"),
+                UnaryOp::Erf => format!("erf{f}({a})"),
+                UnaryOp::Floor => format!("floor{f}({a})"),
+                UnaryOp::Ceil => format!("ceil{f}({a})"),
+                UnaryOp::Round => format!("rint{f}({a})"),
+                UnaryOp::Not => format!("({a} == {zero})"),
+            }
+        }
+        DKind::Int => {
+            let t = compute_type(d);
+            let u = unsigned_type(d);
+            match op {
+                UnaryOp::Neg => format!("({t})(0u - ({u}){a})"),
+                UnaryOp::Abs => format!("({a} < 0 ? ({t})(0u - ({u}){a}) : {a})"),
+                UnaryOp::Sign => format!("({t})(({a} > 0) - ({a} < 0))"),
+                UnaryOp::Square => format!("({t})(({u}){a} * ({u}){a})"),
+                UnaryOp::Relu => format!("({a} > 0 ? {a} : ({t})0)"),
+                UnaryOp::Not => format!("({a} == 0)"),
+                // The reference goes through f64 and casts back (saturating).
+                _ => {
+                    let x = unary(op, DType::F64, DType::F64, &format!("(double){a}"), needs);
+                    float_to_int(&x, out, needs)
+                }
+            }
+        }
+        DKind::Bool => match op {
+            UnaryOp::Not => format!("(!{a})"),
+            UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Square => a.to_string(),
+            _ => {
+                let x = unary(op, DType::I32, DType::I32, &format!("(int){a}"), needs);
+                format!("({x} != 0)")
+            }
+        },
+    }
+}
+
+/// `x` (a double or float expression) cast to integer dtype `to` by the reference's rule.
+fn float_to_int(x: &str, to: DType, needs: &mut BTreeSet<Helper>) -> String {
+    needs.insert(Helper::F2I);
+    match to {
+        DType::I32 => format!("(int)nd_f2ll({x})"),
+        DType::Bool => format!("(nd_f2ll({x}) != 0)"),
+        _ => format!("nd_f2ll({x})"),
+    }
+}
+
+/// The expression of `a op b` (both of dtype `d`).
+pub(crate) fn binary(
+    op: BinaryOp,
+    d: DType,
+    a: &str,
+    b: &str,
+    needs: &mut BTreeSet<Helper>,
+) -> String {
+    let cmp = |sym: &str| format!("({a} {sym} {b})");
+    match op {
+        BinaryOp::Eq => return cmp("=="),
+        BinaryOp::Ne => return cmp("!="),
+        BinaryOp::Lt => return cmp("<"),
+        BinaryOp::Le => return cmp("<="),
+        BinaryOp::Gt => return cmp(">"),
+        BinaryOp::Ge => return cmp(">="),
+        BinaryOp::And => return format!("(({a}) != 0 && ({b}) != 0)"),
+        BinaryOp::Or => return format!("(({a}) != 0 || ({b}) != 0)"),
+        _ => {}
+    }
+    match d.kind() {
+        DKind::Float => {
+            let f = if d == DType::F64 { "" } else { "f" };
+            match op {
+                BinaryOp::Add => cmp("+"),
+                BinaryOp::Sub => cmp("-"),
+                BinaryOp::Mul => cmp("*"),
+                BinaryOp::Div => cmp("/"),
+                BinaryOp::Pow => format!("pow{f}({a}, {b})"),
+                BinaryOp::Max => {
+                    needs.insert(Helper::MaxMin);
+                    format!("nd_max{f}({a}, {b})")
+                }
+                BinaryOp::Min => {
+                    needs.insert(Helper::MaxMin);
+                    format!("nd_min{f}({a}, {b})")
+                }
+                _ => unreachable!("comparisons returned above"),
+            }
+        }
+        DKind::Int => {
+            let t = compute_type(d);
+            let u = unsigned_type(d);
+            let wrap = |sym: &str| format!("({t})(({u}){a} {sym} ({u}){b})");
+            match op {
+                BinaryOp::Add => wrap("+"),
+                BinaryOp::Sub => wrap("-"),
+                BinaryOp::Mul => wrap("*"),
+                BinaryOp::Div => {
+                    needs.insert(Helper::IntDiv);
+                    let w = if d == DType::I32 { "i32" } else { "i64" };
+                    format!("nd_div_{w}({a}, {b})")
+                }
+                BinaryOp::Pow => {
+                    needs.insert(Helper::IntPow);
+                    format!("({t})nd_pow_i64({a}, {b})")
+                }
+                BinaryOp::Max => format!("({a} > {b} ? {a} : {b})"),
+                BinaryOp::Min => format!("({a} < {b} ? {a} : {b})"),
+                _ => unreachable!("comparisons returned above"),
+            }
+        }
+        DKind::Bool => match op {
+            BinaryOp::Max | BinaryOp::Add => format!("({a} || {b})"),
+            BinaryOp::Min | BinaryOp::Mul => format!("({a} && {b})"),
+            BinaryOp::Sub => format!("({a} != {b})"),
+            _ => {
+                let x = binary(
+                    op,
+                    DType::I32,
+                    &format!("(int){a}"),
+                    &format!("(int){b}"),
+                    needs,
+                );
+                format!("({x} != 0)")
+            }
+        },
+    }
+}
+
+/// `a` (of dtype `from`) converted to dtype `to` by the reference's cast rules, as
+/// `to`'s compute type. A cast to a half type rounds to it.
+pub(crate) fn cast(from: DType, to: DType, a: &str, needs: &mut BTreeSet<Helper>) -> String {
+    if from == to {
+        return a.to_string();
+    }
+    match (from.kind(), to.kind()) {
+        (_, DKind::Bool) => format!("({a} != 0)"),
+        (DKind::Float, DKind::Int) => float_to_int(&format!("(double){a}"), to, needs),
+        (DKind::Float, DKind::Float) => match to {
+            DType::F16 if from == DType::F64 => format!("__half2float(__double2half({a}))"),
+            DType::BF16 if from == DType::F64 => {
+                format!("__bfloat162float(__double2bfloat16({a}))")
+            }
+            DType::F16 => format!("__half2float(__float2half_rn({a}))"),
+            DType::BF16 => format!("__bfloat162float(__float2bfloat16_rn({a}))"),
+            // f32 and half values are already exact floats.
+            DType::F32 if from == DType::F64 => format!("(float){a}"),
+            DType::F32 => a.to_string(),
+            _ => format!("(double){a}"),
+        },
+        // Integers and bools to floats: one rounding, straight from the integer.
+        (_, DKind::Float) => match to {
+            DType::F16 => format!("__half2float(__ll2half_rn((long long){a}))"),
+            DType::BF16 => format!("__bfloat162float(__ll2bfloat16_rn((long long){a}))"),
+            DType::F32 => format!("(float){a}"),
+            _ => format!("(double){a}"),
+        },
+        // Integer narrowing wraps; widening and bools convert exactly.
+        (_, DKind::Int) => format!("({}){a}", compute_type(to)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_are_exact_and_parenthesised() {
+        assert_eq!(literal(Scalar::F(0.5), DType::F32), "0.5f");
+        assert_eq!(literal(Scalar::F(-2.0), DType::F32), "(-2.0f)");
+        assert_eq!(literal(Scalar::F(0.1), DType::F64), "0.1");
+        assert_eq!(
+            literal(Scalar::F(f64::INFINITY), DType::F32),
+            "__int_as_float(0x7f800000)"
+        );
+        assert_eq!(
+            literal(Scalar::I(i64::from(i32::MIN)), DType::I32),
+            "(-2147483647 - 1)"
+        );
+        assert_eq!(literal(Scalar::I(-3), DType::I64), "(-3LL)");
+        assert_eq!(literal(Scalar::B(true), DType::Bool), "true");
+        // f32 literals round-trip: Debug prints the shortest exact form.
+        let x = 0.797_884_6_f32;
+        assert_eq!(literal(Scalar::F(f64::from(x)), DType::F32), "0.7978846f");
+    }
+}

@@ -1,0 +1,184 @@
+//! The CUDA C of every kernel of the fusion catalogue, and of graphs chosen to reach
+//! every launch strategy (block per row with the row in registers and without, column
+//! tiles, split reductions with one and with several sweeps, arg-reductions, halves):
+//! pinned as snapshots, and compiled with the real NVRTC for an H100 (`sm_90`).
+//!
+//! NVRTC is loaded at run time. Without it these tests print why and skip the compile
+//! step, unless `NDFUSE_REQUIRE_NVRTC=1` (CI sets it), which turns a missing NVRTC into
+//! a failure. Running the kernels needs a GPU: see `cuda_exec.rs`.
+
+use ndfuse::{Context, DType, Tensor};
+use ndfuse_codegen_cuda::{compile, emit, nvrtc_version, CompileOptions, CudaKernel, CudaOptions};
+use ndfuse_passes::TargetDesc;
+use ndfuse_tests::catalogue::CATALOGUE;
+
+/// Kernels of `outs` as the CUDA backend plans them.
+fn cuda_kernels(ctx: &Context, outs: &[Tensor]) -> Vec<CudaKernel> {
+    let refs: Vec<&Tensor> = outs.iter().collect();
+    let g = ctx.graph(&refs).expect("builds");
+    let s = ndfuse_passes::schedule_for(&g, &TargetDesc::cuda());
+    s.kernels()
+        .map(|k| emit(k, &CudaOptions::default()).unwrap_or_else(|e| panic!("{e}")))
+        .collect()
+}
+
+fn render(kernels: &[CudaKernel]) -> String {
+    let mut s = String::new();
+    for k in kernels {
+        s.push_str(&format!(
+            "==== {} ({} bytes of scratch)\n",
+            k.name, k.scratch_bytes
+        ));
+        for l in &k.launches {
+            s.push_str(&format!(
+                "launch {}<<<{}, ({}, {})>>>\n",
+                l.function, l.grid, l.block.0, l.block.1
+            ));
+        }
+        s.push_str(&k.source);
+    }
+    s
+}
+
+fn zeros(ctx: &Context, shape: &[usize]) -> Tensor {
+    let n = shape.iter().product();
+    ctx.from_vec(vec![0.5f32; n], shape).expect("shape matches")
+}
+
+/// Graphs that reach each strategy of the emitter (the catalogue's shapes are small).
+fn strategies() -> Vec<(&'static str, Vec<Tensor>, Context)> {
+    let ctx = Context::new();
+    let h = ctx
+        .from_vec(vec![half::f16::from_f32(0.5); 4096], &[4096])
+        .expect("shape matches");
+    let b = ctx
+        .from_vec(vec![half::bf16::from_f32(0.5); 64 * 300], &[64, 300])
+        .expect("shape matches");
+    let v: Vec<(&'static str, Vec<Tensor>)> = vec![
+        (
+            "softmax_rows_4096_in_registers",
+            vec![zeros(&ctx, &[64, 4096]).softmax(-1)],
+        ),
+        (
+            "softmax_rows_40000_three_passes",
+            vec![zeros(&ctx, &[4, 40000]).softmax(-1)],
+        ),
+        (
+            "layernorm_rows_1024",
+            vec![zeros(&ctx, &[32, 1024]).layernorm(-1, 1e-5)],
+        ),
+        ("full_sum_split", vec![zeros(&ctx, &[1 << 20]).sum(0)]),
+        (
+            "full_var_split_two_sweeps",
+            vec![zeros(&ctx, &[1 << 16]).var(0)],
+        ),
+        (
+            "argmax_long_rows_split",
+            vec![zeros(&ctx, &[16, 50000]).argmax(1)],
+        ),
+        ("column_sum_tile", vec![zeros(&ctx, &[2048, 256]).sum(0)]),
+        (
+            "middle_axis_sum_tile",
+            vec![zeros(&ctx, &[8, 64, 32]).sum(1)],
+        ),
+        (
+            "outer_axes_sum_warp",
+            vec![zeros(&ctx, &[8, 16, 32]).sum(vec![0i64, 2])],
+        ),
+        (
+            "broadcast_vectorised",
+            vec![&(&zeros(&ctx, &[256, 512]) * &zeros(&ctx, &[512])) + &zeros(&ctx, &[256, 1])],
+        ),
+        ("gelu_f16_vectorised", vec![h.gelu()]),
+        ("bf16_softmax_rows", vec![b.softmax(-1)]),
+        (
+            "int_max_rows",
+            vec![zeros(&ctx, &[64, 100]).cast(DType::I32).max(1)],
+        ),
+    ];
+    v.into_iter().map(|(n, t)| (n, t, ctx.clone())).collect()
+}
+
+#[test]
+fn every_catalogue_kernel_has_its_cuda_c_pinned() {
+    for case in CATALOGUE {
+        let ctx = Context::new();
+        let outs = (case.build)(&ctx);
+        let name = case.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+        insta::assert_snapshot!(format!("cuda_{name}"), render(&cuda_kernels(&ctx, &outs)));
+    }
+}
+
+#[test]
+fn every_strategy_has_its_cuda_c_pinned() {
+    for (name, outs, ctx) in strategies() {
+        insta::assert_snapshot!(
+            format!("cuda_strategy_{name}"),
+            render(&cuda_kernels(&ctx, &outs))
+        );
+    }
+}
+
+#[test]
+fn emission_is_deterministic() {
+    for (_, outs, ctx) in strategies() {
+        assert_eq!(
+            render(&cuda_kernels(&ctx, &outs)),
+            render(&cuda_kernels(&ctx, &outs))
+        );
+    }
+}
+
+/// Whether NVRTC can be used here; panics when it is required and missing.
+fn nvrtc_or_skip(test: &str) -> bool {
+    match nvrtc_version() {
+        Ok(_) => true,
+        Err(e) => {
+            if std::env::var("NDFUSE_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
+                panic!("NDFUSE_REQUIRE_NVRTC=1 but {e}");
+            }
+            eprintln!("{test}: skipped: {e}");
+            false
+        }
+    }
+}
+
+fn compile_all(kernels: &[CudaKernel], what: &str) {
+    let opts = CompileOptions::for_capability(9, 0);
+    for k in kernels {
+        if k.uses_half && opts.include_dirs.is_empty() {
+            panic!(
+                "{what}: {} uses f16/bf16 and no CUDA headers were found: set NDFUSE_CUDA_INCLUDE",
+                k.name
+            );
+        }
+        let c = compile(k, &opts).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            !c.image.is_empty(),
+            "{what}: {} compiled to nothing",
+            k.name
+        );
+    }
+}
+
+#[test]
+fn every_catalogue_kernel_compiles_with_nvrtc() {
+    if !nvrtc_or_skip("every_catalogue_kernel_compiles_with_nvrtc") {
+        return;
+    }
+    for case in CATALOGUE {
+        let ctx = Context::new();
+        let outs = (case.build)(&ctx);
+        compile_all(&cuda_kernels(&ctx, &outs), case.name);
+    }
+}
+
+#[test]
+fn every_strategy_compiles_with_nvrtc() {
+    if !nvrtc_or_skip("every_strategy_compiles_with_nvrtc") {
+        return;
+    }
+    for (name, outs, ctx) in strategies() {
+        compile_all(&cuda_kernels(&ctx, &outs), name);
+    }
+}
