@@ -1,12 +1,17 @@
 //! Host arrays: a shape plus a typed, contiguous (row-major) buffer. They are what users
 //! hand to and get back from `eval`, what the interpreter reads and writes, and what the
 //! CPU backend passes to JIT code.
+//!
+//! An array may have a *home* ([`Recycle`]): a buffer cache its storage goes back to
+//! when the array is dropped, so that the next evaluation writes into memory that is
+//! already mapped instead of a fresh allocation. Arrays built by users have none.
 
 use crate::dtype::DType;
 use crate::round::{to_bf16, to_f16, wrap_int};
 use crate::shape::Shape;
 use half::{bf16, f16};
 use std::fmt;
+use std::sync::Arc;
 
 /// Typed element storage of a [`HostArray`].
 #[derive(Clone, PartialEq)]
@@ -187,23 +192,95 @@ element!(i32, I32);
 element!(i64, I64);
 element!(bool, Bool);
 
+/// Where the storage of a [`HostArray`] goes when the array is dropped: a buffer cache
+/// (the runtime's host cache implements it). The `ir` crate only calls it; what is kept
+/// and for how long is the cache's business.
+pub trait Recycle: Send + Sync + fmt::Debug {
+    /// Takes back the storage of a dropped array.
+    fn recycle(&self, data: Storage);
+}
+
 /// A contiguous row-major array on the host.
-#[derive(Clone, Debug, PartialEq)]
 pub struct HostArray {
     shape: Shape,
     data: Storage,
+    /// Where `data` goes on drop; `None`: it is freed.
+    home: Option<Arc<dyn Recycle>>,
+}
+
+impl Clone for HostArray {
+    /// A copy in freshly allocated memory, with no home: only the cache that issued a
+    /// buffer takes it back.
+    fn clone(&self) -> HostArray {
+        HostArray {
+            shape: self.shape.clone(),
+            data: self.data.clone(),
+            home: None,
+        }
+    }
+}
+
+impl PartialEq for HostArray {
+    /// Equal shapes and elements; where the memory came from does not matter.
+    fn eq(&self, other: &HostArray) -> bool {
+        self.shape == other.shape && self.data == other.data
+    }
+}
+
+impl fmt::Debug for HostArray {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostArray")
+            .field("shape", &self.shape)
+            .field("data", &self.data)
+            .field("cached", &self.home.is_some())
+            .finish()
+    }
+}
+
+impl Drop for HostArray {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.take() {
+            // An empty Vec does not allocate: the replacement costs nothing.
+            home.recycle(std::mem::replace(&mut self.data, Storage::Bool(Vec::new())));
+        }
+    }
 }
 
 impl HostArray {
     /// An array from storage and shape; `None` when the element count does not match.
     pub fn new(shape: Shape, data: Storage) -> Option<HostArray> {
-        (shape.numel() == data.len()).then_some(HostArray { shape, data })
+        (shape.numel() == data.len()).then_some(HostArray {
+            shape,
+            data,
+            home: None,
+        })
+    }
+
+    /// An array from storage and shape whose storage goes back to `home` when it is
+    /// dropped; `None` when the element count does not match (the storage is then
+    /// handed to `home` at once).
+    pub fn with_home(shape: Shape, data: Storage, home: Arc<dyn Recycle>) -> Option<HostArray> {
+        let a = HostArray {
+            shape,
+            data,
+            home: Some(home),
+        };
+        (a.shape.numel() == a.data.len()).then_some(a)
+    }
+
+    /// Whether the storage goes back to a cache when the array is dropped.
+    pub fn has_home(&self) -> bool {
+        self.home.is_some()
     }
 
     /// An array of zeros.
     pub fn zeros(dtype: DType, shape: Shape) -> HostArray {
         let data = Storage::zeros(dtype, shape.numel());
-        HostArray { shape, data }
+        HostArray {
+            shape,
+            data,
+            home: None,
+        }
     }
 
     /// An array of `dtype` from f64 values, rounded once (see [`Storage::from_f64s`]).
@@ -219,6 +296,7 @@ impl HostArray {
         HostArray {
             shape,
             data: Storage::from_f64s(dtype, vals),
+            home: None,
         }
     }
 
@@ -262,8 +340,11 @@ impl HostArray {
         (0..self.len()).map(|i| self.data.get_f64(i)).collect()
     }
 
-    /// The same data with another shape of equal element count.
-    pub fn reshaped(self, shape: Shape) -> Option<HostArray> {
-        HostArray::new(shape, self.data)
+    /// The same data (and home) with another shape of equal element count.
+    pub fn reshaped(mut self, shape: Shape) -> Option<HostArray> {
+        (shape.numel() == self.data.len()).then(|| {
+            self.shape = shape;
+            self
+        })
     }
 }

@@ -21,7 +21,7 @@ pub mod round;
 pub mod shape;
 pub mod verify;
 
-pub use array::{Element, HostArray, Storage};
+pub use array::{Element, HostArray, Recycle, Storage};
 pub use dtype::{DKind, DType, Scalar};
 pub use error::{IntList, IrError, TensorType};
 pub use graph::{Graph, NodeId, Slot};
