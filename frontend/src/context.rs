@@ -256,9 +256,36 @@ impl Context {
     /// part took, and timings.
     pub fn eval_report(&self, outputs: &[&Tensor]) -> Result<(Vec<Array>, Report)> {
         let (graph, inputs) = build_graph(outputs)?;
-        let ev = ndfuse_runtime::execute(&graph, &inputs, self.backend())?;
-        let arrays = ev.outputs.iter().cloned().map(Array).collect();
+        let mut ev = ndfuse_runtime::execute(&graph, &inputs, self.backend())?;
+        // Moved, not copied: the arrays are the host cache's buffers and go back to it
+        // when the caller drops them (the report's evaluation keeps no outputs).
+        let arrays = std::mem::take(&mut ev.outputs)
+            .into_iter()
+            .map(Array)
+            .collect();
         Ok((arrays, Report { graph, ev }))
+    }
+
+    /// What the host buffer cache did so far and holds now: hits, misses, bytes cached,
+    /// high-water mark and limits. The cache is shared by every context of the process
+    /// (outputs and intermediates of every eval come from it).
+    ///
+    /// ```
+    /// let ctx = ndfuse::Context::new();
+    /// let x = ctx.rand_uniform(&[1000], -1.0, 1.0, 1);
+    /// drop(ctx.eval(&[&x.exp()])?); // the output's buffer goes back to the cache
+    /// drop(ctx.eval(&[&x.exp()])?); // and serves the second eval
+    /// assert!(ctx.cache_stats().hits >= 1);
+    /// # Ok::<(), ndfuse::Error>(())
+    /// ```
+    pub fn cache_stats(&self) -> ndfuse_runtime::CacheStats {
+        ndfuse_runtime::host_cache_stats()
+    }
+
+    /// Frees every buffer the host cache holds (buffers in use stay); returns the bytes
+    /// freed.
+    pub fn trim_cache(&self) -> u64 {
+        ndfuse_runtime::host_cache().trim()
     }
 
     /// The graph the given tensors compile to, in the stable text form, before any

@@ -37,6 +37,9 @@ pub enum RuntimeError {
     /// The reference interpreter failed.
     #[error(transparent)]
     Interp(#[from] ndfuse_ir::interp::InterpError),
+    /// A buffer for an output or intermediate could not be allocated.
+    #[error(transparent)]
+    Alloc(#[from] crate::alloc::AllocError),
     /// CPU code generation or a JIT call failed.
     #[error(transparent)]
     Codegen(#[from] ndfuse_codegen_cpu::CodegenError),

@@ -1,5 +1,10 @@
 //! The executor: runs a schedule step by step on host buffers and reports which path
 //! (JIT or interpreter) every step took and how long compiling and running took.
+//!
+//! Kernel outputs are written into buffers of the host cache ([`crate::host_cache`]):
+//! an intermediate goes back to the cache as soon as its last reader ran (so a later
+//! step of the same eval may write into it), an output when the caller drops it, and
+//! the next eval of the same graph finds its buffers there, already mapped.
 
 use crate::error::RuntimeError;
 use ndfuse_codegen_cpu::CompiledKernel;
@@ -79,7 +84,8 @@ impl std::fmt::Display for StepPath {
 /// The result of one evaluation.
 #[derive(Debug)]
 pub struct Evaluation {
-    /// One array per graph output, in order.
+    /// One array per graph output, in order (kernel outputs live in host-cache
+    /// buffers, which go back to the cache when dropped).
     pub outputs: Vec<HostArray>,
     /// The backend that ran.
     pub backend: BackendKind,
@@ -286,6 +292,9 @@ fn run_cpu(
     inputs: &HashMap<NodeId, Arc<HostArray>>,
     cfg: &crate::config::Config,
 ) -> Result<Evaluation, RuntimeError> {
+    // The limits follow the configuration of this eval (a no-op when unchanged).
+    let cache = crate::alloc::host_cache();
+    cache.set_limits(crate::alloc::Limits::host(cfg));
     let (compiled_graph, compile_cached) = compile(g, false, cfg)?;
     let Compiled {
         graph: optimized,
@@ -369,13 +378,24 @@ fn run_cpu(
             }
         }
     }
-    let outputs = g
-        .outputs()
+    // Outputs move out of the buffer table (their memory goes back to the cache when the
+    // caller drops them); an input returned as an output, or an output listed twice
+    // before its last mention, is copied.
+    let outs = g.outputs();
+    let outputs = outs
         .iter()
-        .map(|o| {
-            bufs.get(o)
-                .map(|b| b.get().clone())
-                .unwrap_or_else(|| panic!("output {o} was never computed (a scheduling bug)"))
+        .enumerate()
+        .map(|(k, o)| {
+            let last_mention = !outs[k + 1..].contains(o);
+            match bufs.remove(o) {
+                Some(Buf::Owned(a)) if last_mention => a,
+                Some(b) => {
+                    let copy = b.get().clone();
+                    bufs.insert(*o, b);
+                    copy
+                }
+                None => panic!("output {o} was never computed (a scheduling bug)"),
+            }
         })
         .collect();
     Ok(Evaluation {
@@ -434,11 +454,14 @@ fn run_kernel(
     let Some(compiled) = compiled else {
         return Ok((interp::eval_kernel(kernel, args)?, path, took));
     };
+    // Every element of every output is written by the kernel (`CompiledKernel::run`
+    // covers the whole domain), so a recycled buffer's old contents never show.
+    let cache = crate::alloc::host_cache();
     let mut outs: Vec<HostArray> = kernel
         .outputs
         .iter()
-        .map(|b| HostArray::zeros(b.dtype, ndfuse_ir::Shape::new([b.len])))
-        .collect();
+        .map(|b| cache.array(b.dtype, ndfuse_ir::Shape::new([b.len])))
+        .collect::<Result<_, _>>()?;
     let mut out_refs: Vec<&mut HostArray> = outs.iter_mut().collect();
     // The parallel entry: chunks fixed by the kernel's shape run on the current rayon
     // pool (the global one, or the caller's inside `install`), or on a pool of

@@ -6,14 +6,20 @@
 //! intermediate is dropped as soon as its last reader ran).
 //!
 //! Backend discovery, priorities, configuration, caching allocators and the CUDA device
-//! grow here; this version has the CPU JIT path and the interpreter.
+//! grow here; this version has the CPU JIT path and the interpreter. Outputs and
+//! intermediates of an evaluation come from the host cache ([`host_cache`]).
 
+mod alloc;
 mod backend;
 mod config;
 mod env;
 mod error;
 mod executor;
 
+pub use alloc::{
+    host_cache, host_cache_stats, minor_page_faults, size_class, AllocError, Cache, CacheStats,
+    HostAlloc, HostCache, Limits, Pooled, RawAlloc, HUGE_PAGE_MIN_BYTES, MIN_CLASS,
+};
 pub use backend::{
     choose, Backend, CpuBackend, CudaBackend, DeviceInfo, InterpBackend, Registry, RegistryEntry,
 };
