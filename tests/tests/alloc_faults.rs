@@ -35,5 +35,5 @@ fn a_steady_state_eval_loop_of_64_mib_outputs_takes_almost_no_page_faults() {
         "{per_eval} minor faults per eval of a 64 MiB output (a fresh one costs hundreds)"
     );
     let stats = ctx.cache_stats();
-    assert!(stats.hits >= EVALS + 1, "{stats}");
+    assert!(stats.hits > EVALS, "{stats}");
 }
