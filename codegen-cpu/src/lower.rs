@@ -29,6 +29,7 @@ use std::collections::BTreeMap;
 
 mod rows;
 mod split;
+mod vector;
 
 pub(crate) use split::{Phase, SplitLayout};
 
@@ -65,6 +66,13 @@ fn size_shift(dtype: DType) -> i64 {
 /// outputs are distinct Rust borrows), and `supports` proved every access in bounds.
 fn input_flags() -> MemFlagsData {
     MemFlagsData::trusted().with_readonly()
+}
+
+/// Vector loads of inputs: like [`input_flags`] but without `aligned`. Buffers are only
+/// element-aligned, and the x64 backend folds an aligned vector load into an SSE memory
+/// operand, which faults unless the address is a multiple of 16.
+fn vector_input_flags() -> MemFlagsData {
+    MemFlagsData::new().with_notrap().with_readonly()
 }
 
 /// Writes the function of `phase` of `kernel` (`Phase::Whole` but for the phases of a

@@ -684,6 +684,113 @@ fn split_arg_reductions_keep_the_first_nan_and_the_first_tie() {
 }
 
 #[test]
+fn vector_sweeps_match_the_reference() {
+    // Rows long enough for the vector loop, with every length of scalar tail; a row
+    // value (the mean) broadcast into the second sweep; element ops with vector forms.
+    for dtype in [DType::F32, DType::F64] {
+        let vt = if dtype == DType::F32 {
+            "f32x4"
+        } else {
+            "f64x2"
+        };
+        for (t, row_len) in [16usize, 17, 23, 31, 64, 77, 1000].into_iter().enumerate() {
+            let domain = [3, row_len];
+            let mut kb = KernelBuilder::new("k0_vec", &domain);
+            kb.reduce_over(&[1]);
+            let x = kb.load(dtype);
+            let y = kb.load(dtype);
+            let xy = kb.binary(BinaryOp::Mul, x, y);
+            let ax = kb.unary(UnaryOp::Abs, x);
+            let e = kb.binary(BinaryOp::Sub, xy, ax);
+            let s = kb.reduce(Accumulate::Sum, e);
+            let mx = kb.reduce(Accumulate::Max, x);
+            let mn = kb.reduce(Accumulate::Min, e);
+            let n = kb.constant(dtype, Scalar::F(row_len as f64).cast(dtype));
+            let mean = kb.binary(BinaryOp::Div, s, n);
+            let d = kb.binary(BinaryOp::Sub, x, mean);
+            let d2 = kb.unary(UnaryOp::Square, d);
+            let ss = kb.reduce(Accumulate::Sum, d2);
+            for r in [s, mx, mn, ss] {
+                kb.store_rows(r);
+            }
+            let k = kb.build();
+            assert!(compiled(&k).clif().contains(vt), "a vector sweep");
+            let nv = 3 * row_len;
+            let xs = host(dtype, &domain, &values(dtype, nv, 61 + t as u64));
+            let ys = host(dtype, &domain, &values(dtype, nv, 67 + t as u64));
+            compare(&k, &[&xs, &ys], Tol::Accumulated);
+
+            // Products of values near one.
+            let mut kb = KernelBuilder::new("k0_vprod", &domain);
+            kb.reduce_over(&[1]);
+            let x = kb.load(dtype);
+            let p = kb.reduce(Accumulate::Prod, x);
+            kb.store_rows(p);
+            let xs = host(dtype, &domain, &near_one(nv, 71 + t as u64));
+            compare(&kb.build(), &[&xs], Tol::Accumulated);
+        }
+    }
+}
+
+#[test]
+fn vector_loads_at_any_alignment() {
+    // Rows starting at every element offset from a 16-byte boundary: vector loads must
+    // not assume alignment (an aligned SSE operand would fault).
+    for dtype in [DType::F32, DType::F64] {
+        for offset in 0..4isize {
+            let len = 3 * 35 + 4;
+            let xs = host(dtype, &[len], &values(dtype, len, 73 + offset as u64));
+            let mut kb = KernelBuilder::new("k0_unaligned", &[3, 35]);
+            kb.reduce_over(&[1]);
+            let x = kb.load_view(dtype, len, view(&[3, 35], &[35, 1], offset));
+            let s = kb.reduce(Accumulate::Sum, x);
+            kb.store_rows(s);
+            compare(&kb.build(), &[&xs], Tol::Accumulated);
+        }
+    }
+}
+
+#[test]
+fn vector_max_and_min_keep_nan_and_signed_zeros() {
+    // 40 elements a row: NaN in some lane of some accumulator, or in the scalar tail;
+    // signed zeros only; infinities.
+    let mut rows: Vec<Vec<f64>> = Vec::new();
+    for at in [0usize, 5, 17, 38] {
+        let mut r: Vec<f64> = (0..40).map(|i| i as f64 - 20.0).collect();
+        r[at] = f64::NAN;
+        rows.push(r);
+    }
+    rows.push(
+        (0..40)
+            .map(|i| if i % 3 == 0 { -0.0 } else { 0.0 })
+            .collect(),
+    );
+    rows.push(vec![f64::NEG_INFINITY; 40]);
+    let flat: Vec<f64> = rows.iter().flatten().copied().collect();
+    for dtype in [DType::F32, DType::F64] {
+        let x = host(dtype, &[rows.len(), 40], &flat);
+        let mut kb = KernelBuilder::new("k0_vspecials", &[rows.len(), 40]);
+        kb.reduce_over(&[1]);
+        let v = kb.load(dtype);
+        let mx = kb.reduce(Accumulate::Max, v);
+        let mn = kb.reduce(Accumulate::Min, v);
+        kb.store_rows(mx);
+        kb.store_rows(mn);
+        let k = kb.build();
+        compare(&k, &[&x], Tol::Exact);
+        let got = run(&k, &[&x]);
+        assert!(
+            got[0].storage().get_f64(4).is_sign_positive(),
+            "max of zeros"
+        );
+        assert!(
+            got[1].storage().get_f64(4).is_sign_negative(),
+            "min of zeros"
+        );
+    }
+}
+
+#[test]
 fn run_range_counts_rows() {
     let mut kb = KernelBuilder::new("k0_range", &[7, 3, 5]);
     kb.reduce_over(&[1]);

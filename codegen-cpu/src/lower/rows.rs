@@ -33,6 +33,7 @@
 //! whole, one row after another.
 
 use super::split::{Phase, SplitLayout};
+use super::vector;
 use super::{cl_type, Lowering, Offset};
 use crate::index::{self, Access, IndexPlan};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -121,11 +122,11 @@ pub(super) enum Acc {
 
 /// How the row-level part and the element-level part of every load and of the output
 /// position combine: index plans over the kept and over the reduced axes.
-struct RowIndex {
+pub(super) struct RowIndex {
     kept: IndexPlan,
     red: IndexPlan,
     /// Per instruction that is a load: its (kept, reduced) accesses.
-    loads: Vec<Option<(Access, Access)>>,
+    pub loads: Vec<Option<(Access, Access)>>,
     /// The (kept, reduced) accesses of a contiguous output of the domain's shape, when
     /// some store writes every position.
     out: Option<(Access, Access)>,
@@ -236,9 +237,11 @@ impl<M: Module> Lowering<'_, '_, M> {
                 let r = self.b.ins().udiv(u, splits);
                 let whole = self.b.ins().imul(r, splits);
                 let c = self.b.ins().isub(u, whole);
+                // Chunks past the row's end (splits * chunk_len > row_len) are empty.
                 let lo = self.b.ins().imul_imm_s(c, l.chunk_len as i64);
                 let hi = self.b.ins().iadd_imm_s(lo, l.chunk_len as i64);
                 let len = self.iconst(row_len);
+                let lo = self.b.ins().umin(lo, len);
                 let hi = self.b.ins().umin(hi, len);
                 (r, Range::Dynamic(lo, hi))
             }
@@ -538,7 +541,7 @@ impl<M: Module> Lowering<'_, '_, M> {
             }
             accs.push((acc, x, xd));
         }
-        let finals = self.sweep(range, &carried, |lw, j, state| {
+        let scalar = |lw: &mut Self, j: Value, state: &[Value]| {
             let ridx = lw.decompose(&env.ix.red, j);
             let vals = lw.element_values(kernel, env, &need, (j, &ridx), values)?;
             let mut next = Vec::with_capacity(state.len());
@@ -560,7 +563,25 @@ impl<M: Module> Lowering<'_, '_, M> {
                 }
             }
             Ok(next)
-        })?;
+        };
+        // Rows shorter than one step of the vector loop stay scalar.
+        let long = match range {
+            Range::Whole(n) => n >= VECTOR_MIN_ROW,
+            Range::Dynamic(..) => true,
+        };
+        let finals = match vector::sweep_type(kernel, env, &need, &accs) {
+            Some(vt) if long => self.vector_reduce(
+                kernel,
+                env,
+                &need,
+                &accs,
+                &carried,
+                values,
+                (range, vt),
+                scalar,
+            )?,
+            _ => self.sweep(range, &carried, scalar)?,
+        };
         Ok((accs, finals))
     }
 
@@ -690,13 +711,17 @@ impl<M: Module> Lowering<'_, '_, M> {
 }
 
 /// What every sweep of one row reads.
-struct SweepEnv<'a> {
-    ix: &'a RowIndex,
-    levels: &'a [Level],
+pub(super) struct SweepEnv<'a> {
+    pub ix: &'a RowIndex,
+    pub levels: &'a [Level],
     /// Per instruction that is a load: its offset at the row's first element.
-    kept_offsets: &'a [Option<Offset>],
-    in_bases: &'a [Value],
+    pub kept_offsets: &'a [Option<Offset>],
+    pub in_bases: &'a [Value],
 }
+
+/// Rows (or chunks) shorter than this are swept with scalars: the vector loop of
+/// `vector` would not run once.
+const VECTOR_MIN_ROW: i64 = 16;
 
 /// The elements of a row a sweep covers.
 #[derive(Clone, Copy)]

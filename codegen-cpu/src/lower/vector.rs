@@ -1,0 +1,242 @@
+//! Vector reduction sweeps: the inner loop of a float reduction over contiguous
+//! elements, with Cranelift's 128-bit vectors (f32x4, f64x2) and several independent
+//! accumulators, so the loop is bound by memory rather than by the latency of one chain
+//! of adds.
+//!
+//! ```text
+//! before:    row values splatted to vectors; ACCUMULATORS vector accumulators per
+//!            reduction, each the operation's identity in every lane
+//! vhead(j):  for a in 0..ACCUMULATORS: elements j + a*W .. j + a*W + W as vectors
+//!            (contiguous loads), acc[a] = acc[a] (+) x
+//!            brif j + ACCUMULATORS*W < vend, vhead(...), vdone
+//! vdone:     acc = (acc[0] (+) acc[1]) (+) (acc[2] (+) acc[3]), then its lanes
+//!            pairwise: (l0 (+) l1) (+) (l2 (+) l3)
+//! tail:      the scalar sweep over vend..hi, starting from that value
+//! ```
+//!
+//! The order of operations, and so every bit of a float sum, depends on the sweep's
+//! range only (which depends on shapes only), never on threads. It is not the element
+//! order of a scalar sweep: a sum or product of f32 differs from the sequential one by
+//! rounding (within the usual `n * eps * sum|x|` bound; it is usually closer to the
+//! exact value, since it adds in 16 interleaved partial sums). Max and min do not
+//! depend on the order: `fmax`/`fmin` propagate NaN and order -0 below +0 in any
+//! association.
+//!
+//! A sweep is vectorised only when every element value it computes is a float of the
+//! reductions' one dtype, loaded contiguously along the row or computed by an op that
+//! has a vector form here (`+ - * / max min`, `neg abs sqrt square`), and every
+//! reduction is a plain one (arg reductions keep the scalar loop).
+
+use super::rows::{Acc, AccInfo, Bound, Range, SweepEnv};
+use super::{Lowering, Offset};
+use crate::index::Access;
+use cranelift_codegen::ir::{types, InstBuilder, Type, Value};
+use cranelift_module::Module;
+use ndfuse_ir::{BinaryOp, DType, Expr, Kernel, Level, UnaryOp};
+
+/// Independent vector accumulators per reduction: enough to hide the latency of a
+/// vector add (about 4 cycles, one issued per cycle) behind loads.
+const ACCUMULATORS: i64 = 4;
+
+/// The vector type of a sweep over `need` for `accs`, or `None` when it stays scalar
+/// (see the module docs).
+pub(super) fn sweep_type(
+    kernel: &Kernel,
+    env: &SweepEnv<'_>,
+    need: &[bool],
+    accs: &[AccInfo],
+) -> Option<Type> {
+    let dtype = accs.first()?.2;
+    let vt = match dtype {
+        DType::F32 => types::F32X4,
+        DType::F64 => types::F64X2,
+        _ => return None,
+    };
+    if accs
+        .iter()
+        .any(|&(acc, _, xd)| xd != dtype || matches!(acc, Acc::Arg(_)))
+    {
+        return None;
+    }
+    for (v, ins) in kernel.body.iter().enumerate() {
+        if !need[v] {
+            continue;
+        }
+        if ins.dtype != dtype {
+            return None;
+        }
+        let ok = match &ins.expr {
+            Expr::Load { .. } => matches!(env.ix.loads[v], Some((_, Access::Contiguous))),
+            Expr::Unary(op, _) => matches!(
+                op,
+                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Square
+            ),
+            Expr::Binary(op, _, _) => matches!(
+                op,
+                BinaryOp::Add
+                    | BinaryOp::Sub
+                    | BinaryOp::Mul
+                    | BinaryOp::Div
+                    | BinaryOp::Max
+                    | BinaryOp::Min
+            ),
+            _ => false,
+        };
+        if !ok {
+            return None;
+        }
+    }
+    Some(vt)
+}
+
+impl<M: Module> Lowering<'_, '_, M> {
+    /// The reduction sweep over `range` in vectors of `vt` (see the module docs):
+    /// `carried` are the scalar starting accumulators (the identities), one per plain
+    /// reduction of `accs`; returns the final scalar accumulators. `scalar` emits one
+    /// element of the scalar sweep, for the tail.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn vector_reduce(
+        &mut self,
+        kernel: &Kernel,
+        env: &SweepEnv<'_>,
+        need: &[bool],
+        accs: &[AccInfo],
+        carried: &[(Type, Value)],
+        values: &[Option<Value>],
+        (range, vt): (Range, Type),
+        scalar: impl FnOnce(&mut Self, Value, &[Value]) -> Result<Vec<Value>, String>,
+    ) -> Result<Vec<Value>, String> {
+        let width = i64::from(vt.lane_count());
+        let step = width * ACCUMULATORS;
+        // Row values used by element ops, as vectors: made once, before the loop.
+        let mut vvals = values.to_vec();
+        let mut splatted = vec![false; values.len()];
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if !need[v] {
+                continue;
+            }
+            for x in Kernel::operands(&ins.expr) {
+                let x = x.index();
+                if env.levels[x] == Level::Row && !splatted[x] {
+                    let s = values[x].expect("row values are computed before the sweep");
+                    vvals[x] = Some(self.b.ins().splat(vt, s));
+                    splatted[x] = true;
+                }
+            }
+        }
+        // The vector part: [lo, vend), a multiple of `step` long; the tail: [vend, hi).
+        let (lo, vend, hi, guard) = match range {
+            Range::Whole(n) => {
+                let lo = self.b.ins().iconst(types::I64, 0);
+                let nv = n / step * step;
+                (lo, Bound::Const(nv), Bound::Const(n), nv == 0)
+            }
+            Range::Dynamic(lo, hi) => {
+                let len = self.b.ins().isub(hi, lo);
+                let vlen = self.b.ins().band_imm_s(len, -step);
+                let vend = self.b.ins().iadd(lo, vlen);
+                (lo, Bound::Value(vend), Bound::Value(hi), true)
+            }
+        };
+        let mut vcarried = Vec::with_capacity(carried.len() * ACCUMULATORS as usize);
+        for &(_, init) in carried {
+            let splat = self.b.ins().splat(vt, init);
+            for _ in 0..ACCUMULATORS {
+                vcarried.push((vt, splat));
+            }
+        }
+        let vfinals = self.counted_loop(lo, vend, step, guard, &vcarried, |lw, j, state| {
+            let mut next = state.to_vec();
+            for a in 0..ACCUMULATORS {
+                let vals = lw.element_vectors(kernel, env, need, (j, a * width), &vvals, vt)?;
+                for (k, &(acc, x, xd)) in accs.iter().enumerate() {
+                    let Acc::Plain(op) = acc else {
+                        panic!("arg reductions are never vectorised (a bug)")
+                    };
+                    let xv = vals[x].expect("the operand is computed in the sweep");
+                    let at = k * ACCUMULATORS as usize + a as usize;
+                    next[at] = lw.accumulate(op, xd, state[at], xv);
+                }
+            }
+            Ok(next)
+        })?;
+        // Accumulators, then lanes, combined pairwise in a fixed order.
+        let mut scalars = Vec::with_capacity(carried.len());
+        for (k, &(acc, _, xd)) in accs.iter().enumerate() {
+            let Acc::Plain(op) = acc else {
+                panic!("arg reductions are never vectorised (a bug)")
+            };
+            let at = k * ACCUMULATORS as usize;
+            let mut level: Vec<Value> = vfinals[at..at + ACCUMULATORS as usize].to_vec();
+            while level.len() > 1 {
+                level = level
+                    .chunks(2)
+                    .map(|p| self.accumulate(op, xd, p[0], p[1]))
+                    .collect();
+            }
+            let mut lanes: Vec<Value> = (0..vt.lane_count())
+                .map(|l| self.b.ins().extractlane(level[0], l as u8))
+                .collect();
+            while lanes.len() > 1 {
+                lanes = lanes
+                    .chunks(2)
+                    .map(|p| self.accumulate(op, xd, p[0], p[1]))
+                    .collect();
+            }
+            scalars.push((carried[k].0, lanes[0]));
+        }
+        // The scalar tail.
+        let start = match vend {
+            Bound::Const(nv) => self.b.ins().iconst(types::I64, nv),
+            Bound::Value(v) => v,
+        };
+        match (range, vend) {
+            (Range::Whole(n), Bound::Const(nv)) if nv == n => {
+                Ok(scalars.into_iter().map(|(_, v)| v).collect())
+            }
+            (Range::Whole(_), _) => self.counted_loop(start, hi, 1, false, &scalars, scalar),
+            (Range::Dynamic(..), _) => self.counted_loop(start, hi, 1, true, &scalars, scalar),
+        }
+    }
+
+    /// Inside a vector sweep: the element values of `need` for the `W` elements from
+    /// `j + lane` on, as vectors of `vt`, on top of `vvals` (row values as splats).
+    fn element_vectors(
+        &mut self,
+        kernel: &Kernel,
+        env: &SweepEnv<'_>,
+        need: &[bool],
+        (j, lane): (Value, i64),
+        vvals: &[Option<Value>],
+        vt: Type,
+    ) -> Result<Vec<Option<Value>>, String> {
+        let mut vals = vvals.to_vec();
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if !need[v] {
+                continue;
+            }
+            let value = match &ins.expr {
+                Expr::Load { input, .. } => {
+                    let kept = env.kept_offsets[v]
+                        .as_ref()
+                        .expect("loads have row offsets");
+                    let var = match kept.var {
+                        Some(k) => self.b.ins().iadd(k, j),
+                        None => j,
+                    };
+                    let off = Offset {
+                        var: Some(var),
+                        elems: kept.elems + lane,
+                    };
+                    let (addr, imm) = self.address(env.in_bases[*input], off, ins.dtype);
+                    self.b
+                        .ins()
+                        .load(vt, super::vector_input_flags(), addr, imm)
+                }
+                _ => self.compute(kernel, v, &vals)?,
+            };
+            vals[v] = Some(value);
+        }
+        Ok(vals)
+    }
+}
