@@ -336,9 +336,16 @@ fn backends() -> Result<(), Failure> {
         Ok(kind) => kind.name().to_string(),
         Err(e) => format!("nothing can run: {e}"),
     };
+    // The host cache of this process, under this configuration's limits: a fresh
+    // process has evaluated nothing, so the counters show the limits in force more than
+    // any traffic.
+    let cache = ndfuse_runtime::host_cache();
+    cache.set_limits(ndfuse_runtime::Limits::host(&cfg));
     let text = format!(
         "backends compiled into this build:\n{registry}\nauto picks: {auto}\n\n\
+         host buffer cache: {}\n\n\
          configuration (effective value, then where it came from):\n{}",
+        cache.stats(),
         cfg.explain()
     );
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
