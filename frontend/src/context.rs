@@ -510,15 +510,22 @@ fn explain_text(ex: &ndfuse_runtime::Explanation) -> String {
             }
         }
     }
+    let cuda = ex.backend == BackendKind::Cuda;
     let _ = writeln!(
         s,
-        "\n== code (Cranelift IR, before Cranelift's own optimisations)"
+        "\n== code ({})",
+        if cuda {
+            "CUDA C, as NVRTC compiles it, with its launches"
+        } else {
+            "Cranelift IR, before Cranelift's own optimisations"
+        }
     );
     if ex.code.is_empty() {
-        let _ = writeln!(s, "(no kernel is JIT-compiled)");
+        let _ = writeln!(s, "(no kernel is compiled)");
     }
-    for (name, clif) in &ex.code {
-        let _ = writeln!(s, "; {name}\n{}", clif.trim_end());
+    let comment = if cuda { "//" } else { ";" };
+    for (name, code) in &ex.code {
+        let _ = writeln!(s, "{comment} {name}\n{}", code.trim_end());
     }
     s
 }

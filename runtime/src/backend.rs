@@ -139,16 +139,45 @@ fn probe_cuda() -> Result<Vec<DeviceInfo>, String> {
 
 #[cfg(feature = "cuda")]
 fn probe_cuda_once() -> Result<Vec<DeviceInfo>, String> {
-    match find_libcuda() {
-        None => Err("libcuda.so not found (no NVIDIA driver on this machine)".into()),
-        // The driver is there, but nothing launches kernels yet: say so rather than
-        // pretend, so nobody hunts for a driver problem.
-        Some(path) => Err(format!(
-            "the CUDA backend is not built yet in this version of ndfuse (driver found at {})",
-            path.display()
-        )),
+    let Some(path) = find_libcuda() else {
+        return Err("libcuda.so not found (no NVIDIA driver on this machine)".into());
+    };
+    // Kernels are compiled at run time: without NVRTC the driver alone runs nothing.
+    let (major, minor) = ndfuse_codegen_cuda::nvrtc_version().map_err(|e| e.to_string())?;
+    if (major, minor) < MIN_NVRTC {
+        return Err(format!(
+            "NVRTC {major}.{minor} is older than required ({}.{})",
+            MIN_NVRTC.0, MIN_NVRTC.1
+        ));
     }
+    let count =
+        crate::cuda::device_count().map_err(|e| format!("driver at {}: {e}", path.display()))?;
+    if count == 0 {
+        return Err(format!("0 devices (driver at {})", path.display()));
+    }
+    (0..count)
+        .map(|i| {
+            let ctx = cudarc::driver::CudaContext::new(i)
+                .map_err(|e| format!("device {i}: cuCtxCreate: {e:?}"))?;
+            let name = ctx.name().unwrap_or_else(|_| format!("CUDA device {i}"));
+            let (cc_major, cc_minor) = ctx.compute_capability().unwrap_or((0, 0));
+            let sms = ctx
+                .attribute(
+                    cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                )
+                .unwrap_or(0);
+            Ok(DeviceInfo {
+                name: format!("{name} (sm_{cc_major}{cc_minor}, NVRTC {major}.{minor})"),
+                threads: usize::try_from(sms).unwrap_or(0),
+                memory: ctx.total_mem().ok().map(|m| m as u64),
+            })
+        })
+        .collect()
 }
+
+/// The oldest NVRTC whose output the emitted kernels are tested with (12.0: `sm_90`).
+#[cfg(feature = "cuda")]
+const MIN_NVRTC: (i32, i32) = (12, 0);
 
 /// The CUDA driver library, looked up where the dynamic loader would find it, without
 /// loading it: loading waits for the backend that will use it.

@@ -43,6 +43,14 @@ pub enum RuntimeError {
     /// CPU code generation or a JIT call failed.
     #[error(transparent)]
     Codegen(#[from] ndfuse_codegen_cpu::CodegenError),
+    /// CUDA code generation or NVRTC failed (the error carries NVRTC's log and the path
+    /// of the saved source).
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    CudaCodegen(#[from] ndfuse_codegen_cuda::CudaError),
+    /// A CUDA driver call failed: the call and the driver's error code.
+    #[error("CUDA driver: {0}")]
+    Cuda(String),
     /// A pass failed (or broke the graph, which the pass manager caught).
     #[error(transparent)]
     Pass(#[from] ndfuse_passes::PassError),

@@ -57,6 +57,16 @@ pub enum StepPath {
     },
     /// A node the passes left to the interpreter.
     Interp,
+    /// A kernel compiled with NVRTC and launched on CUDA device `device`; `cached` when
+    /// the loaded module was reused.
+    Cuda {
+        /// Whether compilation and loading were skipped thanks to the module cache.
+        cached: bool,
+        /// The device's ordinal.
+        device: usize,
+    },
+    /// A kernel rendered as CUDA C by `explain`, which runs nothing.
+    CudaSource,
 }
 
 impl StepPath {
@@ -66,6 +76,9 @@ impl StepPath {
             StepPath::Jit { cached: false } => "jit",
             StepPath::Jit { cached: true } => "jit, cached",
             StepPath::KernelInterp { .. } | StepPath::Interp => "interp",
+            StepPath::Cuda { cached: false, .. } => "cuda",
+            StepPath::Cuda { cached: true, .. } => "cuda, cached",
+            StepPath::CudaSource => "cuda",
         }
     }
 }
@@ -77,6 +90,10 @@ impl std::fmt::Display for StepPath {
             StepPath::Jit { cached: true } => f.write_str("jit, cached"),
             StepPath::KernelInterp { reason } => write!(f, "interp: {reason}"),
             StepPath::Interp => f.write_str("interp"),
+            StepPath::Cuda { cached, device } => {
+                write!(f, "cuda:{device}{}", if *cached { ", cached" } else { "" })
+            }
+            StepPath::CudaSource => f.write_str("cuda (source only)"),
         }
     }
 }
@@ -182,7 +199,7 @@ pub fn execute(
                 run_time: start.elapsed(),
             })
         }
-        BackendKind::Cuda => Err(cuda_unavailable()),
+        BackendKind::Cuda => run_cuda(g, inputs, &cfg),
         BackendKind::Auto | BackendKind::Cpu => run_cpu(g, inputs, &cfg),
     }
 }
@@ -211,6 +228,7 @@ fn compile(
     g: &Graph,
     record_ir: bool,
     cfg: &crate::config::Config,
+    target: &ndfuse_passes::TargetDesc,
 ) -> Result<(Arc<Compiled>, bool), RuntimeError> {
     let mut opts = crate::env::pass_options_from(cfg);
     // A graph compiled before with the same options skips passes and fusion: re-running
@@ -221,6 +239,7 @@ fn compile(
         opts.disabled.clone(),
         record_ir,
         opts.debug_level,
+        target.name,
     );
     if let Some(hit) = compile_cache()
         .lock()
@@ -235,8 +254,7 @@ fn compile(
     let mut optimized = g.clone();
     let log = ndfuse_passes::optimize(&mut optimized, &opts)?;
     let fuse = !opts.disabled.iter().any(|p| p == "fusion");
-    let schedule =
-        ndfuse_passes::schedule_with(&optimized, &ndfuse_passes::TargetDesc::cpu(), fuse);
+    let schedule = ndfuse_passes::schedule_with(&optimized, target, fuse);
     if opts.debug_level >= 2 {
         // The fusion report: where each node went and why, then every kernel and plan.
         eprint!(
@@ -265,8 +283,9 @@ fn compile(
 /// How many compiled graphs [`compile`] keeps.
 const COMPILE_CACHE_ENTRIES: usize = 256;
 
-/// Structural hash of the source graph, disabled passes, whether IR is recorded, debug level.
-type CompileKey = (u64, Vec<String>, bool, u8);
+/// Structural hash of the source graph, disabled passes, whether IR is recorded, debug
+/// level, target.
+type CompileKey = (u64, Vec<String>, bool, u8, &'static str);
 
 /// Compiled graphs by key, each with its source graph to confirm a hit.
 type CompileCache = Mutex<HashMap<CompileKey, (Graph, Arc<Compiled>)>>;
@@ -295,7 +314,8 @@ fn run_cpu(
     // The limits follow the configuration of this eval (a no-op when unchanged).
     let cache = crate::alloc::host_cache();
     cache.set_limits(crate::alloc::Limits::host(cfg));
-    let (compiled_graph, compile_cached) = compile(g, false, cfg)?;
+    let (compiled_graph, compile_cached) =
+        compile(g, false, cfg, &ndfuse_passes::TargetDesc::cpu())?;
     let Compiled {
         graph: optimized,
         log: passes,
@@ -521,7 +541,13 @@ pub struct Explanation {
 pub fn explain(g: &Graph, backend: BackendKind) -> Result<Explanation, RuntimeError> {
     verify(g)?;
     let cfg = crate::config::Config::load()?;
-    match crate::backend::resolve(backend, &cfg)? {
+    // Explaining runs nothing, so the CUDA C can be shown without a GPU.
+    let chosen = if backend == BackendKind::Cuda {
+        BackendKind::Cuda
+    } else {
+        crate::backend::resolve(backend, &cfg)?
+    };
+    match chosen {
         BackendKind::Interp => Ok(Explanation {
             backend: BackendKind::Interp,
             graph: Arc::new(g.clone()),
@@ -530,9 +556,9 @@ pub fn explain(g: &Graph, backend: BackendKind) -> Result<Explanation, RuntimeEr
             paths: Vec::new(),
             code: Vec::new(),
         }),
-        BackendKind::Cuda => Err(cuda_unavailable()),
+        BackendKind::Cuda => explain_cuda(g, &cfg),
         BackendKind::Auto | BackendKind::Cpu => {
-            let (c, _) = compile(g, true, &cfg)?;
+            let (c, _) = compile(g, true, &cfg, &ndfuse_passes::TargetDesc::cpu())?;
             let (graph, passes, schedule) = (
                 Arc::clone(&c.graph),
                 Arc::clone(&c.log),
@@ -564,9 +590,89 @@ pub fn explain(g: &Graph, backend: BackendKind) -> Result<Explanation, RuntimeEr
     }
 }
 
+#[cfg(not(feature = "cuda"))]
 fn cuda_unavailable() -> RuntimeError {
     RuntimeError::Unavailable {
         backend: "cuda",
-        reason: "the CUDA backend is not built yet in this version of ndfuse".into(),
+        reason: "not compiled with CUDA (build ndfuse-runtime with the `cuda` feature)".into(),
     }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(
+    _: &Graph,
+    _: &HashMap<NodeId, Arc<HostArray>>,
+    _: &crate::config::Config,
+) -> Result<Evaluation, RuntimeError> {
+    Err(cuda_unavailable())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn explain_cuda(_: &Graph, _: &crate::config::Config) -> Result<Explanation, RuntimeError> {
+    Err(cuda_unavailable())
+}
+
+/// Runs `g` on CUDA device 0: passes and fusion for the CUDA target, then
+/// [`crate::cuda::run`].
+#[cfg(feature = "cuda")]
+fn run_cuda(
+    g: &Graph,
+    inputs: &HashMap<NodeId, Arc<HostArray>>,
+    cfg: &crate::config::Config,
+) -> Result<Evaluation, RuntimeError> {
+    let (c, compile_cached) = compile(g, false, cfg, &ndfuse_passes::TargetDesc::cuda())?;
+    let dev = crate::cuda::device(0, cfg)?;
+    let run = crate::cuda::run(&dev, &c.graph, &c.schedule, inputs, cfg, c.debug)?;
+    Ok(Evaluation {
+        outputs: run.outputs,
+        backend: BackendKind::Cuda,
+        graph: Arc::clone(&c.graph),
+        passes: Some(Arc::clone(&c.log)),
+        schedule: Some(Arc::clone(&c.schedule)),
+        compile_cached,
+        paths: run.paths,
+        compile_time: run.compile_time,
+        run_time: run.run_time,
+    })
+}
+
+/// The CUDA C of every kernel of `g`, as the CUDA backend would compile it; needs no
+/// GPU and no NVRTC.
+#[cfg(feature = "cuda")]
+fn explain_cuda(g: &Graph, cfg: &crate::config::Config) -> Result<Explanation, RuntimeError> {
+    let (c, _) = compile(g, true, cfg, &ndfuse_passes::TargetDesc::cuda())?;
+    let opts = crate::cuda::cuda_options(cfg);
+    let mut paths = Vec::with_capacity(c.schedule.steps.len());
+    let mut code = Vec::new();
+    for step in &c.schedule.steps {
+        paths.push(match step {
+            Step::Kernel { kernel, .. } => {
+                let k = ndfuse_codegen_cuda::emit(kernel, &opts)?;
+                let launches: Vec<String> = k
+                    .launches
+                    .iter()
+                    .map(|l| {
+                        format!(
+                            "// launch {}<<<{}, ({}, {})>>>\n",
+                            l.function, l.grid, l.block.0, l.block.1
+                        )
+                    })
+                    .collect();
+                code.push((
+                    kernel.name.clone(),
+                    format!("{}{}", launches.concat(), k.source),
+                ));
+                StepPath::CudaSource
+            }
+            Step::Interp { .. } => StepPath::Interp,
+        });
+    }
+    Ok(Explanation {
+        backend: BackendKind::Cuda,
+        graph: Arc::clone(&c.graph),
+        passes: Some(Arc::clone(&c.log)),
+        schedule: Some(Arc::clone(&c.schedule)),
+        paths,
+        code,
+    })
 }

@@ -12,6 +12,8 @@
 mod alloc;
 mod backend;
 mod config;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod env;
 mod error;
 mod executor;
@@ -26,5 +28,7 @@ pub use backend::{
 pub use config::{
     Config, ConfigBuilder, ConfigError, ConfigSource, KeyInfo, CONFIG_FILE, CONFIG_VAR, KEYS,
 };
+#[cfg(feature = "cuda")]
+pub use cuda::{device as cuda_device, device_count as cuda_device_count, CudaDevice, DeviceAlloc};
 pub use error::RuntimeError;
 pub use executor::{execute, explain, BackendKind, Evaluation, Explanation, StepPath};

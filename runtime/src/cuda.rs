@@ -1,0 +1,493 @@
+//! The CUDA device: one context and one stream per device (cudarc's driver API, loaded
+//! at run time), a module cache of NVRTC-compiled kernels, a caching device allocator
+//! with ND4J's limits, and the evaluation of a schedule on the device.
+//!
+//! An evaluation uploads the graph's inputs once, runs every kernel step on device
+//! buffers (intermediates never visit the host; each goes back to the device cache right
+//! after its last reader is launched, which is safe because everything runs in order on
+//! one stream), and downloads the outputs. Steps the CUDA codegen does not take (graph
+//! nodes the passes leave to the interpreter) run on the host between downloads and
+//! uploads.
+//!
+//! Errors: a launch that the driver rejects is an `Err` at once; a fault inside a kernel
+//! surfaces at the next synchronisation (the download of the outputs, or right after
+//! each launch with `NDFUSE_DEBUG >= 1`, which also times each kernel). Out of device
+//! memory, after the cache has freed what it holds, is `RuntimeError::Alloc` with
+//! `AllocError::OutOfMemory`, which the caller can act on (move to another device).
+
+use crate::alloc::{AllocError, Cache, Limits, Pooled, RawAlloc};
+use crate::config::Config;
+use crate::error::RuntimeError;
+use crate::executor::StepPath;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use ndfuse_codegen_cuda::{CompileOptions, CudaKernel, CudaOptions, ImageKind};
+use ndfuse_ir::{Graph, HostArray, NodeId};
+use ndfuse_passes::{Schedule, Step};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Device memory of one device, for the caching allocator.
+#[derive(Debug)]
+pub struct DeviceAlloc {
+    name: String,
+    stream: Arc<CudaStream>,
+}
+
+impl RawAlloc for DeviceAlloc {
+    type Kind = ();
+    type Block = CudaSlice<u8>;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn alloc(&self, _: (), bytes: usize) -> Result<CudaSlice<u8>, AllocError> {
+        // SAFETY: the memory is uninitialised; every user writes a buffer (an upload
+        // or a kernel's stores, which cover every element) before anything reads it.
+        unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| {
+            if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                AllocError::OutOfMemory {
+                    memory: self.name.clone(),
+                    bytes,
+                }
+            } else {
+                AllocError::Failed {
+                    memory: self.name.clone(),
+                    bytes,
+                    reason: format!("{e:?}"),
+                }
+            }
+        })
+    }
+
+    fn describe(&self, block: &CudaSlice<u8>) -> ((), usize) {
+        ((), block.len())
+    }
+}
+
+/// One CUDA device ready to run kernels.
+#[derive(Debug)]
+pub struct CudaDevice {
+    ordinal: usize,
+    name: String,
+    capability: (i32, i32),
+    stream: Arc<CudaStream>,
+    cache: Arc<Cache<DeviceAlloc>>,
+    modules: Mutex<HashMap<(String, String), Arc<Loaded>>>,
+}
+
+/// A kernel's module, loaded, with its functions.
+#[derive(Debug)]
+struct Loaded {
+    functions: HashMap<String, CudaFunction>,
+    origin: ndfuse_codegen_cuda::Origin,
+}
+
+fn driver_err(call: &str, e: cudarc::driver::DriverError) -> RuntimeError {
+    RuntimeError::Cuda(format!("{call}: {e:?}"))
+}
+
+/// Device `ordinal`, created on first use and kept for the process.
+pub fn device(ordinal: usize, cfg: &Config) -> Result<Arc<CudaDevice>, RuntimeError> {
+    type Devices = Mutex<HashMap<usize, Arc<CudaDevice>>>;
+    static DEVICES: OnceLock<Devices> = OnceLock::new();
+    let devices = DEVICES.get_or_init(Default::default);
+    let mut map = devices.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(d) = map.get(&ordinal) {
+        d.cache.set_limits(Limits::device(cfg));
+        return Ok(Arc::clone(d));
+    }
+    driver_present()?;
+    let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("cuCtxCreate", e))?;
+    let capability = ctx
+        .compute_capability()
+        .map_err(|e| driver_err("cuDeviceGetAttribute", e))?;
+    let name = ctx.name().map_err(|e| driver_err("cuDeviceGetName", e))?;
+    let stream = ctx
+        .new_stream()
+        .map_err(|e| driver_err("cuStreamCreate", e))?;
+    let cache = Arc::new(Cache::new(
+        DeviceAlloc {
+            name: format!("cuda:{ordinal}"),
+            stream: Arc::clone(&stream),
+        },
+        Limits::device(cfg),
+    ));
+    let d = Arc::new(CudaDevice {
+        ordinal,
+        name,
+        capability,
+        stream,
+        cache,
+        modules: Mutex::new(HashMap::new()),
+    });
+    map.insert(ordinal, Arc::clone(&d));
+    Ok(d)
+}
+
+/// Whether the CUDA driver library can be loaded (cudarc panics on first use when it
+/// cannot, so every entry point asks first).
+fn driver_present() -> Result<(), RuntimeError> {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: loading the driver library runs its initialisers, which have no
+    // preconditions; cudarc only tries the names it lists.
+    let ok = *PRESENT.get_or_init(|| unsafe { cudarc::driver::sys::is_culib_present() });
+    if ok {
+        Ok(())
+    } else {
+        Err(RuntimeError::Unavailable {
+            backend: "cuda",
+            reason: "libcuda.so could not be loaded (no NVIDIA driver on this machine)".into(),
+        })
+    }
+}
+
+/// Number of CUDA devices the driver reports.
+pub fn device_count() -> Result<usize, RuntimeError> {
+    driver_present()?;
+    CudaContext::device_count()
+        .map(|n| n.max(0) as usize)
+        .map_err(|e| driver_err("cuDeviceGetCount", e))
+}
+
+/// The emitter's limits from the configuration.
+pub fn cuda_options(cfg: &Config) -> CudaOptions {
+    CudaOptions {
+        max_block_size: cfg.max_block_size(),
+        max_grid_size: cfg.max_grid_size(),
+    }
+}
+
+impl CudaDevice {
+    /// `name (sm_XY)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} (sm_{}{})",
+            self.name, self.capability.0, self.capability.1
+        )
+    }
+
+    /// The device's caching allocator.
+    pub fn cache(&self) -> &Arc<Cache<DeviceAlloc>> {
+        &self.cache
+    }
+
+    /// Compiles (or finds) `k` and loads its functions.
+    fn load(&self, k: &CudaKernel, cfg: &Config) -> Result<Arc<Loaded>, RuntimeError> {
+        let arch = format!("sm_{}{}", self.capability.0, self.capability.1);
+        let key = (arch.clone(), k.source.clone());
+        if let Some(l) = self
+            .modules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(Arc::clone(l));
+        }
+        let opts = CompileOptions {
+            arch,
+            include_dirs: ndfuse_codegen_cuda::include_dirs(),
+            cache_dir: cfg.kernel_cache_dir().map(|p| p.to_path_buf()),
+        };
+        let compiled = ndfuse_codegen_cuda::compile(k, &opts)?;
+        let ptx = match compiled.kind {
+            ImageKind::Cubin => cudarc::nvrtc::Ptx::from_binary(compiled.image.clone()),
+            ImageKind::Ptx => {
+                cudarc::nvrtc::Ptx::from_src(String::from_utf8_lossy(&compiled.image).into_owned())
+            }
+        };
+        let module = self
+            .stream
+            .context()
+            .load_module(ptx)
+            .map_err(|e| driver_err("cuModuleLoadData", e))?;
+        let mut functions = HashMap::new();
+        for l in &k.launches {
+            let f = module
+                .load_function(&l.function)
+                .map_err(|e| driver_err("cuModuleGetFunction", e))?;
+            functions.insert(l.function.clone(), f);
+        }
+        let loaded = Arc::new(Loaded {
+            functions,
+            origin: compiled.origin,
+        });
+        self.modules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, Arc::clone(&loaded));
+        Ok(loaded)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<Pooled<DeviceAlloc>, RuntimeError> {
+        Ok(self.cache.alloc((), bytes)?)
+    }
+
+    fn upload(&self, a: &HostArray) -> Result<Pooled<DeviceAlloc>, RuntimeError> {
+        let bytes = a.len() * a.dtype().size_bytes();
+        let mut buf = self.alloc(bytes)?;
+        if bytes > 0 {
+            // SAFETY: the storage holds `len` plain elements (no padding; bools are one
+            // byte of 0 or 1) at `as_ptr`, alive while `a` is borrowed.
+            let host = unsafe { std::slice::from_raw_parts(a.storage().as_ptr(), bytes) };
+            let mut view = buf.slice_mut(0..bytes);
+            self.stream
+                .memcpy_htod(host, &mut view)
+                .map_err(|e| driver_err("cuMemcpyHtoDAsync", e))?;
+        }
+        Ok(buf)
+    }
+
+    fn download(
+        &self,
+        buf: &CudaSlice<u8>,
+        dtype: ndfuse_ir::DType,
+        shape: ndfuse_ir::Shape,
+    ) -> Result<HostArray, RuntimeError> {
+        let mut a = crate::alloc::host_cache().array(dtype, shape)?;
+        let bytes = a.len() * dtype.size_bytes();
+        if bytes > 0 {
+            // SAFETY: the storage holds exactly `bytes` bytes at `as_mut_ptr`, borrowed
+            // mutably; the device writes each element whole (a kernel stores every
+            // element, bools as 0 or 1), so every byte written is a valid element.
+            let host =
+                unsafe { std::slice::from_raw_parts_mut(a.storage_mut().as_mut_ptr(), bytes) };
+            let view = buf.slice(0..bytes);
+            self.stream
+                .memcpy_dtoh(&view, host)
+                .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))?;
+            self.stream
+                .synchronize()
+                .map_err(|e| driver_err("cuStreamSynchronize", e))?;
+        }
+        Ok(a)
+    }
+
+    fn launch(
+        &self,
+        k: &CudaKernel,
+        loaded: &Loaded,
+        args: &[&CudaSlice<u8>],
+    ) -> Result<(), RuntimeError> {
+        let ptrs: Vec<u64> = args
+            .iter()
+            .map(|s| {
+                let (p, _sync) = s.device_ptr(&self.stream);
+                p
+            })
+            .collect();
+        for l in &k.launches {
+            let f = &loaded.functions[&l.function];
+            let mut b = self.stream.launch_builder(f);
+            for p in &ptrs {
+                b.arg(p);
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (l.grid, 1, 1),
+                block_dim: (l.block.0, l.block.1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the function was compiled from `k`'s source, whose parameters are
+            // the kernel's input pointers, output pointers and (when it has one) the
+            // scratch pointer, in that order: exactly `ptrs`. Every buffer was checked
+            // to hold at least the bytes the kernel description says it reads or
+            // writes (`check_sizes`), and all of them stay alive (and are not handed to
+            // another user) until the stream has run this launch.
+            unsafe { b.launch(cfg) }.map_err(|e| driver_err(&l.function, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Every buffer holds at least what the kernel description reads or writes.
+fn check_sizes(k: &ndfuse_ir::Kernel, ins: &[&CudaSlice<u8>], outs: &[&CudaSlice<u8>]) {
+    for (b, s) in k.inputs.iter().zip(ins) {
+        assert!(
+            s.len() >= b.len * b.dtype.size_bytes(),
+            "kernel {}: an input buffer of {} bytes for {} x {} (a runtime bug)",
+            k.name,
+            s.len(),
+            b.len,
+            b.dtype
+        );
+    }
+    for (b, s) in k.outputs.iter().zip(outs) {
+        assert!(
+            s.len() >= b.len * b.dtype.size_bytes(),
+            "kernel {}: an output buffer of {} bytes for {} x {} (a runtime bug)",
+            k.name,
+            s.len(),
+            b.len,
+            b.dtype
+        );
+    }
+}
+
+/// What a CUDA evaluation produced.
+pub(crate) struct CudaRun {
+    pub outputs: Vec<HostArray>,
+    pub paths: Vec<StepPath>,
+    pub compile_time: Duration,
+    pub run_time: Duration,
+}
+
+/// A buffer of the evaluation: on the device, or (for interpreter steps) on the host.
+enum Buf {
+    Device(Pooled<DeviceAlloc>),
+    Host(HostArray),
+}
+
+/// Runs `schedule` (of the optimised graph `g`) on device `dev`.
+pub(crate) fn run(
+    dev: &CudaDevice,
+    g: &Graph,
+    schedule: &Schedule,
+    inputs: &HashMap<NodeId, Arc<HostArray>>,
+    cfg: &Config,
+    debug: u8,
+) -> Result<CudaRun, RuntimeError> {
+    let opts = cuda_options(cfg);
+    let start_all = Instant::now();
+    let mut last_read: HashMap<NodeId, usize> = HashMap::new();
+    for (i, s) in schedule.steps.iter().enumerate() {
+        for &r in s.reads() {
+            last_read.insert(r, i);
+        }
+    }
+    let mut bufs: HashMap<NodeId, Buf> = HashMap::new();
+    let mut paths = Vec::with_capacity(schedule.steps.len());
+    let mut compile_time = Duration::ZERO;
+    for (i, step) in schedule.steps.iter().enumerate() {
+        match step {
+            Step::Kernel {
+                kernel,
+                inputs: ins,
+                outputs: outs,
+            } => {
+                for n in ins {
+                    if !matches!(bufs.get(n), Some(Buf::Device(_))) {
+                        let dbuf = match bufs.get(n) {
+                            Some(Buf::Host(a)) => dev.upload(a)?,
+                            _ => dev.upload(inputs.get(n).unwrap_or_else(|| {
+                                panic!("step {i} reads {n} before it is written (a scheduling bug)")
+                            }))?,
+                        };
+                        bufs.insert(*n, Buf::Device(dbuf));
+                    }
+                }
+                let ck = ndfuse_codegen_cuda::emit(kernel, &opts)?;
+                let t = Instant::now();
+                let loaded = dev.load(&ck, cfg)?;
+                let took = t.elapsed();
+                compile_time += took;
+                if debug >= 4 && loaded.origin != ndfuse_codegen_cuda::Origin::Memory {
+                    eprintln!("ndfuse: CUDA C of {}\n{}", ck.name, ck.source);
+                }
+                let out_bufs: Vec<Pooled<DeviceAlloc>> = kernel
+                    .outputs
+                    .iter()
+                    .map(|b| dev.alloc(b.len * b.dtype.size_bytes()))
+                    .collect::<Result<_, _>>()?;
+                let scratch = if ck.scratch_bytes > 0 {
+                    Some(dev.alloc(ck.scratch_bytes)?)
+                } else {
+                    None
+                };
+                {
+                    let in_refs: Vec<&CudaSlice<u8>> = ins
+                        .iter()
+                        .map(|n| match &bufs[n] {
+                            Buf::Device(d) => &**d,
+                            Buf::Host(_) => unreachable!("uploaded above"),
+                        })
+                        .collect();
+                    let out_refs: Vec<&CudaSlice<u8>> = out_bufs.iter().map(|d| &**d).collect();
+                    check_sizes(kernel, &in_refs, &out_refs);
+                    let mut args = in_refs;
+                    args.extend(out_refs);
+                    if let Some(s) = &scratch {
+                        args.push(s);
+                    }
+                    let t = Instant::now();
+                    dev.launch(&ck, &loaded, &args)?;
+                    if debug >= 1 {
+                        dev.stream
+                            .synchronize()
+                            .map_err(|e| driver_err(&ck.name, e))?;
+                        let secs = t.elapsed().as_secs_f64();
+                        let bytes = kernel.bytes_in() + kernel.bytes_out();
+                        eprintln!(
+                            "ndfuse: {} [cuda:{}] {:.3} ms, {bytes} B, {:.2} GB/s ({})",
+                            kernel.name,
+                            dev.ordinal,
+                            secs * 1e3,
+                            bytes as f64 / secs.max(1e-12) / 1e9,
+                            ck.strategy
+                        );
+                    }
+                }
+                for (n, b) in outs.iter().zip(out_bufs) {
+                    bufs.insert(*n, Buf::Device(b));
+                }
+                paths.push(StepPath::Cuda {
+                    cached: loaded.origin == ndfuse_codegen_cuda::Origin::Memory,
+                    device: dev.ordinal,
+                });
+            }
+            Step::Interp { node, operands, .. } => {
+                let mut args: Vec<HostArray> = Vec::new();
+                for n in operands {
+                    let a = match bufs.get(n) {
+                        Some(Buf::Host(a)) => a.clone(),
+                        Some(Buf::Device(d)) => {
+                            let ty = g.ty(*n);
+                            dev.download(d, ty.dtype, ty.shape)?
+                        }
+                        None => HostArray::clone(inputs.get(n).unwrap_or_else(|| {
+                            panic!("step {i} reads {n} before it is written (a scheduling bug)")
+                        })),
+                    };
+                    args.push(a);
+                }
+                let refs: Vec<&HostArray> = args.iter().collect();
+                let out = ndfuse_ir::interp::eval_node(g.node(*node), &refs)?;
+                bufs.insert(*node, Buf::Host(out));
+                paths.push(StepPath::Interp);
+            }
+        }
+        for &r in step.reads() {
+            if last_read.get(&r) == Some(&i) && !g.is_output(r) {
+                // Back to the device cache: later allocations are ordered after this
+                // step's launches on the one stream.
+                bufs.remove(&r);
+            }
+        }
+    }
+    let mut outputs = Vec::with_capacity(g.outputs().len());
+    for o in g.outputs() {
+        let ty = g.ty(*o);
+        let a = match bufs.get(o) {
+            Some(Buf::Device(d)) => dev.download(d, ty.dtype, ty.shape)?,
+            Some(Buf::Host(a)) => a.clone(),
+            None => HostArray::clone(
+                inputs
+                    .get(o)
+                    .unwrap_or_else(|| panic!("output {o} was never computed (a scheduling bug)")),
+            ),
+        };
+        outputs.push(a);
+    }
+    dev.stream
+        .synchronize()
+        .map_err(|e| driver_err("cuStreamSynchronize", e))?;
+    let run_time = start_all.elapsed().saturating_sub(compile_time);
+    Ok(CudaRun {
+        outputs,
+        paths,
+        compile_time,
+        run_time,
+    })
+}
