@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Builds the CUDA test binaries here and runs them on a GPU machine that has no Rust
+# toolchain and no registry (the `device` tool's machines).
+#
+#   scripts/gpu-check.sh build   # here: release test binaries, stripped, into gpu-bin/
+#   scripts/gpu-check.sh run     # there (carry gpu-bin): the GPU tests with
+#                                # NDFUSE_REQUIRE_CUDA=1 and NDFUSE_REQUIRE_NVRTC=1,
+#                                # then `ndfuse backends`; logs into $OUT when set
+#
+# NVRTC on the GPU machine: its CUDA image has NVIDIA's pip packages
+# (nvidia-cuda-nvrtc, nvidia-cuda-runtime), possibly of another major version than the
+# 12.x this build names first; `run` links whatever libnvrtc.so.* it finds there as
+# libnvrtc.so (the first name cudarc tries) and points NDFUSE_CUDA_INCLUDE at the headers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=gpu-bin
+
+case "${1:-}" in
+build)
+  rm -rf "$BIN" && mkdir -p "$BIN"
+  # The test binaries that touch CUDA, found through cargo's JSON messages.
+  cargo test --release --no-run -p ndfuse-tests --test cuda_exec --test cuda_codegen \
+    --message-format=json 2>/dev/null \
+    | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["executable"])' \
+    | while read -r exe; do
+        name="$(basename "$exe" | sed 's/-[0-9a-f]*$//')"
+        cp "$exe" "$BIN/$name"
+      done
+  cargo build --release -q --bin ndfuse
+  cp target/release/ndfuse "$BIN/ndfuse"
+  strip "$BIN"/* 2>/dev/null || true
+  # insta looks for snapshots next to the test sources, relative to the workspace.
+  ls -la "$BIN"
+  du -sh "$BIN"
+  ;;
+run)
+  OUT="${OUT:-/tmp/gpu-check-out}"
+  mkdir -p "$OUT" /tmp/ndfuse-nvrtc
+  site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  lib="$(ls "$site"/nvidia/cuda_nvrtc/lib/libnvrtc.so.* "$site"/nvidia/cu*/lib/libnvrtc.so.* 2>/dev/null | grep -v builtins | head -n1 || true)"
+  if [ -n "$lib" ]; then
+    ln -sf "$lib" /tmp/ndfuse-nvrtc/libnvrtc.so
+    export LD_LIBRARY_PATH="/tmp/ndfuse-nvrtc:$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+  inc="$(ls -d "$site"/nvidia/cuda_runtime/include "$site"/nvidia/cu*/include 2>/dev/null | while read -r d; do [ -f "$d/cuda_fp16.h" ] && echo "$d"; done | head -n1 || true)"
+  [ -n "$inc" ] && export NDFUSE_CUDA_INCLUDE="$inc"
+  echo "nvrtc: ${lib:-not found}; headers: ${inc:-not found}" | tee "$OUT/env.txt"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUT/env.txt" || true
+  export NDFUSE_REQUIRE_CUDA=1 NDFUSE_REQUIRE_NVRTC=1 INSTA_UPDATE=no
+  status=0
+  "$BIN/ndfuse" backends 2>&1 | tee "$OUT/backends.txt" || status=1
+  for t in cuda_codegen cuda_exec; do
+    # cuda_codegen's snapshots are compared by the local run; here only its compiles.
+    filter=""
+    [ "$t" = cuda_codegen ] && filter="compiles"
+    "$BIN/$t" --test-threads=1 $filter 2>&1 | tee "$OUT/$t.txt" || status=1
+  done
+  exit $status
+  ;;
+*)
+  echo "usage: scripts/gpu-check.sh build|run" >&2
+  exit 2
+  ;;
+esac
