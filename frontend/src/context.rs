@@ -1,12 +1,17 @@
 //! The context: default dtype (ND4J's `setDTypeForContext`), backend choice,
 //! constructors, and evaluation of several outputs sharing one graph.
+//!
+//! The default dtype comes, highest first, from code ([`ContextBuilder::dtype`],
+//! [`Context::set_default_dtype`]), then the `default_dtype` configuration key
+//! (`NDFUSE_DEFAULT_DTYPE`, then `ndfuse.toml`), then f32; [`Context::dtype_origin`]
+//! says which.
 
 use crate::array::Array;
 use crate::error::{Error, Result};
 use crate::random::SplitMix64;
 use crate::tensor::{Inner, Tensor};
 use ndfuse_ir::{DType, Element, Graph, HostArray, NodeId, Scalar, Shape, Storage};
-use ndfuse_runtime::{BackendKind, Evaluation};
+use ndfuse_runtime::{BackendKind, Config, ConfigSource, Evaluation};
 use std::collections::HashMap;
 use std::panic::Location;
 use std::sync::{Arc, OnceLock, RwLock};
@@ -14,6 +19,8 @@ use std::sync::{Arc, OnceLock, RwLock};
 #[derive(Debug)]
 struct Settings {
     dtype: DType,
+    /// Where `dtype` came from: the builder or a setter (code), or the configuration.
+    dtype_origin: ConfigSource,
     backend: BackendKind,
 }
 
@@ -39,14 +46,24 @@ impl Default for Context {
 /// Builder for a [`Context`].
 #[derive(Debug, Clone)]
 pub struct ContextBuilder {
-    dtype: DType,
+    dtype: Option<DType>,
+    config: Option<Config>,
     backend: BackendKind,
 }
 
 impl ContextBuilder {
-    /// The default dtype of constructors (a float dtype; f32 if not set).
+    /// The default dtype of constructors and literals (a float dtype). Overrides the
+    /// `default_dtype` configuration key; when not set, that key decides (f32 when
+    /// nobody set it).
     pub fn dtype(mut self, dtype: DType) -> ContextBuilder {
-        self.dtype = dtype;
+        self.dtype = Some(dtype);
+        self
+    }
+
+    /// Reads the `default_dtype` key from this configuration instead of loading one from
+    /// the file and the environment (for embedders that build their own [`Config`]).
+    pub fn config(mut self, config: Config) -> ContextBuilder {
+        self.config = Some(config);
         self
     }
 
@@ -56,15 +73,35 @@ impl ContextBuilder {
         self
     }
 
-    /// The context; `Err` when the dtype is not a float dtype.
+    /// The context; `Err` when the dtype is not a float dtype, or when no dtype was
+    /// given and the configuration cannot be loaded (an unknown key, a bad value).
     #[track_caller]
     pub fn build(self) -> Result<Context> {
-        check_default_dtype(self.dtype, Location::caller())?;
+        let at = Location::caller();
+        let (dtype, dtype_origin) = match (self.dtype, self.config) {
+            (Some(d), _) => (d, ConfigSource::Builder),
+            (None, Some(cfg)) => from_config(&cfg),
+            (None, None) => {
+                from_config(&Config::load().map_err(ndfuse_runtime::RuntimeError::from)?)
+            }
+        };
+        check_default_dtype(dtype, at)?;
         Ok(Context(Arc::new(RwLock::new(Settings {
-            dtype: self.dtype,
+            dtype,
+            dtype_origin,
             backend: self.backend,
         }))))
     }
+}
+
+/// The configuration's `default_dtype` and where it came from. The parser accepts only
+/// float dtypes, so the value needs no further check.
+fn from_config(cfg: &Config) -> (DType, ConfigSource) {
+    let origin = cfg
+        .origin("default_dtype")
+        .cloned()
+        .unwrap_or(ConfigSource::Default);
+    (cfg.default_dtype(), origin)
 }
 
 fn check_default_dtype(dtype: DType, at: &'static Location<'static>) -> Result<()> {
@@ -80,10 +117,20 @@ fn check_default_dtype(dtype: DType, at: &'static Location<'static>) -> Result<(
 }
 
 impl Context {
-    /// A context with default dtype f32 and the auto backend.
+    /// A context with the auto backend and the configured default dtype
+    /// (`default_dtype`: `NDFUSE_DEFAULT_DTYPE`, else `ndfuse.toml`, else f32).
+    ///
+    /// A configuration that cannot be loaded (an unknown key, a bad value) gives f32
+    /// here; every `eval` loads the configuration too and returns that error, so the
+    /// mistake is reported rather than lost. [`ContextBuilder::build`] returns it at once.
     pub fn new() -> Context {
+        let (dtype, dtype_origin) = match Config::load() {
+            Ok(cfg) => from_config(&cfg),
+            Err(_) => (DType::F32, ConfigSource::Default),
+        };
         Context(Arc::new(RwLock::new(Settings {
-            dtype: DType::F32,
+            dtype,
+            dtype_origin,
             backend: BackendKind::Auto,
         })))
     }
@@ -91,7 +138,8 @@ impl Context {
     /// A builder for a context with other settings.
     pub fn builder() -> ContextBuilder {
         ContextBuilder {
-            dtype: DType::F32,
+            dtype: None,
+            config: None,
             backend: BackendKind::Auto,
         }
     }
@@ -114,9 +162,23 @@ impl Context {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The dtype constructors use when none is given.
+    /// The dtype constructors and float literals use when none is given.
     pub fn default_dtype(&self) -> DType {
         self.settings().dtype
+    }
+
+    /// Where the default dtype came from: [`ConfigSource::Builder`] when code chose it
+    /// (the builder or [`Context::set_default_dtype`]), else the configuration's source
+    /// of `default_dtype` (an environment variable, the file, or the default).
+    ///
+    /// ```
+    /// use ndfuse::{Context, ConfigSource, DType};
+    /// let ctx = Context::builder().dtype(DType::F16).build()?;
+    /// assert_eq!(ctx.dtype_origin(), ConfigSource::Builder);
+    /// # Ok::<(), ndfuse::Error>(())
+    /// ```
+    pub fn dtype_origin(&self) -> ConfigSource {
+        self.settings().dtype_origin.clone()
     }
 
     /// Sets the default dtype, like ND4J's `setDTypeForContext`. Affects tensors made
@@ -124,7 +186,9 @@ impl Context {
     #[track_caller]
     pub fn set_default_dtype(&self, dtype: DType) -> Result<()> {
         check_default_dtype(dtype, Location::caller())?;
-        self.settings_mut().dtype = dtype;
+        let mut s = self.settings_mut();
+        s.dtype = dtype;
+        s.dtype_origin = ConfigSource::Builder;
         Ok(())
     }
 

@@ -38,7 +38,7 @@ pub use array::Array;
 pub use context::{Context, ContextBuilder, Report};
 pub use error::{Error, Result};
 pub use ndfuse_ir::{DType, ReduceOp};
-pub use ndfuse_runtime::{BackendKind, CacheStats};
+pub use ndfuse_runtime::{BackendKind, CacheStats, Config, ConfigSource};
 pub use ops::{where_, Axes, Operand, SliceArg};
 pub use tensor::Tensor;
 
