@@ -1,0 +1,1 @@
+// empty: the emulator's types are in cuda_emu.h

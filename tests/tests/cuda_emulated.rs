@@ -1,0 +1,409 @@
+//! The emitted CUDA C *run*, without a GPU: each kernel of the fusion catalogue and of
+//! the strategy graphs is compiled with the host's C++ compiler against a small CUDA
+//! emulator (`tests/cuda_emu/cuda_emu.h`: a block's threads are OS threads, so barriers,
+//! warp shuffles and shared memory behave as on a GPU) and its outputs are compared with
+//! the reference interpreter's evaluation of the same kernel description
+//! (`ndfuse_ir::interp::eval_kernel`) on random inputs.
+//!
+//! This checks what the snapshots and NVRTC cannot: indexing, the row programs' sweeps,
+//! the tree combines, split reductions through scratch memory, grid-stride loops (grids
+//! are capped at a few blocks here so that every loop takes several turns), and the
+//! half conversions. It says nothing about speed, and the math functions are the host's
+//! (glibc), not CUDA's; `cuda_exec.rs` covers those on a real GPU.
+//!
+//! Needs a C++20 compiler (`$CXX`, else `g++`); without one the tests print why and
+//! pass.
+//!
+//! Tolerances: ints and bools exact; f64 1e-12; f32 2e-5 relative (sums combine in a
+//! tree, the reference compensates in f64); f16 / bf16 one step of their precision
+//! (values are computed in f32 and rounded once, as in the reference).
+
+use ndfuse::{Context, DType, Tensor};
+use ndfuse_codegen_cuda::{emit, CudaKernel, CudaOptions};
+use ndfuse_ir::{HostArray, Kernel, Shape, Storage};
+use ndfuse_passes::TargetDesc;
+use ndfuse_tests::catalogue::CATALOGUE;
+use std::alloc::Layout;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn compiler() -> Option<String> {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let ok = Command::new(&cxx)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(cxx)
+}
+
+fn emu_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda_emu")
+}
+
+/// A zeroed, 64-byte aligned byte buffer (wide vector loads need their alignment).
+struct Aligned {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+impl Aligned {
+    fn new(bytes: usize, fill: u8) -> Aligned {
+        let layout = Layout::from_size_align(bytes.max(64), 64).expect("valid layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        assert!(!ptr.is_null(), "allocation failed");
+        // SAFETY: `ptr` is valid for `layout.size()` bytes.
+        unsafe { std::ptr::write_bytes(ptr, fill, layout.size()) };
+        Aligned { ptr, layout }
+    }
+
+    fn bytes(&self, n: usize) -> &[u8] {
+        assert!(n <= self.layout.size());
+        // SAFETY: `ptr` is valid and initialised for `layout.size()` bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr, n) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `new`.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// Random data for a buffer: floats normal around 0.5, ints in -1000..1000, bools.
+fn random_input(dtype: DType, len: usize, seed: u64) -> HostArray {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let shape = Shape::new([len]);
+    match dtype {
+        DType::I32 | DType::I64 => {
+            let v: Vec<i64> = (0..len).map(|_| (next() % 2001) as i64 - 1000).collect();
+            HostArray::new(shape, Storage::from_i64s(dtype, &v)).expect("length matches")
+        }
+        DType::Bool => {
+            let v: Vec<bool> = (0..len).map(|_| next() % 2 == 0).collect();
+            HostArray::new(shape, Storage::Bool(v)).expect("length matches")
+        }
+        _ => {
+            let v: Vec<f64> = (0..len)
+                .map(|_| {
+                    let u = (next() >> 11) as f64 / (1u64 << 53) as f64;
+                    let w = (next() >> 11) as f64 / (1u64 << 53) as f64;
+                    0.5 + 2.0
+                        * (-2.0 * (u.max(1e-300)).ln()).sqrt()
+                        * (std::f64::consts::TAU * w).cos()
+                })
+                .collect();
+            HostArray::from_f64s(dtype, shape, &v)
+        }
+    }
+}
+
+/// A host array of `dtype` from the bytes a kernel wrote; `Err` for a bool byte that is
+/// neither 0 nor 1 (an element the kernel never wrote).
+fn from_bytes(dtype: DType, len: usize, bytes: &[u8]) -> Result<HostArray, String> {
+    if dtype == DType::Bool {
+        let v: Result<Vec<bool>, String> = bytes[..len]
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| match b {
+                0 => Ok(false),
+                1 => Ok(true),
+                _ => Err(format!("bool element {i} is byte {b:#x}: never written")),
+            })
+            .collect();
+        return Ok(HostArray::new(Shape::new([len]), Storage::Bool(v?)).expect("length matches"));
+    }
+    let mut st = Storage::zeros(dtype, len);
+    let n = len * dtype.size_bytes();
+    // SAFETY: `st` holds `len` elements of `dtype`, `n` bytes at `as_mut_ptr`; every bit
+    // pattern is a valid f16/bf16/f32/f64/i32/i64.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), st.as_mut_ptr(), n) };
+    Ok(HostArray::new(Shape::new([len]), st).expect("length matches"))
+}
+
+fn tolerance(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::F64 => (1e-12, 1e-12),
+        DType::F32 => (2e-5, 2e-5),
+        DType::F16 => (2e-3, 2e-3),
+        DType::BF16 => (1.6e-2, 1.6e-2),
+        _ => (0.0, 0.0),
+    }
+}
+
+type Launch = unsafe extern "C" fn(*const (), u32, u32, u32, i32, *const *mut u8) -> i32;
+
+/// Builds every kernel of `cks` into one library: each source in its own namespace
+/// with its functions renamed `b{i}_...`, so that one compiler run serves them all.
+fn build(cxx: &str, dir: &Path, cks: &[&CudaKernel]) -> libloading::Library {
+    // A fresh name per build: a library once loaded may stay mapped (it has
+    // thread-locals), so a path is never reused.
+    static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let src = dir.join(format!("batch-{n}.cu"));
+    let so = dir.join(format!("batch-{n}.so"));
+    let mut tu = String::new();
+    for (i, ck) in cks.iter().enumerate() {
+        let body: String = ck
+            .source
+            .lines()
+            .filter(|l| !l.starts_with("#include"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        tu.push_str(&format!(
+            "namespace nd_b{i} {{\n{}}}\n",
+            body.replace(&ck.name, &format!("b{i}_{}", ck.name))
+        ));
+    }
+    std::fs::write(&src, &tu).expect("write source");
+    let emu = emu_dir();
+    let out = Command::new(cxx)
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-pthread",
+            "-w",
+            "-x",
+            "c++",
+        ])
+        .arg("-I")
+        .arg(&emu)
+        .arg("-include")
+        .arg(emu.join("cuda_emu.h"))
+        .arg(&src)
+        .arg("-o")
+        .arg(&so)
+        .output()
+        .expect("run the C++ compiler");
+    assert!(
+        out.status.success(),
+        "the emulator build failed:\n{}\n{tu}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // SAFETY: the library was just built from the emulator and emitted sources; loading
+    // it runs no initialisers beyond C++ statics.
+    unsafe { libloading::Library::new(&so) }.expect("load the emulated kernels")
+}
+
+/// Runs kernel `i` of a [`build`] on `inputs` and returns its outputs.
+fn run_emulated(
+    lib: &libloading::Library,
+    i: usize,
+    kernel: &Kernel,
+    ck: &CudaKernel,
+    inputs: &[HostArray],
+) -> Vec<HostArray> {
+    let mut bufs: Vec<Aligned> = Vec::new();
+    for a in inputs {
+        let n = a.len() * a.dtype().size_bytes();
+        let b = Aligned::new(n, 0);
+        // SAFETY: `b` holds at least `n` bytes; the storage holds exactly `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(a.storage().as_ptr(), b.ptr, n) };
+        bufs.push(b);
+    }
+    // Outputs and scratch start as 0xff bytes: NaN floats, -1 ints, invalid bools, so an
+    // element a kernel forgets to write shows.
+    for o in &kernel.outputs {
+        bufs.push(Aligned::new(o.len * o.dtype.size_bytes(), 0xff));
+    }
+    if ck.scratch_bytes > 0 {
+        bufs.push(Aligned::new(ck.scratch_bytes, 0xff));
+    }
+    let args: Vec<*mut u8> = bufs.iter().map(|b| b.ptr).collect();
+    // SAFETY: `nd_emu_launch` is defined by cuda_emu.h with exactly this signature.
+    let launch: libloading::Symbol<Launch> =
+        unsafe { lib.get(b"nd_emu_launch\0") }.expect("nd_emu_launch");
+    for l in &ck.launches {
+        let name = format!("b{i}_{}\0", l.function);
+        // SAFETY: every emitted function takes only pointer parameters; it is called
+        // through `nd_emu_launch` with one pointer per parameter.
+        let f: libloading::Symbol<*const ()> =
+            unsafe { lib.get(name.as_bytes()) }.expect("kernel function");
+        // SAFETY: `args` holds one live, 64-byte aligned buffer per parameter (inputs,
+        // outputs, scratch), each at least as large as the kernel description says.
+        let rc = unsafe {
+            launch(
+                *f,
+                l.grid,
+                l.block.0,
+                l.block.1,
+                args.len() as i32,
+                args.as_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "{}: bad launch shape", l.function);
+    }
+    let first_out = inputs.len();
+    kernel
+        .outputs
+        .iter()
+        .enumerate()
+        .map(|(o_i, o)| {
+            let bytes = bufs[first_out + o_i].bytes(o.len * o.dtype.size_bytes());
+            from_bytes(o.dtype, o.len, bytes)
+                .unwrap_or_else(|e| panic!("{} output {o_i}: {e}\n{}", ck.name, ck.source))
+        })
+        .collect()
+}
+
+/// Emits, builds (in one library) and runs every `(kernel, options, label)`, comparing
+/// each with the reference.
+fn check_kernels(cxx: &str, dir: &Path, items: &[(Kernel, CudaOptions, String)]) {
+    let cks: Vec<CudaKernel> = items
+        .iter()
+        .map(|(k, o, what)| emit(k, o).unwrap_or_else(|e| panic!("{what}: {e}")))
+        .collect();
+    let lib = build(cxx, dir, &cks.iter().collect::<Vec<_>>());
+    for (i, ((kernel, _, what), ck)) in items.iter().zip(&cks).enumerate() {
+        let inputs: Vec<HostArray> = kernel
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(j, b)| random_input(b.dtype, b.len, 1 + j as u64))
+            .collect();
+        let refs: Vec<&HostArray> = inputs.iter().collect();
+        let want =
+            ndfuse_ir::interp::eval_kernel(kernel, &refs).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let got = run_emulated(&lib, i, kernel, ck, &inputs);
+        for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (rtol, atol) = tolerance(g.dtype());
+            let (gv, wv) = (g.to_f64s(), w.to_f64s());
+            assert_eq!(gv.len(), wv.len(), "{what}: output {o} length");
+            for (e, (a, b)) in gv.iter().zip(&wv).enumerate() {
+                let ok = (a.is_nan() && b.is_nan())
+                    || a == b
+                    || (a.is_finite() && b.is_finite() && (a - b).abs() <= atol + rtol * b.abs());
+                assert!(
+                    ok,
+                    "{what}: {} output {o} element {e}: emulated CUDA {a:e}, reference {b:e}\n{}",
+                    ck.name, ck.source
+                );
+            }
+        }
+    }
+}
+
+fn kernels_of(ctx: &Context, outs: &[Tensor]) -> Vec<Kernel> {
+    let refs: Vec<&Tensor> = outs.iter().collect();
+    let g = ctx.graph(&refs).expect("builds");
+    ndfuse_passes::schedule_for(&g, &TargetDesc::cuda())
+        .kernels()
+        .cloned()
+        .collect()
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ndfuse-cuda-emu-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// Grids capped at a few blocks, so every grid-stride loop takes several turns.
+const SMALL_GRID: CudaOptions = CudaOptions {
+    max_block_size: 256,
+    max_grid_size: 7,
+};
+
+#[test]
+fn every_catalogue_kernel_computes_what_the_reference_does() {
+    let Some(cxx) = compiler() else {
+        eprintln!("skipped: no C++ compiler ($CXX or g++) to build the CUDA emulator");
+        return;
+    };
+    let dir = scratch_dir("catalogue");
+    let mut items = Vec::new();
+    for case in CATALOGUE {
+        let ctx = Context::new();
+        let outs = (case.build)(&ctx);
+        for k in kernels_of(&ctx, &outs) {
+            items.push((k, SMALL_GRID, case.name.to_string()));
+        }
+    }
+    check_kernels(&cxx, &dir, &items);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn every_strategy_computes_what_the_reference_does() {
+    let Some(cxx) = compiler() else {
+        eprintln!("skipped: no C++ compiler ($CXX or g++) to build the CUDA emulator");
+        return;
+    };
+    let dir = scratch_dir("strategies");
+    let ctx = Context::new();
+    let x = |shape: &[usize]| ctx.rand_normal(shape, 0.5, 2.0, shape.iter().sum::<usize>() as u64);
+    let h = x(&[4096]).cast(DType::F16);
+    let cases: Vec<(&str, Vec<Tensor>)> = vec![
+        (
+            "softmax rows of 4096 in registers",
+            vec![x(&[6, 4096]).softmax(-1)],
+        ),
+        (
+            "softmax rows of 9000, three passes",
+            vec![x(&[3, 9000]).softmax(-1)],
+        ),
+        (
+            "layernorm rows of 1024",
+            vec![x(&[9, 1024]).layernorm(-1, 1e-5)],
+        ),
+        ("full sum, split", vec![x(&[1 << 17]).sum(0)]),
+        ("full var, split in two sweeps", vec![x(&[70_000]).var(0)]),
+        (
+            "argmax of long rows, split",
+            vec![x(&[3, 50_000]).argmax(1)],
+        ),
+        ("column sum, tile", vec![x(&[300, 70]).sum(0)]),
+        ("middle axis sum, tile", vec![x(&[5, 64, 40]).sum(1)]),
+        (
+            "outer axes sum, warp",
+            vec![x(&[4, 16, 33]).sum(vec![0i64, 2])],
+        ),
+        ("rows of 7, thread per row", vec![x(&[100, 7]).max(1)]),
+        (
+            "broadcast, vectorised",
+            vec![&(&x(&[64, 512]) * &x(&[512])) + &x(&[64, 1])],
+        ),
+        ("odd sizes, scalar loop", vec![(&x(&[37, 3]) * 2.0).exp()]),
+        ("f16 gelu, vectorised", vec![h.gelu()]),
+        (
+            "bf16 softmax",
+            vec![x(&[8, 300]).cast(DType::BF16).softmax(-1)],
+        ),
+        (
+            "int max and sum",
+            vec![
+                x(&[40, 100]).cast(DType::I32).max(1),
+                x(&[40, 100]).cast(DType::I64).sum(0),
+            ],
+        ),
+        ("argmin with a sibling sum", {
+            let a = x(&[50, 40]);
+            vec![a.argmin(1), a.sum(1)]
+        }),
+    ];
+    let mut items = Vec::new();
+    for (name, outs) in &cases {
+        for opts in [
+            SMALL_GRID,
+            CudaOptions {
+                max_block_size: 64,
+                max_grid_size: 3,
+            },
+        ] {
+            for k in kernels_of(&ctx, outs) {
+                items.push((k, opts, format!("{name} ({opts:?})")));
+            }
+        }
+    }
+    check_kernels(&cxx, &dir, &items);
+    let _ = std::fs::remove_dir_all(&dir);
+}
