@@ -42,5 +42,6 @@ pub use emit::{emit, CudaKernel, CudaOptions, Launch};
 pub use error::CudaError;
 #[cfg(feature = "nvrtc")]
 pub use nvrtc::{
-    compile, include_dirs, nvrtc_version, CompileOptions, Compiled, ImageKind, Origin,
+    clear_memory_cache, compile, include_dirs, nvrtc_version, CompileOptions, Compiled, ImageKind,
+    Origin,
 };

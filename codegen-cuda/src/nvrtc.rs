@@ -139,6 +139,12 @@ fn memory_cache() -> &'static MemoryCache {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// Empties the in-memory cache (the disk cache stays): the next [`compile`] of each
+/// kernel reads the disk cache or runs NVRTC. For tests and benchmarks of those paths.
+pub fn clear_memory_cache() {
+    memory_cache().lock().expect("cache lock").clear();
+}
+
 /// FNV-1a, 64 bits: stable across releases and platforms, for file names only (a
 /// collision is caught by comparing the saved source).
 fn fnv1a(bytes: &[u8]) -> u64 {

@@ -8,7 +8,10 @@
 //! a failure. Running the kernels needs a GPU: see `cuda_exec.rs`.
 
 use ndfuse::{Context, DType, Tensor};
-use ndfuse_codegen_cuda::{compile, emit, nvrtc_version, CompileOptions, CudaKernel, CudaOptions};
+use ndfuse_codegen_cuda::{
+    clear_memory_cache, compile, emit, nvrtc_version, CompileOptions, CudaError, CudaKernel,
+    CudaOptions, Origin,
+};
 use ndfuse_passes::TargetDesc;
 use ndfuse_tests::catalogue::CATALOGUE;
 
@@ -181,4 +184,78 @@ fn every_strategy_compiles_with_nvrtc() {
     for (name, outs, ctx) in strategies() {
         compile_all(&cuda_kernels(&ctx, &outs), name);
     }
+}
+
+/// A kernel no other test compiles (its constant is unique), so caches start cold.
+fn unique_kernel(tag: f64) -> CudaKernel {
+    let ctx = Context::new();
+    let y = (zeros(&ctx, &[1000]) * tag).exp();
+    cuda_kernels(&ctx, &[y]).remove(0)
+}
+
+#[test]
+fn a_disk_cache_hit_loads_a_kernel_without_nvrtc_in_under_5_ms() {
+    if !nvrtc_or_skip("a_disk_cache_hit_loads_a_kernel_without_nvrtc_in_under_5_ms") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ndfuse-kcache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut opts = CompileOptions::for_capability(8, 0);
+    opts.cache_dir = Some(dir.clone());
+    let k = unique_kernel(1.234_567);
+    let first = compile(&k, &opts).expect("compiles");
+    assert_eq!(first.origin, Origin::Nvrtc);
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .expect("cache dir exists")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(files.iter().any(|f| f.ends_with(".cubin")), "{files:?}");
+    assert!(files.iter().any(|f| f.ends_with(".cu")), "{files:?}");
+    assert!(
+        files
+            .iter()
+            .all(|f| f.contains("nvrtc") && f.contains("sm_80")),
+        "named by NVRTC version and arch: {files:?}"
+    );
+    clear_memory_cache();
+    let second = compile(&k, &opts).expect("loads");
+    assert_eq!(second.origin, Origin::Disk);
+    assert_eq!(second.image, first.image);
+    assert!(
+        second.millis < 5.0,
+        "a disk hit took {:.3} ms (NVRTC took {:.3} ms)",
+        second.millis,
+        first.millis
+    );
+    eprintln!(
+        "NVRTC compile {:.2} ms, disk-cache load {:.3} ms",
+        first.millis, second.millis
+    );
+    // Another arch is another entry, never the sm_80 image.
+    let mut other = opts.clone();
+    other.arch = "sm_90".into();
+    clear_memory_cache();
+    let third = compile(&k, &other).expect("compiles");
+    assert_eq!(third.origin, Origin::Nvrtc);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_nvrtc_error_carries_the_log_and_the_saved_source() {
+    if !nvrtc_or_skip("an_nvrtc_error_carries_the_log_and_the_saved_source") {
+        return;
+    }
+    let mut k = unique_kernel(7.654_321);
+    k.source.push_str("\nthis is not CUDA;\n");
+    let err = compile(&k, &CompileOptions::for_capability(9, 0)).expect_err("bad source");
+    let CudaError::Compile {
+        log, source_path, ..
+    } = &err
+    else {
+        panic!("not a compile error: {err}");
+    };
+    assert!(log.contains("error"), "{log}");
+    let saved = std::fs::read_to_string(source_path).expect("the source is saved");
+    assert_eq!(saved, k.source);
+    assert!(err.to_string().contains(&source_path.display().to_string()));
 }
