@@ -194,6 +194,7 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
     let mut fctx = FunctionBuilderContext::new();
     let sig = lower::kernel_signature(module);
     let layout = lower::SplitLayout::of(kernel);
+    let band = lower::ColumnBand::of(kernel).is_some();
     let phases = layout.as_ref().map_or(vec![Phase::Whole], |l| l.phases());
     let mut clif = String::new();
     let mut ids = Vec::with_capacity(phases.len());
@@ -239,11 +240,16 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
                 (Some(l), _) => (Unit::Rows, 1, l.splits),
                 (None, _) => (unit, 1, kernel.row_len()),
             };
+            // A band kernel's call covers whole bands of columns (but the last).
+            let mut chunk = chunk_units(unit, unit_len);
+            if band {
+                chunk = chunk.next_multiple_of(lower::BAND);
+            }
             Stage {
                 entry,
                 per_row,
                 extent: extent * per_row,
-                chunk: chunk_units(unit, unit_len),
+                chunk,
             }
         })
         .collect();

@@ -27,10 +27,12 @@ use cranelift_module::{FuncId, Linkage, Module};
 use ndfuse_ir::{BinaryOp, DKind, DType, Expr, Kernel, Scalar, UnaryOp, View};
 use std::collections::BTreeMap;
 
+mod columns;
 mod rows;
 mod split;
 mod vector;
 
+pub(crate) use columns::{ColumnBand, BAND};
 pub(crate) use split::{Phase, SplitLayout};
 
 /// The signature of every kernel: `(ptrs: *const *mut u8, start: i64, end: i64)`.
@@ -143,6 +145,9 @@ impl<M: Module> Lowering<'_, '_, M> {
         let params = self.b.block_params(entry).to_vec();
         let (ptrs, start, end) = (params[0], params[1], params[2]);
         if !kernel.reduce_axes.is_empty() {
+            if let (Phase::Whole, Some(band)) = (phase, ColumnBand::of(kernel)) {
+                return self.column_kernel(kernel, &band, (ptrs, start, end));
+            }
             let split = SplitLayout::of(kernel);
             return self.row_kernel(kernel, (ptrs, start, end), phase, split.as_ref());
         }

@@ -790,6 +790,101 @@ fn vector_max_and_min_keep_nan_and_signed_zeros() {
     }
 }
 
+/// `[rows, cols]` reduced over axis 0 with the Columns plan: sums, max, min of an
+/// element expression with a column-broadcast operand (one element per row for every
+/// column) and a sliced input, and the mean as an epilogue.
+fn column_program(dtype: DType, rows: usize, cols: usize) -> Kernel {
+    let mut kb = KernelBuilder::new("k0_cols", &[rows, cols]);
+    kb.reduce_over(&[0]);
+    kb.plan(Plan::Columns {
+        cols,
+        col_len: rows,
+    });
+    let x = kb.load(dtype);
+    // y[1:, 2:] of a [rows + 1, cols + 2] buffer.
+    let y = kb.load_view(
+        dtype,
+        (rows + 1) * (cols + 2),
+        view(&[rows, cols], &[cols as isize + 2, 1], cols as isize + 4),
+    );
+    let b = kb.load_view(dtype, rows, view(&[rows, cols], &[1, 0], 0));
+    let xy = kb.binary(BinaryOp::Mul, x, y);
+    let e = kb.binary(BinaryOp::Sub, xy, b);
+    let s = kb.reduce(Accumulate::Sum, x);
+    let n = kb.constant(dtype, Scalar::F(rows as f64).cast(dtype));
+    let mean = kb.binary(BinaryOp::Div, s, n);
+    let se = kb.reduce(Accumulate::Sum, e);
+    let mx = kb.reduce(Accumulate::Max, e);
+    let mn = kb.reduce(Accumulate::Min, x);
+    for r in [mean, se, mx, mn] {
+        kb.store_rows(r);
+    }
+    kb.build()
+}
+
+#[test]
+fn column_bands_match_row_by_row_bit_for_bit() {
+    // Widths below one vector, with scalar columns after the vectors, spanning bands.
+    for dtype in [DType::F32, DType::F64] {
+        for (t, &(rows, cols)) in [(5usize, 3usize), (7, 13), (33, 300), (3, 517), (2, 8)]
+            .iter()
+            .enumerate()
+        {
+            let k = column_program(dtype, rows, cols);
+            assert!(
+                compiled(&k).clif().contains("stack_addr"),
+                "the band loop: {}",
+                k.plan
+            );
+            let seed = 79 + t as u64;
+            let x = host(dtype, &[rows, cols], &values(dtype, rows * cols, seed));
+            let ny = (rows + 1) * (cols + 2);
+            let y = host(dtype, &[ny], &values(dtype, ny, seed + 1));
+            let b = host(dtype, &[rows], &values(dtype, rows, seed + 2));
+            let inputs = [&x, &y, &b];
+            compare(&k, &inputs, Tol::Accumulated);
+            // The same additions in the same order as one column at a time.
+            let mut by_rows = k.clone();
+            by_rows.plan = Plan::Rows {
+                rows: cols,
+                row_len: rows,
+                contiguous: false,
+            };
+            let (got, want) = (run(&k, &inputs), run(&by_rows, &inputs));
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(g.storage(), w.storage(), "{rows} x {cols}");
+            }
+        }
+    }
+}
+
+#[test]
+fn column_programs_outside_the_band_loop_still_run() {
+    // Two sweeps (the variance of columns) and an element store: row by row.
+    for dtype in [DType::F32, DType::F64] {
+        let (rows, cols) = (9, 21);
+        let mut kb = KernelBuilder::new("k0_colvar", &[rows, cols]);
+        kb.reduce_over(&[0]);
+        kb.plan(Plan::Columns {
+            cols,
+            col_len: rows,
+        });
+        let x = kb.load(dtype);
+        let s = kb.reduce(Accumulate::Sum, x);
+        let n = kb.constant(dtype, Scalar::F(rows as f64).cast(dtype));
+        let mean = kb.binary(BinaryOp::Div, s, n);
+        let d = kb.binary(BinaryOp::Sub, x, mean);
+        let d2 = kb.unary(UnaryOp::Square, d);
+        let ss = kb.reduce(Accumulate::Sum, d2);
+        kb.store_rows(ss);
+        kb.store(d);
+        let k = kb.build();
+        assert!(!compiled(&k).clif().contains("stack_addr"));
+        let x = host(dtype, &[rows, cols], &values(dtype, rows * cols, 89));
+        compare(&k, &[&x], Tol::Accumulated);
+    }
+}
+
 #[test]
 fn run_range_counts_rows() {
     let mut kb = KernelBuilder::new("k0_range", &[7, 3, 5]);

@@ -73,7 +73,7 @@ pub(super) fn schedule(kernel: &Kernel) -> Schedule {
 
 /// The element values a sweep must compute: `targets` and their element-level operands,
 /// transitively (row-level operands are already computed before the sweep).
-fn element_closure(kernel: &Kernel, levels: &[Level], targets: &[usize]) -> Vec<bool> {
+pub(super) fn element_closure(kernel: &Kernel, levels: &[Level], targets: &[usize]) -> Vec<bool> {
     let mut need = vec![false; kernel.body.len()];
     for &t in targets {
         if levels[t] == Level::Element {
@@ -93,7 +93,7 @@ fn element_closure(kernel: &Kernel, levels: &[Level], targets: &[usize]) -> Vec<
 }
 
 /// `view` restricted to `axes` (shape, strides) with offset `offset`.
-fn restrict(view: &View, axes: &[usize], offset: isize) -> View {
+pub(super) fn restrict(view: &View, axes: &[usize], offset: isize) -> View {
     View {
         shape: Shape::new(
             axes.iter()

@@ -67,26 +67,33 @@ pub(super) fn sweep_type(
         }
         let ok = match &ins.expr {
             Expr::Load { .. } => matches!(env.ix.loads[v], Some((_, Access::Contiguous))),
-            Expr::Unary(op, _) => matches!(
-                op,
-                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Square
-            ),
-            Expr::Binary(op, _, _) => matches!(
-                op,
-                BinaryOp::Add
-                    | BinaryOp::Sub
-                    | BinaryOp::Mul
-                    | BinaryOp::Div
-                    | BinaryOp::Max
-                    | BinaryOp::Min
-            ),
-            _ => false,
+            e => vector_op(e),
         };
         if !ok {
             return None;
         }
     }
     Some(vt)
+}
+
+/// Whether `expr`, an element op, has a vector form here (on float vectors).
+pub(super) fn vector_op(expr: &Expr) -> bool {
+    match expr {
+        Expr::Unary(op, _) => matches!(
+            op,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Square
+        ),
+        Expr::Binary(op, _, _) => matches!(
+            op,
+            BinaryOp::Add
+                | BinaryOp::Sub
+                | BinaryOp::Mul
+                | BinaryOp::Div
+                | BinaryOp::Max
+                | BinaryOp::Min
+        ),
+        _ => false,
+    }
 }
 
 impl<M: Module> Lowering<'_, '_, M> {

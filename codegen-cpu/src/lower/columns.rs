@@ -1,0 +1,426 @@
+//! The band loop of `Plan::Columns`: the reduced axes lead and the kept ones trail, so
+//! a call accumulates a contiguous band of kept positions (columns) at once while it
+//! sweeps down the reduced axes, reading each row of the band as one run of memory.
+//!
+//! ```text
+//! block0(ptrs, start, end):  brif start < end, pre, exit
+//! pre:        buffer pointers, constants (and their vector splats); an accumulator
+//!             array of BAND columns per reduction, on the stack
+//! band(b):    w = min(end - b, BAND); every accumulator := the identity
+//!   j loop:   for j in 0..col_len: the reduced part of every load's offset at j
+//!     vector: for c in (0..w - w % W).step_by(W): elements (j, b+c .. b+c+W) as
+//!             vectors, acc[c..c+W] = acc[c..c+W] (+) x
+//!     scalar: for c in w - w % W..w: the same, one column at a time
+//!   columns:  for c in 0..w: the results acc[c] -> row values -> per-row stores at b+c
+//!   brif b + BAND < end, band(b + BAND), exit
+//! ```
+//!
+//! Every column accumulates its elements in row order (`j = 0, 1, ...`), exactly as the
+//! row-by-row lowering does, so results are bit-identical to it and to any cut of the
+//! columns into bands or threads.
+//!
+//! The band loop covers the common column programs: one sweep of plain float
+//! reductions (sum, product, max, min, and what is built from them: mean, norms) whose
+//! element values have vector forms (`vector::vector_op`), loads contiguous across the
+//! columns (or one element for all of them), and per-row stores only. A kernel outside
+//! that (two sweeps, as std of columns; arg reductions; element stores; row-level
+//! loads) is lowered row by row (`rows`), reading its columns with strides: correct,
+//! and rare enough in practice not to pay for a second band loop here.
+
+use super::rows::{per_row, schedule, Bound};
+use super::vector::vector_op;
+use super::{Lowering, Offset};
+use crate::index::{self, Access, IndexPlan};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{
+    types, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Type, Value,
+};
+use cranelift_module::Module;
+use ndfuse_ir::{Accumulate, DType, Expr, Kernel, Level, Plan, Shape, View};
+
+/// Columns per band: each row of a band is a run of 4 KiB (f32; 8 KiB of f64), a page,
+/// which the prefetcher streams (256 columns, 1 KiB runs, ran 3x slower on [4096,4096]
+/// f32; 4096 columns left one band for two threads); the accumulators (4 KiB of f32 a
+/// reduction) stay in L1. A multiple of every vector width and of `UNROLL` vectors.
+pub(crate) const BAND: usize = 1024;
+
+/// Vectors per iteration of the band loop: fewer loop and address instructions per
+/// vector (the loop is bound by them, not by memory, at one vector an iteration).
+const UNROLL: i64 = 4;
+
+/// How a load of a band kernel finds column `col`'s element.
+#[derive(Clone, Copy)]
+enum Across {
+    /// At `col + offset` plus the reduced part: contiguous across columns.
+    Contiguous(i64),
+    /// At `offset` plus the reduced part, the same element for every column.
+    Fixed(i64),
+}
+
+/// A kernel the band loop applies to, and what lowering it needs.
+pub(crate) struct ColumnBand {
+    /// Float type of every element value and reduction.
+    dtype: DType,
+    /// Plan of the reduced axes (the position `j` down a column).
+    red: IndexPlan,
+    /// Per instruction that is a load: across columns, and along the reduced axes.
+    loads: Vec<Option<(Across, Access)>>,
+    /// Element values the sweep computes.
+    need: Vec<bool>,
+    /// The reductions, in body order.
+    reduces: Vec<(usize, Accumulate, usize)>,
+}
+
+impl ColumnBand {
+    /// The band plan of `kernel`, or `None` when it is lowered row by row (see the
+    /// module docs for what the band loop covers).
+    pub(crate) fn of(kernel: &Kernel) -> Option<ColumnBand> {
+        if !matches!(kernel.plan, Plan::Columns { .. }) {
+            return None;
+        }
+        let (rows, row_len) = (kernel.rows(), kernel.row_len());
+        if rows == 0 || row_len == 0 || schedule(kernel).sweeps != 1 {
+            return None;
+        }
+        let levels = kernel.levels();
+        if kernel.stores.iter().any(|s| !per_row(kernel, &levels, s)) {
+            return None;
+        }
+        let mut reduces = Vec::new();
+        let mut dtype = None;
+        for (v, ins) in kernel.body.iter().enumerate() {
+            match &ins.expr {
+                Expr::Reduce(acc, x) => {
+                    reduces.push((v, *acc, x.index()));
+                    if *dtype.get_or_insert(ins.dtype) != ins.dtype {
+                        return None;
+                    }
+                }
+                Expr::ArgReduce(..) => return None,
+                Expr::Load { .. } if levels[v] == Level::Row => return None,
+                _ => {}
+            }
+        }
+        let dtype = dtype?;
+        if !matches!(dtype, DType::F32 | DType::F64) {
+            return None;
+        }
+        let targets: Vec<usize> = reduces.iter().map(|&(_, _, x)| x).collect();
+        let need = super::rows::element_closure(kernel, &levels, &targets);
+
+        // Index plans of the kept axes (across columns) and of the reduced ones.
+        let rank = kernel.domain.rank();
+        let kept_axes: Vec<usize> = (0..rank)
+            .filter(|a| !kernel.reduce_axes.contains(a))
+            .collect();
+        let dims = kernel.domain.dims();
+        let shape_of =
+            |axes: &[usize]| Shape::new(axes.iter().map(|&a| dims[a]).collect::<Vec<_>>());
+        let mut kept_views = Vec::new();
+        let mut red_views = Vec::new();
+        for ins in &kernel.body {
+            if let Expr::Load { view, .. } = &ins.expr {
+                kept_views.push(super::rows::restrict(view, &kept_axes, view.offset));
+                red_views.push(super::rows::restrict(view, &kernel.reduce_axes, 0));
+            }
+        }
+        let kept_refs: Vec<&View> = kept_views.iter().collect();
+        let red_refs: Vec<&View> = red_views.iter().collect();
+        let (kept_plan, kacc) = index::plan(&shape_of(&kept_axes), &kept_refs);
+        let (red, racc) = index::plan(&shape_of(&kernel.reduce_axes), &red_refs);
+        let mut pairs = kacc.into_iter().zip(racc);
+        let mut loads = Vec::with_capacity(kernel.body.len());
+        for (v, ins) in kernel.body.iter().enumerate() {
+            let Expr::Load { .. } = ins.expr else {
+                loads.push(None);
+                continue;
+            };
+            let (kept, red) = pairs.next().expect("one access pair per load");
+            let across = match kept {
+                Access::Contiguous => Across::Contiguous(0),
+                Access::Fixed(at) => Across::Fixed(at),
+                // One group of stride 1: contiguous from an offset (a sliced input).
+                Access::Strided { offset, strides }
+                    if kept_plan.extents.len() == 1 && strides == [1] =>
+                {
+                    Across::Contiguous(offset)
+                }
+                // Not contiguous across columns: fine for a load no sweep needs.
+                Access::Strided { .. } if !need[v] => {
+                    loads.push(None);
+                    continue;
+                }
+                Access::Strided { .. } => return None,
+            };
+            loads.push(Some((across, red)));
+        }
+        for (v, ins) in kernel.body.iter().enumerate() {
+            let load = matches!(ins.expr, Expr::Load { .. });
+            if need[v] && (ins.dtype != dtype || !(load || vector_op(&ins.expr))) {
+                return None;
+            }
+        }
+        Some(ColumnBand {
+            dtype,
+            red,
+            loads,
+            need,
+            reduces,
+        })
+    }
+}
+
+impl<M: Module> Lowering<'_, '_, M> {
+    /// The whole function of a `Columns` kernel that `band` applies to; `start..end`
+    /// are columns (the kernel's rows).
+    pub(super) fn column_kernel(
+        &mut self,
+        kernel: &Kernel,
+        band: &ColumnBand,
+        (ptrs, start, end): (Value, Value, Value),
+    ) -> Result<(), String> {
+        let levels = kernel.levels();
+        let col_len = i64::try_from(kernel.row_len()).expect("row_len fits i64 (supports)");
+        let (ty, vt) = match band.dtype {
+            DType::F32 => (types::F32, types::F32X4),
+            _ => (types::F64, types::F64X2),
+        };
+        let width = i64::from(vt.lane_count());
+        let size = i64::from(ty.bytes());
+        let band_bytes = BAND as i64 * size;
+
+        let pre = self.b.create_block();
+        let head = self.b.create_block();
+        let exit = self.b.create_block();
+        let b0 = self.b.append_block_param(head, types::I64);
+        let nonempty = self.b.ins().icmp(IntCC::SignedLessThan, start, end);
+        self.b.ins().brif(nonempty, pre, &[], exit, &[]);
+
+        // Preheader: pointers, row values (constants only: no row loads here), their
+        // splats, and the accumulators.
+        self.b.switch_to_block(pre);
+        let bases = self.buffer_bases(kernel, ptrs);
+        let (in_bases, out_bases) = bases.split_at(kernel.inputs.len());
+        let mut values: Vec<Option<Value>> = vec![None; kernel.body.len()];
+        let mut splats: Vec<Option<Value>> = vec![None; kernel.body.len()];
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if levels[v] == Level::Row && !matches!(ins.expr, Expr::Reduce(..)) {
+                let stage0 = Kernel::operands(&ins.expr)
+                    .iter()
+                    .all(|x| values[x.index()].is_some());
+                if stage0 {
+                    values[v] = Some(self.compute(kernel, v, &values)?);
+                }
+            }
+        }
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if !band.need[v] {
+                continue;
+            }
+            for x in Kernel::operands(&ins.expr) {
+                let x = x.index();
+                if levels[x] == Level::Row && splats[x].is_none() {
+                    let s = values[x].expect("row values of a band sweep are constants");
+                    splats[x] = Some(self.b.ins().splat(vt, s));
+                }
+            }
+        }
+        let slot_bytes = u32::try_from(band_bytes * band.reduces.len() as i64)
+            .expect("a band's accumulators are a few KiB");
+        let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            slot_bytes,
+            4,
+        ));
+        let accs = self.b.ins().stack_addr(self.ptr_ty, slot, 0);
+        self.b.ins().jump(head, &[start.into()]);
+
+        // One band: columns b0 .. b0 + w.
+        self.b.switch_to_block(head);
+        let left = self.b.ins().isub(end, b0);
+        let band_len = self.iconst(BAND as i64);
+        let w = self.b.ins().smin(left, band_len);
+        let wv = self.b.ins().band_imm_s(w, -width);
+        let wu = self.b.ins().band_imm_s(w, -width * UNROLL);
+        let inits: Vec<Value> = band
+            .reduces
+            .iter()
+            .map(|&(_, acc, _)| {
+                let init = self.acc_init(super::rows::Acc::Plain(acc), band.dtype);
+                self.b.ins().splat(vt, init)
+            })
+            .collect();
+        let zero = self.b.ins().iconst(types::I64, 0);
+        self.counted_loop(
+            zero,
+            Bound::Const(band_bytes),
+            16,
+            false,
+            &[],
+            |lw, at, _| {
+                let addr = lw.b.ins().iadd(accs, at);
+                for (k, &init) in inits.iter().enumerate() {
+                    let imm = (k as i64 * band_bytes) as i32;
+                    lw.b.ins().store(MemFlagsData::trusted(), init, addr, imm);
+                }
+                Ok(Vec::new())
+            },
+        )?;
+
+        // Down the columns: row j of the band, vectors then scalars.
+        let zero = self.b.ins().iconst(types::I64, 0);
+        self.counted_loop(zero, Bound::Const(col_len), 1, false, &[], |lw, j, _| {
+            let ridx = lw.decompose(&band.red, j);
+            let red: Vec<Option<Offset>> = band
+                .loads
+                .iter()
+                .map(|l| l.as_ref().map(|(_, r)| lw.element_offset(r, &ridx, j)))
+                .collect();
+            let zero = lw.b.ins().iconst(types::I64, 0);
+            let env = BandEnv {
+                band,
+                red: &red,
+                in_bases,
+                accs,
+                band_bytes,
+            };
+            let step = width * UNROLL;
+            lw.counted_loop(zero, Bound::Value(wu), step, true, &[], |lw, c, _| {
+                for u in 0..UNROLL {
+                    lw.band_step(kernel, &env, (b0, c, u * width), &splats, vt)?;
+                }
+                Ok(Vec::new())
+            })?;
+            lw.counted_loop(wu, Bound::Value(wv), width, true, &[], |lw, c, _| {
+                lw.band_step(kernel, &env, (b0, c, 0), &splats, vt)?;
+                Ok(Vec::new())
+            })?;
+            lw.counted_loop(wv, Bound::Value(w), 1, true, &[], |lw, c, _| {
+                lw.band_step(kernel, &env, (b0, c, 0), &values, ty)?;
+                Ok(Vec::new())
+            })?;
+            Ok(Vec::new())
+        })?;
+
+        // Each column's results: the row values after the reduction, per-row stores.
+        let zero = self.b.ins().iconst(types::I64, 0);
+        self.counted_loop(zero, Bound::Value(w), 1, false, &[], |lw, c, _| {
+            let r = lw.b.ins().iadd(b0, c);
+            let scaled = lw.b.ins().imul_imm_s(c, size);
+            let at = lw.b.ins().iadd(accs, scaled);
+            let mut vals = values.clone();
+            for (k, &(v, _, _)) in band.reduces.iter().enumerate() {
+                let imm = (k as i64 * band_bytes) as i32;
+                vals[v] = Some(lw.b.ins().load(ty, MemFlagsData::trusted(), at, imm));
+            }
+            for v in 0..kernel.body.len() {
+                if levels[v] == Level::Row && vals[v].is_none() {
+                    vals[v] = Some(lw.compute(kernel, v, &vals)?);
+                }
+            }
+            for st in &kernel.stores {
+                let value = vals[st.value.index()].expect("row values are computed by now");
+                let dtype = kernel.body[st.value.index()].dtype;
+                let off = Offset {
+                    var: Some(r),
+                    elems: 0,
+                };
+                let (addr, imm) = lw.address(out_bases[st.output], off, dtype);
+                lw.b.ins().store(MemFlagsData::trusted(), value, addr, imm);
+            }
+            Ok(Vec::new())
+        })?;
+        let next = self.b.ins().iadd_imm_s(b0, BAND as i64);
+        let more = self.b.ins().icmp(IntCC::SignedLessThan, next, end);
+        self.b.ins().brif(more, head, &[next.into()], exit, &[]);
+
+        self.b.switch_to_block(exit);
+        self.b.ins().return_(&[]);
+        Ok(())
+    }
+
+    /// One step across the band at row `j` (whose reduced offsets are in `env.red`):
+    /// columns `b0 + c + lane ..` as `ty` (a vector, or one scalar), accumulated into
+    /// the accumulators at `c + lane`. `row_vals` are the row values as `ty`.
+    fn band_step(
+        &mut self,
+        kernel: &Kernel,
+        env: &BandEnv<'_>,
+        (b0, c, lane): (Value, Value, i64),
+        row_vals: &[Option<Value>],
+        ty: Type,
+    ) -> Result<(), String> {
+        let col = self.b.ins().iadd(b0, c);
+        let mut vals = row_vals.to_vec();
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if !env.band.need[v] {
+                continue;
+            }
+            let value = match &ins.expr {
+                Expr::Load { input, .. } => {
+                    let (across, _) = env.band.loads[v]
+                        .as_ref()
+                        .expect("loads of the band are planned");
+                    let red = env.red[v].expect("loads have a reduced offset");
+                    let base = env.in_bases[*input];
+                    match *across {
+                        Across::Contiguous(offset) => {
+                            let var = match red.var {
+                                Some(rv) => self.b.ins().iadd(col, rv),
+                                None => col,
+                            };
+                            let off = Offset {
+                                var: Some(var),
+                                elems: red.elems + offset + lane,
+                            };
+                            let (addr, imm) = self.address(base, off, ins.dtype);
+                            let flags = if ty.is_vector() {
+                                super::vector_input_flags()
+                            } else {
+                                super::input_flags()
+                            };
+                            self.b.ins().load(ty, flags, addr, imm)
+                        }
+                        Across::Fixed(offset) => {
+                            let off = Offset {
+                                var: red.var,
+                                elems: red.elems + offset,
+                            };
+                            let x = self.load_at(base, off, ins.dtype);
+                            if ty.is_vector() {
+                                self.b.ins().splat(ty, x)
+                            } else {
+                                x
+                            }
+                        }
+                    }
+                }
+                _ => self.compute(kernel, v, &vals)?,
+            };
+            vals[v] = Some(value);
+        }
+        let size = i64::from(ty.lane_type().bytes());
+        let scaled = self.b.ins().imul_imm_s(c, size);
+        let at = self.b.ins().iadd(env.accs, scaled);
+        for (k, &(_, acc, x)) in env.band.reduces.iter().enumerate() {
+            let imm = (k as i64 * env.band_bytes + lane * size) as i32;
+            // Vectors start at a multiple of W columns: 16-byte aligned in the slot.
+            let old = self.b.ins().load(ty, MemFlagsData::trusted(), at, imm);
+            let xv = vals[x].expect("the operand is computed in the step");
+            let new = self.accumulate(acc, env.band.dtype, old, xv);
+            self.b.ins().store(MemFlagsData::trusted(), new, at, imm);
+        }
+        Ok(())
+    }
+}
+
+/// What every step of a band reads.
+struct BandEnv<'a> {
+    band: &'a ColumnBand,
+    /// Per instruction that is a load: the reduced part of its offset at this row.
+    red: &'a [Option<Offset>],
+    in_bases: &'a [Value],
+    /// The accumulator array (one run of `band_bytes` per reduction).
+    accs: Value,
+    band_bytes: i64,
+}
