@@ -1,12 +1,18 @@
 //! The same graph on the same backend gives bit-identical results whatever the thread
-//! count: kernels split their work at boundaries that depend on shapes only, and no
-//! partial results are combined across threads.
+//! count: kernels split their work at boundaries that depend on shapes only, and partial
+//! results (the chunks of a split reduction) are combined in an order fixed by shapes
+//! too, never by which thread finished first.
 
 use ndfuse::{Context, Tensor};
 
 fn graphs(ctx: &Context) -> Vec<Tensor> {
     let a = ctx.rand_normal(&[1024, 768], 0.0, 2.0, 1);
     let b = ctx.rand_normal(&[768], 0.0, 1.0, 2);
+    // Split plans over many chunks (one long row; a few long strided rows), and column
+    // bands spread over several threads.
+    let long = ctx.rand_normal(&[(3 << 20) + 11], 0.0, 1.0, 3);
+    let tall = ctx.rand_normal(&[1 << 18, 3], 0.0, 1.0, 4);
+    let wide = ctx.rand_normal(&[128, 6000], 0.0, 1.0, 5);
     vec![
         (&a * &b + 1.0).gelu(),
         a.softmax(-1),
@@ -15,6 +21,13 @@ fn graphs(ctx: &Context) -> Vec<Tensor> {
         a.var(1),
         a.sum(..),
         a.argmax(1),
+        long.sum(..),
+        long.var(..),
+        long.softmax(0),
+        long.argmin(0),
+        tall.sum(0),
+        wide.sum(0),
+        wide.norm2(0),
     ]
 }
 
