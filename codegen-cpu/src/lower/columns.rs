@@ -250,22 +250,19 @@ impl<M: Module> Lowering<'_, '_, M> {
                 self.b.ins().splat(vt, init)
             })
             .collect();
+        // Only the band's columns, rounded up to whole vectors (w >= 1).
+        let used = self.b.ins().imul_imm_s(w, size);
+        let used = self.b.ins().iadd_imm_s(used, 15);
+        let used = self.b.ins().band_imm_s(used, -16);
         let zero = self.b.ins().iconst(types::I64, 0);
-        self.counted_loop(
-            zero,
-            Bound::Const(band_bytes),
-            16,
-            false,
-            &[],
-            |lw, at, _| {
-                let addr = lw.b.ins().iadd(accs, at);
-                for (k, &init) in inits.iter().enumerate() {
-                    let imm = (k as i64 * band_bytes) as i32;
-                    lw.b.ins().store(MemFlagsData::trusted(), init, addr, imm);
-                }
-                Ok(Vec::new())
-            },
-        )?;
+        self.counted_loop(zero, Bound::Value(used), 16, false, &[], |lw, at, _| {
+            let addr = lw.b.ins().iadd(accs, at);
+            for (k, &init) in inits.iter().enumerate() {
+                let imm = (k as i64 * band_bytes) as i32;
+                lw.b.ins().store(MemFlagsData::trusted(), init, addr, imm);
+            }
+            Ok(Vec::new())
+        })?;
 
         // Down the columns: row j of the band, vectors then scalars.
         let zero = self.b.ins().iconst(types::I64, 0);
