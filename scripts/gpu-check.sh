@@ -3,9 +3,13 @@
 # toolchain and no registry (the `device` tool's machines).
 #
 #   scripts/gpu-check.sh build   # here: release test binaries, stripped, into gpu-bin/
-#   scripts/gpu-check.sh run     # there (carry gpu-bin): the GPU tests with
-#                                # NDFUSE_REQUIRE_CUDA=1 and NDFUSE_REQUIRE_NVRTC=1,
-#                                # then `ndfuse backends`; logs into $OUT when set
+#   scripts/gpu-check.sh run     # there (carry gpu-bin): `ndfuse backends`, the GPU
+#                                # tests with NDFUSE_REQUIRE_CUDA=1 and
+#                                # NDFUSE_REQUIRE_NVRTC=1, then `ndfuse bench --backend
+#                                # cuda`; logs into $OUT when set
+#
+# With the device tool: `scripts/gpu-check.sh build` here, then
+#   run(command="scripts/gpu-check.sh run", carry=["gpu-bin"])
 #
 # NVRTC on the GPU machine: its CUDA image has NVIDIA's pip packages
 # (nvidia-cuda-nvrtc, nvidia-cuda-runtime), possibly of another major version than the
@@ -60,6 +64,9 @@ run)
     [ "$t" = cuda_codegen ] && filter="compiles"
     "$BIN/$t" --test-threads=1 $filter 2>&1 | tee "$OUT/$t.txt" || status=1
   done
+  # The figures: kernels timed by CUDA events against the device's own copy
+  # bandwidth, measured in the same run.
+  "$BIN/ndfuse" bench --backend cuda 2>&1 | tee "$OUT/bench-cuda.md" || status=1
   exit $status
   ;;
 *)

@@ -2,6 +2,10 @@
 //! at run time), a module cache of NVRTC-compiled kernels, a caching device allocator
 //! with ND4J's limits, and the evaluation of a schedule on the device.
 //!
+//! Transfers go through page-locked staging buffers, from a second cache of the same
+//! kind (`Cache<PinnedAlloc>`, under the host limits), so the driver copies by DMA and
+//! uploads run asynchronously on the stream.
+//!
 //! An evaluation uploads the graph's inputs once, runs every kernel step on device
 //! buffers (intermediates never visit the host; each goes back to the device cache right
 //! after its last reader is launched, which is safe because everything runs in order on
@@ -20,7 +24,8 @@ use crate::config::Config;
 use crate::error::RuntimeError;
 use crate::executor::StepPath;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PinnedHostSlice, PushKernelArg,
 };
 use ndfuse_codegen_cuda::{CompileOptions, CudaKernel, CudaOptions, ImageKind};
 use ndfuse_ir::{Graph, HostArray, NodeId};
@@ -68,6 +73,44 @@ impl RawAlloc for DeviceAlloc {
     }
 }
 
+/// Page-locked host memory of one device's context: the staging buffers of transfers
+/// (the driver copies from and to them by DMA, asynchronously on the stream).
+#[derive(Debug)]
+pub struct PinnedAlloc {
+    name: String,
+    stream: Arc<CudaStream>,
+}
+
+impl RawAlloc for PinnedAlloc {
+    type Kind = ();
+    type Block = PinnedHostSlice<u8>;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn alloc(&self, _: (), bytes: usize) -> Result<PinnedHostSlice<u8>, AllocError> {
+        // Flags 0, not write-combined: the host reads downloads back from it.
+        // SAFETY: the memory is uninitialised; a staging buffer is always written (by
+        // the host before an upload, by the device before the host reads a download)
+        // before it is read.
+        unsafe {
+            self.stream
+                .context()
+                .alloc_pinned_with_flags::<u8>(bytes.max(1), 0)
+        }
+        .map_err(|e| AllocError::Failed {
+            memory: self.name.clone(),
+            bytes,
+            reason: format!("{e:?}"),
+        })
+    }
+
+    fn describe(&self, block: &PinnedHostSlice<u8>) -> ((), usize) {
+        ((), block.len())
+    }
+}
+
 /// One CUDA device ready to run kernels.
 #[derive(Debug)]
 pub struct CudaDevice {
@@ -76,6 +119,7 @@ pub struct CudaDevice {
     capability: (i32, i32),
     stream: Arc<CudaStream>,
     cache: Arc<Cache<DeviceAlloc>>,
+    staging: Arc<Cache<PinnedAlloc>>,
     modules: Mutex<HashMap<(String, String), Arc<Loaded>>>,
 }
 
@@ -116,12 +160,20 @@ pub fn device(ordinal: usize, cfg: &Config) -> Result<Arc<CudaDevice>, RuntimeEr
         },
         Limits::device(cfg),
     ));
+    let staging = Arc::new(Cache::new(
+        PinnedAlloc {
+            name: format!("cuda:{ordinal} pinned host"),
+            stream: Arc::clone(&stream),
+        },
+        Limits::host(cfg),
+    ));
     let d = Arc::new(CudaDevice {
         ordinal,
         name,
         capability,
         stream,
         cache,
+        staging,
         modules: Mutex::new(HashMap::new()),
     });
     map.insert(ordinal, Arc::clone(&d));
@@ -226,17 +278,29 @@ impl CudaDevice {
         Ok(self.cache.alloc((), bytes)?)
     }
 
-    fn upload(&self, a: &HostArray) -> Result<Pooled<DeviceAlloc>, RuntimeError> {
+    /// Copies `a` to a new device buffer through a pinned staging buffer, which joins
+    /// `staged` (it must live until the stream has run the copy).
+    fn upload(
+        &self,
+        a: &HostArray,
+        staged: &mut Vec<Pooled<PinnedAlloc>>,
+    ) -> Result<Pooled<DeviceAlloc>, RuntimeError> {
         let bytes = a.len() * a.dtype().size_bytes();
         let mut buf = self.alloc(bytes)?;
         if bytes > 0 {
             // SAFETY: the storage holds `len` plain elements (no padding; bools are one
             // byte of 0 or 1) at `as_ptr`, alive while `a` is borrowed.
             let host = unsafe { std::slice::from_raw_parts(a.storage().as_ptr(), bytes) };
+            let mut stage = self.staging.alloc((), bytes)?;
+            let pinned = stage
+                .as_mut_slice()
+                .map_err(|e| driver_err("cuEventSynchronize", e))?;
+            pinned[..bytes].copy_from_slice(host);
             let mut view = buf.slice_mut(0..bytes);
             self.stream
-                .memcpy_htod(host, &mut view)
+                .memcpy_htod(&pinned[..bytes], &mut view)
                 .map_err(|e| driver_err("cuMemcpyHtoDAsync", e))?;
+            staged.push(stage);
         }
         Ok(buf)
     }
@@ -250,28 +314,45 @@ impl CudaDevice {
         let mut a = crate::alloc::host_cache().array(dtype, shape)?;
         let bytes = a.len() * dtype.size_bytes();
         if bytes > 0 {
-            // SAFETY: the storage holds exactly `bytes` bytes at `as_mut_ptr`, borrowed
-            // mutably; the device writes each element whole (a kernel stores every
-            // element, bools as 0 or 1), so every byte written is a valid element.
-            let host =
-                unsafe { std::slice::from_raw_parts_mut(a.storage_mut().as_mut_ptr(), bytes) };
+            let mut stage = self.staging.alloc((), bytes)?;
             let view = buf.slice(0..bytes);
-            self.stream
-                .memcpy_dtoh(&view, host)
-                .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))?;
+            {
+                let pinned = stage
+                    .as_mut_slice()
+                    .map_err(|e| driver_err("cuEventSynchronize", e))?;
+                self.stream
+                    .memcpy_dtoh(&view, &mut pinned[..bytes])
+                    .map_err(|e| driver_err("cuMemcpyDtoHAsync", e))?;
+            }
             self.stream
                 .synchronize()
                 .map_err(|e| driver_err("cuStreamSynchronize", e))?;
+            let pinned = stage
+                .as_mut_slice()
+                .map_err(|e| driver_err("cuEventSynchronize", e))?;
+            // SAFETY: the storage holds exactly `bytes` bytes at `as_mut_ptr`, borrowed
+            // mutably; the device wrote each element whole (a kernel stores every
+            // element, bools as 0 or 1), so every byte copied makes a valid element.
+            let host =
+                unsafe { std::slice::from_raw_parts_mut(a.storage_mut().as_mut_ptr(), bytes) };
+            host.copy_from_slice(&pinned[..bytes]);
         }
         Ok(a)
     }
 
+    /// Launches every function of `k` in order; returns events recorded on the stream
+    /// before the first and after the last, to time them.
     fn launch(
         &self,
         k: &CudaKernel,
         loaded: &Loaded,
         args: &[&CudaSlice<u8>],
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<(CudaEvent, CudaEvent), RuntimeError> {
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self
+            .stream
+            .record_event(timing)
+            .map_err(|e| driver_err("cuEventRecord", e))?;
         let ptrs: Vec<u64> = args
             .iter()
             .map(|s| {
@@ -298,7 +379,44 @@ impl CudaDevice {
             // another user) until the stream has run this launch.
             unsafe { b.launch(cfg) }.map_err(|e| driver_err(&l.function, e))?;
         }
-        Ok(())
+        let end = self
+            .stream
+            .record_event(timing)
+            .map_err(|e| driver_err("cuEventRecord", e))?;
+        Ok((start, end))
+    }
+}
+
+impl CudaDevice {
+    /// Device-to-device copy bandwidth, GB/s counting bytes read and written: the best
+    /// of `trials` copies of `bytes` (the floor a memory-bound kernel is measured
+    /// against).
+    pub fn copy_bandwidth(&self, bytes: usize, trials: usize) -> Result<f64, RuntimeError> {
+        let src = self.alloc(bytes)?;
+        let mut dst = self.alloc(bytes)?;
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut best = f64::INFINITY;
+        for _ in 0..trials.max(1) + 1 {
+            let a = self
+                .stream
+                .record_event(timing)
+                .map_err(|e| driver_err("cuEventRecord", e))?;
+            self.stream
+                .memcpy_dtod(&*src, &mut *dst)
+                .map_err(|e| driver_err("cuMemcpyDtoDAsync", e))?;
+            let b = self
+                .stream
+                .record_event(timing)
+                .map_err(|e| driver_err("cuEventRecord", e))?;
+            b.synchronize()
+                .map_err(|e| driver_err("cuEventSynchronize", e))?;
+            let ms = f64::from(
+                a.elapsed_ms(&b)
+                    .map_err(|e| driver_err("cuEventElapsedTime", e))?,
+            );
+            best = best.min(ms);
+        }
+        Ok(2.0 * bytes as f64 / (best * 1e-3) / 1e9)
     }
 }
 
@@ -331,7 +449,9 @@ pub(crate) struct CudaRun {
     pub outputs: Vec<HostArray>,
     pub paths: Vec<StepPath>,
     pub compile_time: Duration,
-    pub run_time: Duration,
+    /// Device time of the kernels (CUDA events around each step's launches); transfers
+    /// are not in it.
+    pub kernel_time: Duration,
 }
 
 /// A buffer of the evaluation: on the device, or (for interpreter steps) on the host.
@@ -350,7 +470,6 @@ pub(crate) fn run(
     debug: u8,
 ) -> Result<CudaRun, RuntimeError> {
     let opts = cuda_options(cfg);
-    let start_all = Instant::now();
     let mut last_read: HashMap<NodeId, usize> = HashMap::new();
     for (i, s) in schedule.steps.iter().enumerate() {
         for &r in s.reads() {
@@ -358,6 +477,9 @@ pub(crate) fn run(
         }
     }
     let mut bufs: HashMap<NodeId, Buf> = HashMap::new();
+    // Staging buffers of uploads still in flight: released after the final sync.
+    let mut staged: Vec<Pooled<PinnedAlloc>> = Vec::new();
+    let mut timings: Vec<(CudaEvent, CudaEvent)> = Vec::new();
     let mut paths = Vec::with_capacity(schedule.steps.len());
     let mut compile_time = Duration::ZERO;
     for (i, step) in schedule.steps.iter().enumerate() {
@@ -370,10 +492,15 @@ pub(crate) fn run(
                 for n in ins {
                     if !matches!(bufs.get(n), Some(Buf::Device(_))) {
                         let dbuf = match bufs.get(n) {
-                            Some(Buf::Host(a)) => dev.upload(a)?,
-                            _ => dev.upload(inputs.get(n).unwrap_or_else(|| {
-                                panic!("step {i} reads {n} before it is written (a scheduling bug)")
-                            }))?,
+                            Some(Buf::Host(a)) => dev.upload(a, &mut staged)?,
+                            _ => dev.upload(
+                                inputs.get(n).unwrap_or_else(|| {
+                                    panic!(
+                                        "step {i} reads {n} before it is written (a scheduling bug)"
+                                    )
+                                }),
+                                &mut staged,
+                            )?,
                         };
                         bufs.insert(*n, Buf::Device(dbuf));
                     }
@@ -412,7 +539,7 @@ pub(crate) fn run(
                         args.push(s);
                     }
                     let t = Instant::now();
-                    dev.launch(&ck, &loaded, &args)?;
+                    timings.push(dev.launch(&ck, &loaded, &args)?);
                     if debug >= 1 {
                         dev.stream
                             .synchronize()
@@ -483,11 +610,18 @@ pub(crate) fn run(
     dev.stream
         .synchronize()
         .map_err(|e| driver_err("cuStreamSynchronize", e))?;
-    let run_time = start_all.elapsed().saturating_sub(compile_time);
+    drop(staged);
+    let mut kernel_ms = 0.0f64;
+    for (a, b) in &timings {
+        kernel_ms += f64::from(
+            a.elapsed_ms(b)
+                .map_err(|e| driver_err("cuEventElapsedTime", e))?,
+        );
+    }
     Ok(CudaRun {
         outputs,
         paths,
         compile_time,
-        run_time,
+        kernel_time: Duration::from_secs_f64(kernel_ms / 1e3),
     })
 }

@@ -632,7 +632,9 @@ fn run_cuda(
         compile_cached,
         paths: run.paths,
         compile_time: run.compile_time,
-        run_time: run.run_time,
+        // The kernels' device time: what `run_time` means on every backend (time
+        // running steps), without the transfers a CPU backend does not have.
+        run_time: run.kernel_time,
     })
 }
 

@@ -1,5 +1,5 @@
-//! `ndfuse bench [SUITE] [--json] [--repeat N] [--tiny]`: the library's benchmark suite
-//! (`ndfuse::bench`) with a progress line per case on a terminal.
+//! `ndfuse bench [SUITE] [--json] [--repeat N] [--tiny] [--backend B]`: the library's
+//! benchmark suite (`ndfuse::bench`) with a progress line per case on a terminal.
 
 use crate::Failure;
 use ndfuse::bench::{run_suite_with, BenchOptions, Event, Size};
@@ -21,6 +21,10 @@ pub struct BenchArgs {
     /// of the suite in well under a second, not a measurement.
     #[arg(long)]
     tiny: bool,
+    /// Backend of the cases. With cuda the rows are timed by CUDA events (kernels only)
+    /// and measured against the device's own copy bandwidth, measured in the same run.
+    #[arg(long, value_enum, default_value_t = crate::Backend::Auto)]
+    backend: crate::Backend,
 }
 
 pub fn run(a: &BenchArgs) -> Result<(), Failure> {
@@ -30,6 +34,7 @@ pub fn run(a: &BenchArgs) -> Result<(), Failure> {
         BenchOptions::default()
     };
     opts.max_runs = a.repeat as usize;
+    opts.backend = a.backend.into();
     // Progress goes to a person watching, never into a pipe or a log.
     let progress = std::io::stderr().is_terminal();
     let mut on_event = |e: Event<'_>| {

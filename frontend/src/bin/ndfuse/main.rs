@@ -100,7 +100,7 @@ struct ExplainArgs {
 
 #[derive(clap::Args, Debug)]
 struct Common {
-    /// Backend: auto picks the best one present (cpu in this version).
+    /// Backend: auto picks the highest-priority one present (a GPU when there is one).
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
     /// Default dtype of float literals and of --random / --shape inputs without one.
