@@ -3,12 +3,14 @@
 //!
 //! ## Element-wise kernels (`Plan::Elementwise`)
 //!
-//! A grid-stride loop over the domain. When the innermost (merged) axis holds a multiple
-//! of 4 elements, each iteration takes 4 consecutive positions: loads that move along
-//! that axis with unit stride and 4-aligned offsets become one aligned 4-element access
-//! (`nd_v4<float>` is a 16-byte `ld.global.v4.f32`, `nd_v4<__half>` an 8-byte one),
-//! loads that stay put are read once, others are gathered lane by lane; the store is one
-//! 4-element access too. Otherwise one position per iteration.
+//! A grid-stride loop over the domain. Each iteration takes `V` consecutive positions,
+//! `V` = 16 bytes over the widest buffer element (4 for f32, 8 when every buffer is
+//! f16/bf16, 2 for f64), when the innermost (merged) axis holds a multiple of `V`:
+//! loads that move along that axis with unit stride and `V`-aligned offsets become one
+//! aligned 16-byte access (`nd_vec<float, 4>` is an `ld.global.v4.f32`, `nd_vec<__half,
+//! 8>` one `ld.global.v4.b32`), loads that stay put are read once, others are gathered
+//! lane by lane; stores are `V`-element accesses too. Otherwise one position per
+//! iteration.
 //!
 //! ## Kernels with reductions: the row program on a group of threads
 //!
@@ -332,7 +334,15 @@ impl<'k> Gen<'k> {
         let space = coalesce(k.domain.dims(), &views);
         let out_v = loads.len();
         let inner = space.dims.last().copied().unwrap_or(1);
-        let vec4 = n >= 4 && inner % 4 == 0 && space.is_row_major(out_v);
+        let widest = k
+            .inputs
+            .iter()
+            .chain(&k.outputs)
+            .map(|b| b.dtype.size_bytes())
+            .max()
+            .unwrap_or(4);
+        let lanes = (16 / widest.max(1)).max(1);
+        let vec4 = lanes > 1 && n >= lanes && inner % lanes == 0 && space.is_row_major(out_v);
         let threads = 256.min(self.opts.max_block_size);
         let name = k.name.clone();
         self.open_function(&name, threads);
@@ -344,16 +354,16 @@ impl<'k> Gen<'k> {
         let grid;
         if vec4 {
             self.needs.insert(Helper::Vec4);
-            grid = self.grid_for(n / 4, threads as usize);
+            grid = self.grid_for(n / lanes, threads as usize);
             strategy = format!(
-                "grid-stride loop, 4 elements per thread per step, {threads} threads per block"
+                "grid-stride loop, {lanes} elements (16 bytes) per thread per step, {threads} threads per block"
             );
             let _ = writeln!(
                 self.body,
-                "{ind}for (nd_idx q = {tid}; q < n / 4; q += {stride}) {{"
+                "{ind}for (nd_idx q = {tid}; q < n / {lanes}; q += {stride}) {{"
             );
             let ind2 = "    ";
-            let _ = writeln!(self.body, "{ind2}const nd_idx p = q * 4;");
+            let _ = writeln!(self.body, "{ind2}const nd_idx p = q * {lanes};");
             self.body.push_str(&space.decompose("p", "i", ind2));
             // Per load: how lanes read it.
             let mut lane_src: Vec<Option<String>> = vec![None; k.body.len()];
@@ -362,10 +372,11 @@ impl<'k> Gen<'k> {
                 let d = k.inputs[input].dtype;
                 let inner_stride = space.strides[li].last().copied().unwrap_or(0);
                 let off = space.offset(li, "p", "i", view.offset);
-                let aligned = view.offset % 4 == 0
+                let v = lanes as isize;
+                let aligned = view.offset % v == 0
                     && space.strides[li][..space.dims.len().saturating_sub(1)]
                         .iter()
-                        .all(|s| s % 4 == 0);
+                        .all(|s| s % v == 0);
                 if space.is_fixed(li) || inner_stride == 0 {
                     let _ = writeln!(
                         self.body,
@@ -377,7 +388,7 @@ impl<'k> Gen<'k> {
                 } else if inner_stride == 1 && aligned {
                     let _ = writeln!(
                         self.body,
-                        "{ind2}const nd_v4<{st}> a{i} = *reinterpret_cast<const nd_v4<{st}>*>(in{input} + ({off}));"
+                        "{ind2}const nd_vec<{st}, {lanes}> a{i} = *reinterpret_cast<const nd_vec<{st}, {lanes}>*>(in{input} + ({off}));"
                     );
                     lane_src[i] = Some(scalar::load_conv(d, &format!("a{i}.v[l]")));
                 } else {
@@ -390,13 +401,13 @@ impl<'k> Gen<'k> {
                 let d = k.outputs[s.output].dtype;
                 let _ = writeln!(
                     self.body,
-                    "{ind2}nd_v4<{}> r{};",
+                    "{ind2}nd_vec<{}, {lanes}> r{};",
                     scalar::storage_type(d),
                     s.output
                 );
             }
             let _ = writeln!(self.body, "{ind2}#pragma unroll");
-            let _ = writeln!(self.body, "{ind2}for (int l = 0; l < 4; ++l) {{");
+            let _ = writeln!(self.body, "{ind2}for (int l = 0; l < {lanes}; ++l) {{");
             let ind3 = "      ";
             for (i, ins) in k.body.iter().enumerate() {
                 if matches!(ins.expr, Expr::Load { .. }) {
@@ -421,7 +432,7 @@ impl<'k> Gen<'k> {
                 let st = scalar::storage_type(k.outputs[s.output].dtype);
                 let _ = writeln!(
                     self.body,
-                    "{ind2}*reinterpret_cast<nd_v4<{st}>*>(out{o} + p) = r{o};",
+                    "{ind2}*reinterpret_cast<nd_vec<{st}, {lanes}>*>(out{o} + p) = r{o};",
                     o = s.output
                 );
             }

@@ -48,7 +48,7 @@ pub(crate) enum Helper {
     IntDiv,
     /// Integer power by squaring.
     IntPow,
-    /// Aligned 4-element vectors for vectorised loads and stores.
+    /// Aligned 16-byte vectors for vectorised loads and stores.
     Vec4,
     /// Arg-reduction comparison and combining.
     Arg,
@@ -90,8 +90,8 @@ __device__ __forceinline__ long long nd_pow_i64(long long b, long long e) {\n\
 }\n"
             }
             Helper::Vec4 => {
-                "// four consecutive elements, loaded and stored as one aligned access.\n\
-template <typename T> struct __align__(4 * sizeof(T)) nd_v4 { T v[4]; };\n"
+                "// N consecutive elements (16 bytes), loaded and stored as one aligned access.\n\
+template <typename T, int N> struct __align__(N * sizeof(T)) nd_vec { T v[N]; };\n"
             }
             Helper::Arg => {
                 "// arg-reductions: (value, index) pairs, index -1 for none yet; the first NaN,\n\
