@@ -737,6 +737,8 @@ impl<'k> Gen<'k> {
                 ind3
             }
             None => {
+                // Unrolled so that each thread has several independent loads in flight.
+                let _ = writeln!(self.body, "{ind}#pragma unroll 4");
                 let _ = writeln!(
                     self.body,
                     "{ind}for (nd_idx j = {}; j < {}; j += {}) {{",
