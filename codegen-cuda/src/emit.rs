@@ -127,6 +127,8 @@ enum Strategy {
 }
 
 const TILE_X: u32 = 32;
+/// Threads down each column of a tile at most (a 32 x 8 block of 256 threads), fewer
+/// when `max_block_size` is smaller.
 const TILE_Y: u32 = 8;
 /// Most elements per load a lane keeps in registers between sweeps.
 const MAX_CACHED: usize = 16;
@@ -528,7 +530,7 @@ impl<'k> Gen<'k> {
                 256.min(self.opts.max_block_size) / 32,
             ),
             Strategy::Block(t) => (t, t, 1, 1),
-            Strategy::ColumnTile => (TILE_Y, TILE_X, TILE_Y, TILE_X),
+            Strategy::ColumnTile => (self.tile_y(), TILE_X, self.tile_y(), TILE_X),
         };
         let row_len = k.row_len();
         let per_lane = row_len.div_ceil(group as usize);
@@ -543,8 +545,10 @@ impl<'k> Gen<'k> {
                 Strategy::Thread => "thread per row".to_string(),
                 Strategy::Warp => "warp per row".to_string(),
                 Strategy::Block(_) => "block per row".to_string(),
-                Strategy::ColumnTile =>
-                    format!("column tile: {TILE_X} rows side by side, {TILE_Y} threads down each"),
+                Strategy::ColumnTile => format!(
+                    "column tile: {TILE_X} rows side by side, {} threads down each",
+                    self.tile_y()
+                ),
             },
             threads_x * threads_y,
             if cached {
@@ -626,6 +630,11 @@ impl<'k> Gen<'k> {
             }]
         };
         (launches, strategy)
+    }
+
+    /// Threads down each column of a tile: `TILE_Y`, or fewer to fit `max_block_size`.
+    fn tile_y(&self) -> u32 {
+        (self.opts.max_block_size / TILE_X).clamp(1, TILE_Y)
     }
 
     fn has_element_stores(&self) -> bool {
@@ -925,7 +934,8 @@ impl<'k> Gen<'k> {
                 }
             }
             Strategy::ColumnTile => {
-                self.smem_combine(reds, ind, TILE_Y, "threadIdx.y", "true", "[threadIdx.x]");
+                let ty = self.tile_y();
+                self.smem_combine(reds, ind, ty, "threadIdx.y", "true", "[threadIdx.x]");
             }
         }
     }
