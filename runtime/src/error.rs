@@ -57,6 +57,10 @@ pub enum RuntimeError {
     /// The configuration (file, environment or builder) has an unknown key or a bad value.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// A device set could not be built or used (an unknown device, every device out of
+    /// memory).
+    #[error(transparent)]
+    Device(#[from] crate::devices::DeviceError),
     /// `auto` found no backend that can run; each rejected backend with its reason.
     #[error("no backend can run here: {reasons}")]
     NoBackend {

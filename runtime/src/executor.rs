@@ -6,6 +6,7 @@
 //! step of the same eval may write into it), an output when the caller drops it, and
 //! the next eval of the same graph finds its buffers there, already mapped.
 
+use crate::devices::{DeviceId, DeviceMove};
 use crate::error::RuntimeError;
 use ndfuse_codegen_cpu::CompiledKernel;
 use ndfuse_ir::interp;
@@ -121,6 +122,11 @@ pub struct Evaluation {
     pub compile_time: Duration,
     /// Time spent running steps.
     pub run_time: Duration,
+    /// The device that ran it (`cpu:0` is the whole host outside a device set).
+    pub device: DeviceId,
+    /// Devices that ran out of memory before `device` ran it, in order (empty outside
+    /// a [`crate::DeviceSet`], which makes the moves).
+    pub moves: Vec<DeviceMove>,
 }
 
 impl Evaluation {
@@ -179,6 +185,14 @@ pub fn execute(
     check_inputs(g, inputs)?;
     // Read once per evaluation: the backend choice and the passes both depend on it.
     let cfg = crate::config::Config::load()?;
+    // A thread bound to a device, or spread over the GPUs by `allow_multi_gpu`, runs
+    // there when no backend was asked for by name (in code or in the config).
+    if backend == BackendKind::Auto
+        && cfg.backend() == BackendKind::Auto
+        && (crate::devices::bound_device().is_some() || cfg.allow_multi_gpu())
+    {
+        return crate::devices::DeviceSet::global(&cfg)?.execute(g, inputs, &cfg);
+    }
     match crate::backend::resolve(backend, &cfg)? {
         BackendKind::Interp => {
             let start = Instant::now();
@@ -197,10 +211,36 @@ pub fn execute(
                 paths: Vec::new(),
                 compile_time: Duration::ZERO,
                 run_time: start.elapsed(),
+                device: DeviceId::cpu(0),
+                moves: Vec::new(),
             })
         }
-        BackendKind::Cuda => run_cuda(g, inputs, &cfg),
-        BackendKind::Auto | BackendKind::Cpu => run_cpu(g, inputs, &cfg),
+        // Without a device set, CUDA means the first GPU.
+        BackendKind::Cuda => run_cuda(g, inputs, &cfg, 0),
+        BackendKind::Auto | BackendKind::Cpu => run_cpu(g, inputs, &cfg, None),
+    }
+}
+
+/// Where [`execute_on`] runs an evaluation.
+pub(crate) enum Target<'a> {
+    /// The CPU JIT, kernels on this pool (`None`: as [`execute`] does).
+    Cpu(Option<&'a rayon::ThreadPool>),
+    /// The CUDA device with this ordinal.
+    Cuda(usize),
+}
+
+/// Evaluates `g` on one device of a [`crate::DeviceSet`], under the caller's `cfg`.
+pub(crate) fn execute_on(
+    g: &Graph,
+    inputs: &HashMap<NodeId, Arc<HostArray>>,
+    cfg: &crate::config::Config,
+    target: Target<'_>,
+) -> Result<Evaluation, RuntimeError> {
+    verify(g)?;
+    check_inputs(g, inputs)?;
+    match target {
+        Target::Cpu(pool) => run_cpu(g, inputs, cfg, pool),
+        Target::Cuda(ordinal) => run_cuda(g, inputs, cfg, ordinal),
     }
 }
 
@@ -306,11 +346,19 @@ struct Compiled {
     debug: u8,
 }
 
+/// Runs `g` with the CPU JIT; kernels split their work on `pool`, or, when `None`, on
+/// `cpu_threads` workers (0: the current rayon pool).
 fn run_cpu(
     g: &Graph,
     inputs: &HashMap<NodeId, Arc<HostArray>>,
     cfg: &crate::config::Config,
+    pool: Option<&rayon::ThreadPool>,
 ) -> Result<Evaluation, RuntimeError> {
+    let own_pool = match pool {
+        Some(_) => None,
+        None => worker_pool(cfg.cpu_threads()),
+    };
+    let pool = pool.or(own_pool.as_deref());
     // The limits follow the configuration of this eval (a no-op when unchanged).
     let cache = crate::alloc::host_cache();
     cache.set_limits(crate::alloc::Limits::host(cfg));
@@ -351,8 +399,7 @@ fn run_cpu(
             } => {
                 let args: Vec<&HostArray> = ins.iter().map(read).collect();
                 let start = Instant::now();
-                let (results, path, compiled_in) =
-                    run_kernel(kernel, &args, debug, cfg.cpu_threads())?;
+                let (results, path, compiled_in) = run_kernel(kernel, &args, debug, pool)?;
                 compile_time += compiled_in;
                 let ran = start.elapsed().saturating_sub(compiled_in);
                 run_time += ran;
@@ -428,6 +475,8 @@ fn run_cpu(
         paths,
         compile_time,
         run_time,
+        device: DeviceId::cpu(0),
+        moves: Vec::new(),
     })
 }
 
@@ -465,7 +514,7 @@ fn run_kernel(
     kernel: &Kernel,
     args: &[&HostArray],
     debug: u8,
-    cpu_threads: usize,
+    pool: Option<&rayon::ThreadPool>,
 ) -> Result<(Vec<HostArray>, StepPath, Duration), RuntimeError> {
     let (compiled, path, took) = compiled(kernel)?;
     if let (Some(c), StepPath::Jit { cached: false }, 4..) = (&compiled, &path, debug) {
@@ -484,9 +533,9 @@ fn run_kernel(
         .collect::<Result<_, _>>()?;
     let mut out_refs: Vec<&mut HostArray> = outs.iter_mut().collect();
     // The parallel entry: chunks fixed by the kernel's shape run on the current rayon
-    // pool (the global one, or the caller's inside `install`), or on a pool of
-    // `cpu_threads` workers when that key is set; outputs are the same bits either way.
-    match worker_pool(cpu_threads) {
+    // pool (the global one, or the caller's inside `install`), or on the given pool (a
+    // CPU device's, or `cpu_threads` workers); outputs are the same bits either way.
+    match pool {
         Some(pool) => pool.install(|| compiled.run(args, &mut out_refs))?,
         None => compiled.run(args, &mut out_refs)?,
     }
@@ -603,6 +652,7 @@ fn run_cuda(
     _: &Graph,
     _: &HashMap<NodeId, Arc<HostArray>>,
     _: &crate::config::Config,
+    _: usize,
 ) -> Result<Evaluation, RuntimeError> {
     Err(cuda_unavailable())
 }
@@ -612,16 +662,17 @@ fn explain_cuda(_: &Graph, _: &crate::config::Config) -> Result<Explanation, Run
     Err(cuda_unavailable())
 }
 
-/// Runs `g` on CUDA device 0: passes and fusion for the CUDA target, then
+/// Runs `g` on the CUDA device `ordinal`: passes and fusion for the CUDA target, then
 /// [`crate::cuda::run`].
 #[cfg(feature = "cuda")]
 fn run_cuda(
     g: &Graph,
     inputs: &HashMap<NodeId, Arc<HostArray>>,
     cfg: &crate::config::Config,
+    ordinal: usize,
 ) -> Result<Evaluation, RuntimeError> {
     let (c, compile_cached) = compile(g, false, cfg, &ndfuse_passes::TargetDesc::cuda())?;
-    let dev = crate::cuda::device(0, cfg)?;
+    let dev = crate::cuda::device(ordinal, cfg)?;
     let run = crate::cuda::run(&dev, &c.graph, &c.schedule, inputs, cfg, c.debug)?;
     Ok(Evaluation {
         outputs: run.outputs,
@@ -635,6 +686,8 @@ fn run_cuda(
         // The kernels' device time: what `run_time` means on every backend (time
         // running steps), without the transfers a CPU backend does not have.
         run_time: run.kernel_time,
+        device: DeviceId::cuda(ordinal),
+        moves: Vec::new(),
     })
 }
 

@@ -5,15 +5,18 @@
 //! a codegen cannot compile yet, and manages the buffers of an evaluation (each
 //! intermediate is dropped as soon as its last reader ran).
 //!
-//! Backend discovery, priorities, configuration, caching allocators and the CUDA device
-//! grow here; this version has the CPU JIT path and the interpreter. Outputs and
-//! intermediates of an evaluation come from the host cache ([`host_cache`]).
+//! Backend discovery and priorities ([`Registry`]), configuration ([`Config`]), caching
+//! allocators ([`host_cache`], [`Cache`]), the CUDA device, and the device set
+//! ([`DeviceSet`]: thread <-> device affinity, batches over every device, moving an
+//! evaluation off a device that ran out of memory). Outputs and intermediates of an
+//! evaluation come from the host cache.
 
 mod alloc;
 mod backend;
 mod config;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod devices;
 mod env;
 mod error;
 mod executor;
@@ -30,5 +33,9 @@ pub use config::{
 };
 #[cfg(feature = "cuda")]
 pub use cuda::{device as cuda_device, device_count as cuda_device_count, CudaDevice, DeviceAlloc};
+pub use devices::{
+    bind_thread, bound_device, unbind_thread, CpuDevice, Device, DeviceError, DeviceId, DeviceKind,
+    DeviceMove, DeviceSet, GpuDevice, Inputs,
+};
 pub use error::RuntimeError;
 pub use executor::{execute, explain, BackendKind, Evaluation, Explanation, StepPath};
