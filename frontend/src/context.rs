@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::random::SplitMix64;
 use crate::tensor::{Inner, Tensor};
 use ndfuse_ir::{DType, Element, Graph, HostArray, NodeId, Scalar, Shape, Storage};
-use ndfuse_runtime::{BackendKind, Config, ConfigSource, Evaluation};
+use ndfuse_runtime::{BackendKind, Config, ConfigSource, DeviceId, DeviceSet, Evaluation};
 use std::collections::HashMap;
 use std::panic::Location;
 use std::sync::{Arc, OnceLock, RwLock};
@@ -22,6 +22,8 @@ struct Settings {
     /// Where `dtype` came from: the builder or a setter (code), or the configuration.
     dtype_origin: ConfigSource,
     backend: BackendKind,
+    /// The context's own device set; `None`: the process's ([`DeviceSet::global`]).
+    devices: Option<Arc<DeviceSet>>,
 }
 
 /// Where tensors are made and evaluated: holds the default dtype used by constructors
@@ -49,6 +51,7 @@ pub struct ContextBuilder {
     dtype: Option<DType>,
     config: Option<Config>,
     backend: BackendKind,
+    devices: Option<Arc<DeviceSet>>,
 }
 
 impl ContextBuilder {
@@ -57,6 +60,14 @@ impl ContextBuilder {
     /// nobody set it).
     pub fn dtype(mut self, dtype: DType) -> ContextBuilder {
         self.dtype = Some(dtype);
+        self
+    }
+
+    /// Evaluations run on these devices instead of the process's set: a bound or
+    /// round-robin placed thread on its device, others on the set's first device by
+    /// priority, batches over all of them. The backend setting is then not used.
+    pub fn devices(mut self, devices: Arc<DeviceSet>) -> ContextBuilder {
+        self.devices = Some(devices);
         self
     }
 
@@ -90,6 +101,7 @@ impl ContextBuilder {
             dtype,
             dtype_origin,
             backend: self.backend,
+            devices: self.devices,
         }))))
     }
 }
@@ -132,6 +144,7 @@ impl Context {
             dtype,
             dtype_origin,
             backend: BackendKind::Auto,
+            devices: None,
         })))
     }
 
@@ -141,6 +154,7 @@ impl Context {
             dtype: None,
             config: None,
             backend: BackendKind::Auto,
+            devices: None,
         }
     }
 
@@ -320,14 +334,111 @@ impl Context {
     /// part took, and timings.
     pub fn eval_report(&self, outputs: &[&Tensor]) -> Result<(Vec<Array>, Report)> {
         let (graph, inputs) = build_graph(outputs)?;
-        let mut ev = ndfuse_runtime::execute(&graph, &inputs, self.backend())?;
-        // Moved, not copied: the arrays are the host cache's buffers and go back to it
-        // when the caller drops them (the report's evaluation keeps no outputs).
-        let arrays = std::mem::take(&mut ev.outputs)
+        let own = self.settings().devices.clone();
+        let ev = match own {
+            Some(set) => {
+                let cfg = Config::load().map_err(ndfuse_runtime::RuntimeError::from)?;
+                set.execute(&graph, &inputs, &cfg)?
+            }
+            // The runtime places bound threads (and every thread under
+            // `allow_multi_gpu`) on the process's device set.
+            None => ndfuse_runtime::execute(&graph, &inputs, self.backend())?,
+        };
+        Ok(report(graph, ev))
+    }
+
+    /// The device set this context's evaluations use: its own
+    /// ([`ContextBuilder::devices`]) or the process's ([`DeviceSet::global`]: every
+    /// CUDA device found, then the whole CPU as `cpu:0`).
+    pub fn devices(&self) -> Result<Arc<DeviceSet>> {
+        if let Some(set) = &self.settings().devices {
+            return Ok(Arc::clone(set));
+        }
+        let cfg = Config::load().map_err(ndfuse_runtime::RuntimeError::from)?;
+        Ok(DeviceSet::global(&cfg).map_err(ndfuse_runtime::RuntimeError::from)?)
+    }
+
+    /// Binds the current thread to `device` (ND4J's thread <-> device affinity): this
+    /// thread's evaluations run there until [`crate::unbind_thread`]. `Err` when this
+    /// context's device set has no such device.
+    ///
+    /// ```
+    /// use ndfuse::{Context, DeviceId};
+    /// let ctx = Context::new();
+    /// ctx.bind_thread(&DeviceId::cpu(0))?;
+    /// let (_, report) = ctx.eval_report(&[&ctx.ones(&[4]).exp()])?;
+    /// assert_eq!(report.device(), &DeviceId::cpu(0));
+    /// assert!(ctx.bind_thread(&DeviceId::cuda(99)).is_err());
+    /// ndfuse::unbind_thread();
+    /// # Ok::<(), ndfuse::Error>(())
+    /// ```
+    pub fn bind_thread(&self, device: &DeviceId) -> Result<()> {
+        self.devices()?
+            .get(device)
+            .map_err(ndfuse_runtime::RuntimeError::from)?;
+        ndfuse_runtime::bind_thread(device.clone());
+        Ok(())
+    }
+
+    /// Evaluates independent groups of outputs (each group one graph, as
+    /// [`Context::eval`]) over every device of the context's set at once: one group per
+    /// device in priority order, GPUs before CPUs with the default priorities. The
+    /// first error, if any, is returned.
+    pub fn eval_batch(&self, batch: &[&[&Tensor]]) -> Result<Vec<Vec<Array>>> {
+        Ok(self
+            .eval_batch_report(batch)?
             .into_iter()
-            .map(Array)
-            .collect();
-        Ok((arrays, Report { graph, ev }))
+            .map(|(a, _)| a)
+            .collect())
+    }
+
+    /// Like [`Context::eval_batch`], with each group's report (its device, and the
+    /// devices it left because they ran out of memory).
+    ///
+    /// ```
+    /// let ctx = ndfuse::Context::new();
+    /// let x = ctx.arange(0.0, 4.0, 1.0)?;
+    /// let (a, b) = (x.exp(), &x * 2.0);
+    /// let out = ctx.eval_batch_report(&[&[&a], &[&b]])?;
+    /// assert_eq!(out[1].0[0].to_vec::<f32>()?, vec![0.0, 2.0, 4.0, 6.0]);
+    /// assert!(out.iter().all(|(_, r)| r.moves().is_empty()));
+    /// # Ok::<(), ndfuse::Error>(())
+    /// ```
+    pub fn eval_batch_report(&self, batch: &[&[&Tensor]]) -> Result<Vec<(Vec<Array>, Report)>> {
+        let built = batch
+            .iter()
+            .map(|outputs| build_graph(outputs))
+            .collect::<Result<Vec<_>>>()?;
+        let cfg = Config::load().map_err(ndfuse_runtime::RuntimeError::from)?;
+        let set = self.devices()?;
+        let jobs: Vec<_> = built.iter().map(|(g, i)| (g, i)).collect();
+        let results = set.execute_batch(&jobs, &cfg);
+        built
+            .into_iter()
+            .zip(results)
+            .map(|((graph, _), r)| Ok(report(graph, r?)))
+            .collect()
+    }
+
+    /// A copy of `a` made for `device` of this context's set, which records where it
+    /// went. On a CPU device the copy is written by that device's threads (first touch
+    /// places its pages near them); on a GPU it is a host copy, since the CUDA backend
+    /// uploads inputs at each evaluation. `Err` when the set has no such device.
+    ///
+    /// ```
+    /// use ndfuse::{Context, DeviceId};
+    /// let ctx = Context::new();
+    /// let a = ctx.ones(&[3]).eval()?;
+    /// let on = ctx.to_device(&a, &DeviceId::cpu(0))?;
+    /// assert_eq!((on.device(), on.array()), (&DeviceId::cpu(0), &a));
+    /// # Ok::<(), ndfuse::Error>(())
+    /// ```
+    pub fn to_device(&self, a: &Array, device: &DeviceId) -> Result<DeviceArray> {
+        let copy = self.devices()?.to_device(&a.0, device)?;
+        Ok(DeviceArray {
+            array: Array(copy),
+            device: device.clone(),
+        })
     }
 
     /// What the host buffer cache did so far and holds now: hits, misses, bytes cached,
@@ -356,6 +467,41 @@ impl Context {
     /// pass ran (`%4 = add %2, %3 : f32[4,8]`).
     pub fn graph_text(&self, outputs: &[&Tensor]) -> Result<String> {
         Ok(build_graph(outputs)?.0.to_string())
+    }
+}
+
+/// The outputs moved out of `ev` and the report that keeps the rest.
+fn report(graph: Graph, mut ev: Evaluation) -> (Vec<Array>, Report) {
+    // Moved, not copied: the arrays are the host cache's buffers and go back to it
+    // when the caller drops them (the report's evaluation keeps no outputs).
+    let arrays = std::mem::take(&mut ev.outputs)
+        .into_iter()
+        .map(Array)
+        .collect();
+    (arrays, Report { graph, ev })
+}
+
+/// An array copied to a device with [`Context::to_device`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceArray {
+    array: Array,
+    device: DeviceId,
+}
+
+impl DeviceArray {
+    /// The data.
+    pub fn array(&self) -> &Array {
+        &self.array
+    }
+
+    /// The device it was copied to.
+    pub fn device(&self) -> &DeviceId {
+        &self.device
+    }
+
+    /// The data, without the device.
+    pub fn into_array(self) -> Array {
+        self.array
     }
 }
 
@@ -394,6 +540,18 @@ impl Report {
             .schedule
             .as_ref()
             .map_or_else(String::new, |s| s.to_text(&self.ev.graph))
+    }
+
+    /// The device that ran the evaluation (`cpu:0` is the whole host outside a device
+    /// set).
+    pub fn device(&self) -> &DeviceId {
+        &self.ev.device
+    }
+
+    /// The devices the evaluation left because they ran out of memory, in order; each
+    /// move was also logged on stderr.
+    pub fn moves(&self) -> &[ndfuse_runtime::DeviceMove] {
+        &self.ev.moves
     }
 
     /// The backend-level details: schedule, paths, timings.

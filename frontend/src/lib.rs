@@ -35,10 +35,13 @@ mod tensor;
 pub mod bench;
 
 pub use array::Array;
-pub use context::{Context, ContextBuilder, Report};
+pub use context::{Context, ContextBuilder, DeviceArray, Report};
 pub use error::{Error, Result};
 pub use ndfuse_ir::{DType, ReduceOp};
-pub use ndfuse_runtime::{BackendKind, CacheStats, Config, ConfigSource};
+pub use ndfuse_runtime::{
+    bind_thread, bound_device, unbind_thread, BackendKind, CacheStats, Config, ConfigSource,
+    CpuDevice, Device, DeviceId, DeviceKind, DeviceMove, DeviceSet, GpuDevice,
+};
 pub use ops::{where_, Axes, Operand, SliceArg};
 pub use tensor::Tensor;
 
