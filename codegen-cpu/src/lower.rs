@@ -1,5 +1,8 @@
-//! Lowering: one [`Kernel`] to one Cranelift function, a scalar loop over a range of
-//! flat domain positions (kernels with reduce axes loop over rows instead: see `rows`).
+//! Lowering: one [`Kernel`] to one Cranelift function, a loop over a range of flat
+//! domain positions: a vector loop first when every load is contiguous or fixed and
+//! every op has a vector form (`vector`), then the scalar loop below for the rest.
+//! Kernels with reduce axes loop over rows instead (`rows`), over bands of columns
+//! (`columns`), or run in split phases (`split`).
 //!
 //! ```text
 //! block0(ptrs, start, end):   brif start < end, block1, block3
@@ -198,7 +201,20 @@ impl<M: Module> Lowering<'_, '_, M> {
                 }
             }
         }
-        self.b.ins().jump(body, &[start.into()]);
+        // Vectors first where the kernel allows, then scalars for the rest.
+        match vector::elementwise_type(kernel, &plan, &load_access) {
+            Some(vt) => {
+                let bases = (in_bases, out_bases);
+                let loads = (&plan, &load_access[..]);
+                let vend =
+                    self.elementwise_vectors(kernel, (start, end), loads, &values, vt, bases)?;
+                let more = self.b.ins().icmp(IntCC::SignedLessThan, vend, end);
+                self.b.ins().brif(more, body, &[vend.into()], exit, &[]);
+            }
+            None => {
+                self.b.ins().jump(body, &[start.into()]);
+            }
+        }
 
         // Loop body.
         self.b.switch_to_block(body);

@@ -282,3 +282,64 @@ fn positions_beyond_2_pow_32_index_correctly() {
     }
     assert!(seen_true >= 2, "the test should read some set elements");
 }
+
+#[test]
+fn vector_loops_give_the_scalar_results_at_every_length_and_offset() {
+    // `(a * b - s) / sqrt(|a| + 1)` then `max(_, b)`, `neg`: a contiguous load, a slice
+    // starting at any element (not 16-byte aligned), a broadcast scalar, constants;
+    // lengths with every remainder of the vector step, and run_range starting anywhere.
+    for dtype in [DType::F32, DType::F64] {
+        for n in [1usize, 3, 4, 7, 8, 9, 15, 16, 17, 33, 100] {
+            for offset in 0..3isize {
+                let mut kb = KernelBuilder::new("k0_vec_chain", &[n]);
+                let a = kb.load(dtype);
+                let b = kb.load_view(dtype, n + 3, view(&[n], &[1], offset));
+                let s = kb.load_view(dtype, 1, view(&[n], &[0], 0));
+                let ab = kb.binary(BinaryOp::Mul, a, b);
+                let num = kb.binary(BinaryOp::Sub, ab, s);
+                let abs = kb.unary(UnaryOp::Abs, a);
+                let one = kb.constant(dtype, Scalar::F(1.0));
+                let den = kb.binary(BinaryOp::Add, abs, one);
+                let root = kb.unary(UnaryOp::Sqrt, den);
+                let q = kb.binary(BinaryOp::Div, num, root);
+                let m = kb.binary(BinaryOp::Max, q, b);
+                let out = kb.unary(UnaryOp::Neg, m);
+                kb.store(out);
+                let k = kb.build();
+                let vt = if dtype == DType::F32 {
+                    "f32x4"
+                } else {
+                    "f64x2"
+                };
+                assert!(compiled(&k).clif().contains(vt), "a vector loop");
+                let av: Vec<f64> = (0..n).map(|i| (i as f64 * 0.37).sin() * 3.0).collect();
+                let bv: Vec<f64> = (0..n + 3).map(|i| (i as f64 * 0.11).cos()).collect();
+                let (x, y, z) = (
+                    array(dtype, &[n], &av),
+                    array(dtype, &[n + 3], &bv),
+                    array(dtype, &[1], &[0.25]),
+                );
+                let got = run(&k, &[&x, &y, &z]);
+                let want = ndfuse_ir::interp::eval_kernel(&k, &[&x, &y, &z]).expect("reference");
+                assert_eq!(
+                    got[0].storage(),
+                    want[0].storage(),
+                    "n {n}, offset {offset}"
+                );
+                // A range that starts off the vector grid.
+                let ck = compiled(&k);
+                let mut part = HostArray::zeros(dtype, Shape::new([n]));
+                ck.run_range(&[&x, &y, &z], &mut [&mut part], n / 3, n)
+                    .expect("a range inside the domain");
+                for i in 0..n {
+                    let w = if i >= n / 3 {
+                        want[0].storage().get_f64(i)
+                    } else {
+                        0.0
+                    };
+                    assert_eq!(part.storage().get_f64(i).to_bits(), w.to_bits(), "{i}");
+                }
+            }
+        }
+    }
+}

@@ -22,6 +22,10 @@
 //! depend on the order: `fmax`/`fmin` propagate NaN and order -0 below +0 in any
 //! association.
 //!
+//! Element-wise kernels (no reduce axes) get a vector loop too, over the positions of
+//! their range in steps of two vectors, with the scalar loop finishing the rest; each
+//! position computes exactly what the scalar loop would, so results are unchanged.
+//!
 //! A sweep is vectorised only when every element value it computes is a float of the
 //! reductions' one dtype, loaded contiguously along the row or computed by an op that
 //! has a vector form here (`+ - * / max min`, `neg abs sqrt square`), and every
@@ -29,7 +33,8 @@
 
 use super::rows::{Acc, AccInfo, Bound, Range, SweepEnv};
 use super::{Lowering, Offset};
-use crate::index::Access;
+use crate::index::{Access, IndexPlan};
+use cranelift_codegen::ir::MemFlagsData;
 use cranelift_codegen::ir::{types, InstBuilder, Type, Value};
 use cranelift_module::Module;
 use ndfuse_ir::{BinaryOp, DType, Expr, Kernel, Level, UnaryOp};
@@ -96,7 +101,120 @@ pub(super) fn vector_op(expr: &Expr) -> bool {
     }
 }
 
+/// The offset at position 0 of a load that is contiguous from there on (a contiguous
+/// view, or a slice of one: one group of stride 1), or `None`.
+fn contiguous_from(plan: &IndexPlan, access: &Option<Access>) -> Option<i64> {
+    match access {
+        Some(Access::Contiguous) => Some(0),
+        Some(Access::Strided { offset, strides }) if plan.extents.len() == 1 && strides == &[1] => {
+            Some(*offset)
+        }
+        _ => None,
+    }
+}
+
+/// Vectors per iteration of an element-wise vector loop.
+const ELEMENTWISE_UNROLL: i64 = 2;
+
+/// The vector type of an element-wise kernel's loop, or `None` when it stays scalar:
+/// every value is a float of one dtype, every load contiguous or of one fixed element
+/// (`load_access[v]` is `None` for a fixed load, already loaded before the loop), and
+/// every other instruction a constant or an op with a vector form.
+pub(super) fn elementwise_type(
+    kernel: &Kernel,
+    plan: &IndexPlan,
+    load_access: &[Option<Access>],
+) -> Option<Type> {
+    let dtype = kernel.body.first()?.dtype;
+    let vt = match dtype {
+        DType::F32 => types::F32X4,
+        DType::F64 => types::F64X2,
+        _ => return None,
+    };
+    let ok = kernel.body.iter().enumerate().all(|(v, ins)| {
+        ins.dtype == dtype
+            && match &ins.expr {
+                Expr::Load { .. } => {
+                    load_access[v].is_none() || contiguous_from(plan, &load_access[v]).is_some()
+                }
+                Expr::Const(_) => true,
+                e => vector_op(e),
+            }
+    });
+    ok.then_some(vt)
+}
+
 impl<M: Module> Lowering<'_, '_, M> {
+    /// The vector loop of an element-wise kernel over positions `[start, vend)`, where
+    /// `vend` is `start` plus the largest multiple of the step that fits before `end`;
+    /// returns `vend`, where the scalar loop takes over. `fixed` holds the values of
+    /// fixed loads (made before the loop); `in_bases` and `out_bases` are the buffers.
+    pub(super) fn elementwise_vectors(
+        &mut self,
+        kernel: &Kernel,
+        (start, end): (Value, Value),
+        (plan, load_access): (&IndexPlan, &[Option<Access>]),
+        fixed: &[Option<Value>],
+        vt: Type,
+        (in_bases, out_bases): (&[Value], &[Value]),
+    ) -> Result<Value, String> {
+        let width = i64::from(vt.lane_count());
+        let step = width * ELEMENTWISE_UNROLL;
+        // Loop invariants as vectors: fixed loads and constants.
+        let mut invariant: Vec<Option<Value>> = vec![None; kernel.body.len()];
+        for (v, ins) in kernel.body.iter().enumerate() {
+            let scalar = match (&ins.expr, fixed[v]) {
+                (Expr::Load { .. }, Some(x)) => x,
+                (Expr::Const(_), _) => self.compute(kernel, v, &invariant)?,
+                _ => continue,
+            };
+            invariant[v] = Some(self.b.ins().splat(vt, scalar));
+        }
+        let len = self.b.ins().isub(end, start);
+        let vlen = self.b.ins().band_imm_s(len, -step);
+        let vend = self.b.ins().iadd(start, vlen);
+        let flags = super::vector_input_flags();
+        self.counted_loop(start, Bound::Value(vend), step, true, &[], |lw, i, _| {
+            for u in 0..ELEMENTWISE_UNROLL {
+                let at = Offset {
+                    var: Some(i),
+                    elems: u * width,
+                };
+                let mut vals = invariant.clone();
+                let lane = u * width;
+                for (v, ins) in kernel.body.iter().enumerate() {
+                    if vals[v].is_some() {
+                        continue;
+                    }
+                    let value = match &ins.expr {
+                        Expr::Load { input, .. } => {
+                            let from = contiguous_from(plan, &load_access[v])
+                                .expect("vector loads are contiguous (elementwise_type)");
+                            let off = Offset {
+                                var: Some(i),
+                                elems: from + lane,
+                            };
+                            let (addr, imm) = lw.address(in_bases[*input], off, ins.dtype);
+                            lw.b.ins().load(vt, flags, addr, imm)
+                        }
+                        _ => lw.compute(kernel, v, &vals)?,
+                    };
+                    vals[v] = Some(value);
+                }
+                for st in &kernel.stores {
+                    let value = vals[st.value.index()].expect("stored values are computed");
+                    let dtype = kernel.body[st.value.index()].dtype;
+                    let (addr, imm) = lw.address(out_bases[st.output], at, dtype);
+                    // Element-aligned only, like the loads.
+                    let store_flags = MemFlagsData::new().with_notrap();
+                    lw.b.ins().store(store_flags, value, addr, imm);
+                }
+            }
+            Ok(Vec::new())
+        })?;
+        Ok(vend)
+    }
+
     /// The reduction sweep over `range` in vectors of `vt` (see the module docs):
     /// `carried` are the scalar starting accumulators (the identities), one per plain
     /// reduction of `accs`; returns the final scalar accumulators. `scalar` emits one
