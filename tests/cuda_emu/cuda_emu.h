@@ -91,28 +91,46 @@ static inline __nv_bfloat16 __ll2bfloat16_rn(long long v) { return __double2bflo
 typedef void (*nd_emu_fn)();
 
 static void nd_emu_call(void* fn, int n, void** a) {
-#define A(i) a[i]
   switch (n) {
-  case 1: ((void (*)(void*))fn)(A(0)); break;
-  case 2: ((void (*)(void*, void*))fn)(A(0), A(1)); break;
-  case 3: ((void (*)(void*, void*, void*))fn)(A(0), A(1), A(2)); break;
-  case 4: ((void (*)(void*, void*, void*, void*))fn)(A(0), A(1), A(2), A(3)); break;
-  case 5: ((void (*)(void*, void*, void*, void*, void*))fn)(A(0), A(1), A(2), A(3), A(4)); break;
-  case 6: ((void (*)(void*, void*, void*, void*, void*, void*))fn)(A(0), A(1), A(2), A(3), A(4), A(5)); break;
-  case 7: ((void (*)(void*, void*, void*, void*, void*, void*, void*))fn)(A(0), A(1), A(2), A(3), A(4), A(5), A(6)); break;
-  case 8: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*))fn)(A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7)); break;
-  case 9: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7), A(8)); break;
-  case 10: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7), A(8), A(9)); break;
-  case 11: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7), A(8), A(9), A(10)); break;
-  case 12: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7), A(8), A(9), A(10), A(11)); break;
+  case 1: ((void (*)(void*))fn)(a[0]); break;
+  case 2: ((void (*)(void*, void*))fn)(a[0], a[1]); break;
+  case 3: ((void (*)(void*, void*, void*))fn)(a[0], a[1], a[2]); break;
+  case 4: ((void (*)(void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3]); break;
+  case 5: ((void (*)(void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4]); break;
+  case 6: ((void (*)(void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5]); break;
+  case 7: ((void (*)(void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6]); break;
+  case 8: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]); break;
+  case 9: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]); break;
+  case 10: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9]); break;
+  case 11: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10]); break;
+  case 12: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11]); break;
+  case 13: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12]); break;
+  case 14: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13]); break;
+  case 15: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14]); break;
+  case 16: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]); break;
+  case 17: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16]); break;
+  case 18: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17]); break;
+  case 19: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18]); break;
+  case 20: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19]); break;
+  case 21: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20]); break;
+  case 22: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21]); break;
+  case 23: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22]); break;
+  case 24: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23]); break;
+  case 25: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23], a[24]); break;
+  case 26: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23], a[24], a[25]); break;
+  case 27: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23], a[24], a[25], a[26]); break;
+  case 28: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23], a[24], a[25], a[26], a[27]); break;
+  case 29: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23], a[24], a[25], a[26], a[27], a[28]); break;
+  case 30: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23], a[24], a[25], a[26], a[27], a[28], a[29]); break;
+  case 31: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23], a[24], a[25], a[26], a[27], a[28], a[29], a[30]); break;
+  case 32: ((void (*)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*))fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23], a[24], a[25], a[26], a[27], a[28], a[29], a[30], a[31]); break;
   default: std::abort();
   }
-#undef A
 }
 
 // Runs `fn` over `grid` blocks of (bx, by) threads with `n` pointer arguments.
 extern "C" int nd_emu_launch(void* fn, unsigned grid, unsigned bx, unsigned by, int n, void** args) {
-  if ((bx * by) % 32 != 0 || bx * by > 1024 || n < 1 || n > 12) return 1;
+  if ((bx * by) % 32 != 0 || bx * by > 1024 || n < 1 || n > 32) return 1;
   blockDim = dim3{bx, by, 1};
   gridDim = dim3{grid, 1, 1};
   unsigned threads = bx * by;

@@ -407,3 +407,119 @@ fn every_strategy_computes_what_the_reference_does() {
     check_kernels(&cxx, &dir, &items);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every unary op on every float dtype, and every binary op on every dtype it takes,
+/// over contiguous, transposed, broadcast and reversed-slice inputs.
+#[test]
+fn every_op_on_every_dtype_and_layout_computes_what_the_reference_does() {
+    let Some(cxx) = compiler() else {
+        eprintln!("skipped: no C++ compiler ($CXX or g++) to build the CUDA emulator");
+        return;
+    };
+    let dir = scratch_dir("ops");
+    let ctx = Context::new();
+    let mut items = Vec::new();
+    let mut add = |what: String, outs: Vec<Tensor>| {
+        for k in kernels_of(&ctx, &outs) {
+            items.push((k, SMALL_GRID, what.clone()));
+        }
+    };
+    let base = ctx.rand_normal(&[24, 36], 0.3, 2.0, 11);
+    let other = ctx.rand_normal(&[36], 0.1, 1.5, 12);
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        let x = base.cast(dtype);
+        let layouts = [
+            ("contiguous", x.clone()),
+            ("transposed", x.transpose()),
+            (
+                "reversed slice",
+                x.slice(&[
+                    ndfuse::SliceArg::new(None, None, -1),
+                    ndfuse::SliceArg::new(Some(1), None, 3),
+                ]),
+            ),
+        ];
+        for (layout, v) in &layouts {
+            let pos = v.abs() + 0.25;
+            let unary = vec![
+                v.neg(),
+                v.abs(),
+                v.sign(),
+                v.exp(),
+                pos.log(),
+                pos.log1p(),
+                v.expm1(),
+                pos.sqrt(),
+                pos.rsqrt(),
+                v.square(),
+                v.recip(),
+                v.sin(),
+                v.cos(),
+                v.tanh(),
+                v.sigmoid(),
+                v.relu(),
+                v.erf(),
+                v.floor(),
+                v.ceil(),
+                v.round(),
+            ];
+            add(format!("unary ops {dtype} {layout}"), unary);
+        }
+        let y = other.cast(dtype);
+        let binary = vec![
+            &x + &y,
+            &x - &y,
+            &x * &y,
+            &x / &y,
+            (x.abs() + 0.5).pow(&y),
+            x.maximum(&y),
+            x.minimum(&y),
+            x.eq(&y),
+            x.ne(&y),
+            x.lt(&y),
+            x.le(&y),
+            x.gt(&y),
+            x.ge(&y),
+            x.gt(0.0).where_(&x, &y),
+        ];
+        add(format!("binary ops {dtype} (broadcast)"), binary);
+    }
+    for dtype in [DType::I32, DType::I64] {
+        let x = (&base * 1000.0).cast(dtype);
+        let y = (&other * 7.0).cast(dtype);
+        let ops = vec![
+            &x + &y,
+            &x - &y,
+            &x * &y,
+            x.maximum(&y),
+            x.minimum(&y),
+            x.abs(),
+            x.neg(),
+            x.sign(),
+            x.square(),
+            x.relu(),
+            x.eq(&y),
+            x.lt(&y),
+            x.ge(&y),
+            x.transpose().cast(DType::F32),
+            x.cast(DType::F16),
+            x.cast(DType::BF16),
+            (x.cast(DType::F64) * 1e12).cast(dtype),
+        ];
+        add(format!("integer ops {dtype}"), ops);
+    }
+    let b = base.gt(0.5);
+    let c = other.lt(0.0);
+    add(
+        "bool ops".into(),
+        vec![
+            b.and(&c),
+            b.or(&c),
+            b.logical_not(),
+            b.cast(DType::F32),
+            b.cast(DType::I64),
+        ],
+    );
+    check_kernels(&cxx, &dir, &items);
+    let _ = std::fs::remove_dir_all(&dir);
+}
