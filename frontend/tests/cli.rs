@@ -517,11 +517,6 @@ fn every_bad_input_fails_with_one_line_and_no_output() {
             "unknown input 'x' (no inputs given: add --shape NAME=SHAPE[:DTYPE])",
         ),
         (
-            "explain-cuda",
-            &["explain", "x", "--shape", "x=3", "--backend", "cuda"],
-            "backend cuda is not available",
-        ),
-        (
             "bench-no-case",
             &["bench", "nosuchcase", "--tiny"],
             "error: bench: no case matches 'nosuchcase' (cases: gelu, chain,",
@@ -609,6 +604,28 @@ fn expression_errors_name_the_column() {
             line.starts_with(&prefix) && line.contains(want),
             "{expr}: got {line:?}, want {prefix}...{want}"
         );
+    }
+}
+
+#[test]
+fn explain_shows_the_cuda_c_without_a_gpu() {
+    let r = ndfuse(&[
+        "explain",
+        "softmax(x, axis=-1)",
+        "--shape",
+        "x=64x4096",
+        "--backend",
+        "cuda",
+    ]);
+    assert!(r.ok, "{}", r.stderr);
+    for want in [
+        "== code (CUDA C, as NVRTC compiles it, with its launches)",
+        "// launch k0_",
+        "extern \"C\" __global__ void __launch_bounds__(256) k0_",
+        "block per row, 256 threads per block, row in registers (16 per lane)",
+        "__shfl_xor_sync",
+    ] {
+        assert!(r.stdout.contains(want), "lacks {want:?}:\n{}", r.stdout);
     }
 }
 
