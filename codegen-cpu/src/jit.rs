@@ -388,7 +388,8 @@ impl CompiledKernel {
         &self.name
     }
 
-    /// The Cranelift IR of the kernel as generated, before Cranelift's optimisations:
+    /// The Cranelift IR of the kernel as generated (every function of a split kernel,
+    /// in the order its phases run), before Cranelift's optimisations:
     /// for dumps (`NDFUSE_DEBUG=4`) and snapshot tests. Imported math functions appear
     /// as `u0:<id>`; leading `;` comment lines name them. The same kernel always gives
     /// the same text.

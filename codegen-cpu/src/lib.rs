@@ -10,20 +10,28 @@
 //!    well-formed description whose loads stay inside their buffers);
 //! 2. `index` plans how each load turns the flat domain position into a buffer offset
 //!    (contiguous, fixed, or strided with merged axes);
-//! 3. `lower` writes one Cranelift function, a scalar loop over `[start, end)` (for a
-//!    kernel with reduce axes, a loop over rows with one sweep over each row per group
-//!    of sibling reductions and one for element stores: `lower::rows`);
-//! 4. `jit` compiles it with the host ISA, owns the code memory, and runs it (in
+//! 3. `lower` writes Cranelift functions: for an element-wise kernel, a loop over
+//!    `[start, end)` (vectors where every load is contiguous and every op has a vector
+//!    form, scalars for the rest); for a kernel with reduce axes, one of the plan's
+//!    loops: rows one after another with one sweep per group of sibling reductions and
+//!    one for element stores, float reductions over contiguous elements in vectors with
+//!    several accumulators (`lower::rows`, `lower::vector`); a `Columns` plan as bands of
+//!    columns accumulated together while sweeping down the reduced axes
+//!    (`lower::columns`); a `Split` plan as phases, partials per chunk of a row then
+//!    their combination in chunk order (`lower::split`);
+//! 4. `jit` compiles them with the host ISA, owns the code memory, and runs them (in
 //!    parallel chunks, or one range).
 //!
-//! Every kernel compiles to one function with the C ABI
+//! Every kernel compiles to functions with the C ABI
 //! `fn(ptrs: *const *mut u8, start: i64, end: i64)`: `ptrs` holds the input buffer
-//! pointers and then the output buffer pointers. A range rather than the whole domain
-//! is the unit of work so that threads split the domain without recompiling:
-//! [`CompiledKernel::run`] cuts it into chunks fixed by the kernel's shape and runs them
-//! on rayon's threads, with bit-identical results whatever the thread count.
-//! For a kernel with reduce axes, `start..end` count rows (`Kernel::rows`), never
-//! positions: a row is always reduced whole, by one call.
+//! pointers and then the output buffer pointers (and, for a split kernel, scratch
+//! memory for its partials). A range rather than the whole domain is the unit of work
+//! so that threads split the domain without recompiling: [`CompiledKernel::run`] cuts
+//! it into chunks fixed by the kernel's shape and runs them on rayon's threads, with
+//! bit-identical results whatever the thread count. For a kernel with reduce axes,
+//! `start..end` count rows (`Kernel::rows`), never positions: a row is reduced whole by
+//! one call, or under a `Split` plan by one call per chunk of the row and one more
+//! that combines their partials in chunk order.
 //!
 //! ```
 //! use ndfuse_codegen_cpu::compile;
