@@ -686,7 +686,8 @@ fn split_arg_reductions_keep_the_first_nan_and_the_first_tie() {
 #[test]
 fn vector_sweeps_match_the_reference() {
     // Rows long enough for the vector loop, with every length of scalar tail; a row
-    // value (the mean) broadcast into the second sweep; element ops with vector forms.
+    // value (the mean) broadcast into the second sweep and stored along the row;
+    // element ops with vector forms; element stores.
     for dtype in [DType::F32, DType::F64] {
         let vt = if dtype == DType::F32 {
             "f32x4"
@@ -713,6 +714,9 @@ fn vector_sweeps_match_the_reference() {
             for r in [s, mx, mn, ss] {
                 kb.store_rows(r);
             }
+            // Element stores: a vector store sweep, a row value broadcast along it.
+            kb.store(d);
+            kb.store(mean);
             let k = kb.build();
             assert!(compiled(&k).clif().contains(vt), "a vector sweep");
             let nv = 3 * row_len;

@@ -129,7 +129,7 @@ pub(super) struct RowIndex {
     pub loads: Vec<Option<(Access, Access)>>,
     /// The (kept, reduced) accesses of a contiguous output of the domain's shape, when
     /// some store writes every position.
-    out: Option<(Access, Access)>,
+    pub out: Option<(Access, Access)>,
 }
 
 fn row_index(kernel: &Kernel, element_stores: bool) -> RowIndex {
@@ -693,7 +693,7 @@ impl<M: Module> Lowering<'_, '_, M> {
         let targets: Vec<usize> = stores.iter().map(|s| s.value.index()).collect();
         let need = element_closure(kernel, env.levels, &targets);
         let (_, out_red) = env.ix.out.as_ref().expect("planned with element stores");
-        self.sweep(range, &[], |lw, j, _| {
+        let scalar = |lw: &mut Self, j: Value, _: &[Value]| {
             let ridx = lw.decompose(&env.ix.red, j);
             let vals = lw.element_values(kernel, env, &need, (j, &ridx), values)?;
             let red = lw.element_offset(out_red, &ridx, j);
@@ -705,8 +705,23 @@ impl<M: Module> Lowering<'_, '_, M> {
                 lw.b.ins().store(MemFlagsData::trusted(), value, addr, imm);
             }
             Ok(Vec::new())
-        })?;
-        Ok(())
+        };
+        let long = match range {
+            Range::Whole(n) => n >= VECTOR_MIN_ROW,
+            Range::Dynamic(..) => true,
+        };
+        match vector::store_sweep_type(kernel, env, &need, &stores) {
+            Some(vt) if long => self.vector_store_sweep(
+                kernel,
+                env,
+                &need,
+                (&stores, out_kept, out_bases),
+                values,
+                (range, vt),
+                scalar,
+            ),
+            _ => self.sweep(range, &[], scalar).map(|_| ()),
+        }
     }
 }
 

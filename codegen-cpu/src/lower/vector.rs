@@ -52,34 +52,60 @@ pub(super) fn sweep_type(
     accs: &[AccInfo],
 ) -> Option<Type> {
     let dtype = accs.first()?.2;
-    let vt = match dtype {
-        DType::F32 => types::F32X4,
-        DType::F64 => types::F64X2,
-        _ => return None,
-    };
+    let vt = float_vector(dtype)?;
     if accs
         .iter()
         .any(|&(acc, _, xd)| xd != dtype || matches!(acc, Acc::Arg(_)))
     {
         return None;
     }
-    for (v, ins) in kernel.body.iter().enumerate() {
-        if !need[v] {
-            continue;
-        }
-        if ins.dtype != dtype {
-            return None;
-        }
-        let ok = match &ins.expr {
-            Expr::Load { .. } => matches!(env.ix.loads[v], Some((_, Access::Contiguous))),
-            e => vector_op(e),
-        };
-        if !ok {
-            return None;
-        }
-    }
-    Some(vt)
+    values_vectorise(kernel, env, need, dtype).then_some(vt)
 }
+
+/// Whether every element value of `need` is of `dtype` and has a vector form in a
+/// sweep: a load contiguous along the row, or a vector op.
+fn values_vectorise(kernel: &Kernel, env: &SweepEnv<'_>, need: &[bool], dtype: DType) -> bool {
+    kernel.body.iter().enumerate().all(|(v, ins)| {
+        !need[v]
+            || (ins.dtype == dtype
+                && match &ins.expr {
+                    Expr::Load { .. } => {
+                        matches!(env.ix.loads[v], Some((_, Access::Contiguous)))
+                    }
+                    e => vector_op(e),
+                })
+    })
+}
+
+/// The vector type of an element-store sweep over `need` storing `stores`, or `None`
+/// when it stays scalar: the stored values and everything they need vectorise (as for
+/// a reduction sweep) and the output is contiguous along the row.
+pub(super) fn store_sweep_type(
+    kernel: &Kernel,
+    env: &SweepEnv<'_>,
+    need: &[bool],
+    stores: &[&ndfuse_ir::Store],
+) -> Option<Type> {
+    let dtype = kernel.body[stores.first()?.value.index()].dtype;
+    let vt = float_vector(dtype)?;
+    let same = stores
+        .iter()
+        .all(|st| kernel.body[st.value.index()].dtype == dtype);
+    let contiguous = matches!(env.ix.out, Some((_, Access::Contiguous)));
+    (same && contiguous && values_vectorise(kernel, env, need, dtype)).then_some(vt)
+}
+
+/// The 128-bit vector of a float dtype.
+fn float_vector(dtype: DType) -> Option<Type> {
+    match dtype {
+        DType::F32 => Some(types::F32X4),
+        DType::F64 => Some(types::F64X2),
+        _ => None,
+    }
+}
+
+/// Vectors per iteration of an element-store sweep.
+const STORE_UNROLL: i64 = 2;
 
 /// Whether `expr`, an element op, has a vector form here (on float vectors).
 pub(super) fn vector_op(expr: &Expr) -> bool {
@@ -233,36 +259,8 @@ impl<M: Module> Lowering<'_, '_, M> {
     ) -> Result<Vec<Value>, String> {
         let width = i64::from(vt.lane_count());
         let step = width * ACCUMULATORS;
-        // Row values used by element ops, as vectors: made once, before the loop.
-        let mut vvals = values.to_vec();
-        let mut splatted = vec![false; values.len()];
-        for (v, ins) in kernel.body.iter().enumerate() {
-            if !need[v] {
-                continue;
-            }
-            for x in Kernel::operands(&ins.expr) {
-                let x = x.index();
-                if env.levels[x] == Level::Row && !splatted[x] {
-                    let s = values[x].expect("row values are computed before the sweep");
-                    vvals[x] = Some(self.b.ins().splat(vt, s));
-                    splatted[x] = true;
-                }
-            }
-        }
-        // The vector part: [lo, vend), a multiple of `step` long; the tail: [vend, hi).
-        let (lo, vend, hi, guard) = match range {
-            Range::Whole(n) => {
-                let lo = self.b.ins().iconst(types::I64, 0);
-                let nv = n / step * step;
-                (lo, Bound::Const(nv), Bound::Const(n), nv == 0)
-            }
-            Range::Dynamic(lo, hi) => {
-                let len = self.b.ins().isub(hi, lo);
-                let vlen = self.b.ins().band_imm_s(len, -step);
-                let vend = self.b.ins().iadd(lo, vlen);
-                (lo, Bound::Value(vend), Bound::Value(hi), true)
-            }
-        };
+        let vvals = self.row_splats(kernel, env, need, values, vt);
+        let (lo, vend, hi, guard) = self.vector_bounds(range, step);
         let mut vcarried = Vec::with_capacity(carried.len() * ACCUMULATORS as usize);
         for &(_, init) in carried {
             let splat = self.b.ins().splat(vt, init);
@@ -310,17 +308,127 @@ impl<M: Module> Lowering<'_, '_, M> {
             }
             scalars.push((carried[k].0, lanes[0]));
         }
-        // The scalar tail.
+        self.scalar_tail(range, (vend, hi), &scalars, scalar)
+    }
+
+    /// The element-store sweep over `range` in vectors of `vt`, two a step, then the
+    /// scalar sweep (`scalar`, one element) for the tail; `stores` write values of
+    /// `need` at `out_kept` plus the element's position along the row.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn vector_store_sweep(
+        &mut self,
+        kernel: &Kernel,
+        env: &SweepEnv<'_>,
+        need: &[bool],
+        (stores, out_kept, out_bases): (&[&ndfuse_ir::Store], &Offset, &[Value]),
+        values: &[Option<Value>],
+        (range, vt): (Range, Type),
+        scalar: impl FnOnce(&mut Self, Value, &[Value]) -> Result<Vec<Value>, String>,
+    ) -> Result<(), String> {
+        let width = i64::from(vt.lane_count());
+        let step = width * STORE_UNROLL;
+        let mut vvals = self.row_splats(kernel, env, need, values, vt);
+        // A stored row value is broadcast along the row.
+        for st in stores {
+            let v = st.value.index();
+            if env.levels[v] == Level::Row {
+                let s = values[v].expect("row values are computed before the sweep");
+                vvals[v] = Some(self.b.ins().splat(vt, s));
+            }
+        }
+        let (lo, vend, hi, guard) = self.vector_bounds(range, step);
+        self.counted_loop(lo, vend, step, guard, &[], |lw, j, _| {
+            for a in 0..STORE_UNROLL {
+                let vals = lw.element_vectors(kernel, env, need, (j, a * width), &vvals, vt)?;
+                let var = match out_kept.var {
+                    Some(k) => lw.b.ins().iadd(k, j),
+                    None => j,
+                };
+                let at = Offset {
+                    var: Some(var),
+                    elems: out_kept.elems + a * width,
+                };
+                for st in stores {
+                    let value = vals[st.value.index()].expect("stored values are computed");
+                    let dtype = kernel.body[st.value.index()].dtype;
+                    let (addr, imm) = lw.address(out_bases[st.output], at, dtype);
+                    // Element-aligned only, like the loads.
+                    let flags = MemFlagsData::new().with_notrap();
+                    lw.b.ins().store(flags, value, addr, imm);
+                }
+            }
+            Ok(Vec::new())
+        })?;
+        self.scalar_tail(range, (vend, hi), &[], scalar)?;
+        Ok(())
+    }
+
+    /// Row values that element ops of `need` use, splatted to vectors of `vt` (made
+    /// once, before a vector loop), on top of `values`.
+    fn row_splats(
+        &mut self,
+        kernel: &Kernel,
+        env: &SweepEnv<'_>,
+        need: &[bool],
+        values: &[Option<Value>],
+        vt: Type,
+    ) -> Vec<Option<Value>> {
+        let mut vvals = values.to_vec();
+        let mut splatted = vec![false; values.len()];
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if !need[v] {
+                continue;
+            }
+            for x in Kernel::operands(&ins.expr) {
+                let x = x.index();
+                if env.levels[x] == Level::Row && !splatted[x] {
+                    let s = values[x].expect("row values are computed before the sweep");
+                    vvals[x] = Some(self.b.ins().splat(vt, s));
+                    splatted[x] = true;
+                }
+            }
+        }
+        vvals
+    }
+
+    /// The bounds of a vector loop over `range` in steps of `step`: `(lo, vend, hi,
+    /// guard)`, where `[lo, vend)` is a multiple of `step` long, `[vend, hi)` is left to
+    /// the scalar tail, and `guard` says whether the vector loop may run zero times.
+    fn vector_bounds(&mut self, range: Range, step: i64) -> (Value, Bound, Bound, bool) {
+        match range {
+            Range::Whole(n) => {
+                let lo = self.b.ins().iconst(types::I64, 0);
+                let nv = n / step * step;
+                (lo, Bound::Const(nv), Bound::Const(n), nv == 0)
+            }
+            Range::Dynamic(lo, hi) => {
+                let len = self.b.ins().isub(hi, lo);
+                let vlen = self.b.ins().band_imm_s(len, -step);
+                let vend = self.b.ins().iadd(lo, vlen);
+                (lo, Bound::Value(vend), Bound::Value(hi), true)
+            }
+        }
+    }
+
+    /// The scalar loop over `[vend, hi)` after a vector loop, carrying `carried`; none
+    /// at all when a whole row's vectors covered it.
+    fn scalar_tail(
+        &mut self,
+        range: Range,
+        (vend, hi): (Bound, Bound),
+        carried: &[(Type, Value)],
+        scalar: impl FnOnce(&mut Self, Value, &[Value]) -> Result<Vec<Value>, String>,
+    ) -> Result<Vec<Value>, String> {
         let start = match vend {
             Bound::Const(nv) => self.b.ins().iconst(types::I64, nv),
             Bound::Value(v) => v,
         };
         match (range, vend) {
             (Range::Whole(n), Bound::Const(nv)) if nv == n => {
-                Ok(scalars.into_iter().map(|(_, v)| v).collect())
+                Ok(carried.iter().map(|&(_, v)| v).collect())
             }
-            (Range::Whole(_), _) => self.counted_loop(start, hi, 1, false, &scalars, scalar),
-            (Range::Dynamic(..), _) => self.counted_loop(start, hi, 1, true, &scalars, scalar),
+            (Range::Whole(_), _) => self.counted_loop(start, hi, 1, false, carried, scalar),
+            (Range::Dynamic(..), _) => self.counted_loop(start, hi, 1, true, carried, scalar),
         }
     }
 
