@@ -15,9 +15,10 @@
 //!
 //! An unknown key (in the file, or an `NDFUSE_*` variable that is not a key) and a value
 //! that does not parse are errors that name the key, where it came from and, for an
-//! unknown key, the nearest valid one. `NDFUSE_CONFIG`, `NDFUSE_REQUIRE_CUDA` and
-//! `NDFUSE_REQUIRE_NVRTC` are not keys: the first names the file, the others are test
-//! switches, and all three are let through.
+//! unknown key, the nearest valid one. `NDFUSE_CONFIG` (the file),
+//! `NDFUSE_CUDA_INCLUDE` (where NVRTC finds the CUDA headers), `NDFUSE_REQUIRE_CUDA` and
+//! `NDFUSE_REQUIRE_NVRTC` (test switches) and `NDFUSE_CI_VENV` (CI's venv) are not keys
+//! and are let through.
 //!
 //! # Keys
 //!
@@ -69,7 +70,16 @@ pub const CONFIG_VAR: &str = "NDFUSE_CONFIG";
 pub const CONFIG_FILE: &str = "ndfuse.toml";
 
 /// `NDFUSE_*` variables that are not keys: the file's path and the test suites' switches.
-const NOT_KEYS: &[&str] = &[CONFIG_VAR, "NDFUSE_REQUIRE_CUDA", "NDFUSE_REQUIRE_NVRTC"];
+const NOT_KEYS: &[&str] = &[
+    CONFIG_VAR,
+    "NDFUSE_REQUIRE_CUDA",
+    "NDFUSE_REQUIRE_NVRTC",
+    // Where NVRTC finds the CUDA headers (ndfuse_codegen_cuda::include_dirs), read
+    // before any configuration exists.
+    "NDFUSE_CUDA_INCLUDE",
+    // The test harness's own settings (scripts/gpu-check.sh, .ci/run).
+    "NDFUSE_CI_VENV",
+];
 
 /// Variables accepted as aliases of keys: ND4J's names for the priorities, and
 /// `NDFUSE_DUMP`, the name the README documented before `dump_dir` was a key.
