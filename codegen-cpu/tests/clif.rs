@@ -62,8 +62,9 @@ fn split_sum_f32() -> Kernel {
     kb.build()
 }
 
-/// The column sums of `[6, 10]` f64: the band loop (accumulators on the stack, vectors
-/// unrolled, vectors, scalars) and the per-column stores.
+/// The column sums of `[6, 10]` f64: the band loop (accumulators on the stack; four rows
+/// at a time, then the last two one at a time; vectors unrolled, vectors, scalars) and
+/// the per-column stores.
 fn column_sum_f64() -> Kernel {
     let mut kb = KernelBuilder::new("k4_sum", &[6, 10]);
     kb.reduce_over(&[0]);

@@ -7,9 +7,11 @@
 //! pre:        buffer pointers, constants (and their vector splats); an accumulator
 //!             array of BAND columns per reduction, on the stack
 //! band(b):    w = min(end - b, BAND); every accumulator := the identity
-//!   j loop:   for j in 0..col_len: the reduced part of every load's offset at j
-//!     vector: for c in (0..w - w % W).step_by(W): elements (j, b+c .. b+c+W) as
-//!             vectors, acc[c..c+W] = acc[c..c+W] (+) x
+//!   j loop:   for j in (0..col_len).step_by(4), then one row at a time for the last
+//!             col_len % 4: the reduced part of every load's offset at rows j..j+4
+//!     vector: for c in (0..w - w % W).step_by(W) (unrolled 4 times): acc[c..c+W] =
+//!             (((acc[c..c+W] (+) x[j]) (+) x[j+1]) (+) x[j+2]) (+) x[j+3], the x
+//!             vectors of elements (row, b+c .. b+c+W)
 //!     scalar: for c in w - w % W..w: the same, one column at a time
 //!   columns:  for c in 0..w: the results acc[c] -> row values -> per-row stores at b+c
 //!   brif b + BAND < end, band(b + BAND), exit
@@ -43,6 +45,10 @@ use ndfuse_ir::{Accumulate, DType, Expr, Kernel, Level, Plan, Shape, View};
 /// f32; 4096 columns left one band for two threads); the accumulators (4 KiB of f32 a
 /// reduction) stay in L1. A multiple of every vector width and of `UNROLL` vectors.
 pub(crate) const BAND: usize = 1024;
+
+/// Rows accumulated per pass across the band: each accumulator is loaded and stored
+/// once for them, and as many streams of memory are read at once.
+const ROWS_AT_ONCE: i64 = 4;
 
 /// Vectors per iteration of the band loop: fewer loop and address instructions per
 /// vector (the loop is bound by them, not by memory, at one vector an iteration).
@@ -264,40 +270,56 @@ impl<M: Module> Lowering<'_, '_, M> {
             Ok(Vec::new())
         })?;
 
-        // Down the columns: row j of the band, vectors then scalars.
-        let zero = self.b.ins().iconst(types::I64, 0);
-        self.counted_loop(zero, Bound::Const(col_len), 1, false, &[], |lw, j, _| {
-            let ridx = lw.decompose(&band.red, j);
-            let red: Vec<Option<Offset>> = band
-                .loads
-                .iter()
-                .map(|l| l.as_ref().map(|(_, r)| lw.element_offset(r, &ridx, j)))
-                .collect();
-            let zero = lw.b.ins().iconst(types::I64, 0);
-            let env = BandEnv {
-                band,
-                red: &red,
-                in_bases,
-                accs,
-                band_bytes,
-            };
-            let step = width * UNROLL;
-            lw.counted_loop(zero, Bound::Value(wu), step, true, &[], |lw, c, _| {
-                for u in 0..UNROLL {
-                    lw.band_step(kernel, &env, (b0, c, u * width), &splats, vt)?;
+        // Down the columns: ROWS_AT_ONCE rows at a time, then one at a time; across the
+        // band, unrolled vectors, vectors, then scalars.
+        let grouped = col_len / ROWS_AT_ONCE * ROWS_AT_ONCE;
+        for (lo, hi, rows) in [(0, grouped, ROWS_AT_ONCE), (grouped, col_len, 1)] {
+            if lo == hi {
+                continue;
+            }
+            let first = self.b.ins().iconst(types::I64, lo);
+            self.counted_loop(first, Bound::Const(hi), rows, false, &[], |lw, j, _| {
+                let mut red = Vec::with_capacity(rows as usize);
+                for r in 0..rows {
+                    let jr = if r == 0 {
+                        j
+                    } else {
+                        lw.b.ins().iadd_imm_s(j, r)
+                    };
+                    let ridx = lw.decompose(&band.red, jr);
+                    let offs: Vec<Option<Offset>> = band
+                        .loads
+                        .iter()
+                        .map(|l| l.as_ref().map(|(_, a)| lw.element_offset(a, &ridx, jr)))
+                        .collect();
+                    red.push(offs);
                 }
+                let zero = lw.b.ins().iconst(types::I64, 0);
+                let env = BandEnv {
+                    band,
+                    red: &red,
+                    in_bases,
+                    accs,
+                    band_bytes,
+                };
+                let step = width * UNROLL;
+                lw.counted_loop(zero, Bound::Value(wu), step, true, &[], |lw, c, _| {
+                    for u in 0..UNROLL {
+                        lw.band_step(kernel, &env, (b0, c, u * width), &splats, vt)?;
+                    }
+                    Ok(Vec::new())
+                })?;
+                lw.counted_loop(wu, Bound::Value(wv), width, true, &[], |lw, c, _| {
+                    lw.band_step(kernel, &env, (b0, c, 0), &splats, vt)?;
+                    Ok(Vec::new())
+                })?;
+                lw.counted_loop(wv, Bound::Value(w), 1, true, &[], |lw, c, _| {
+                    lw.band_step(kernel, &env, (b0, c, 0), &values, ty)?;
+                    Ok(Vec::new())
+                })?;
                 Ok(Vec::new())
             })?;
-            lw.counted_loop(wu, Bound::Value(wv), width, true, &[], |lw, c, _| {
-                lw.band_step(kernel, &env, (b0, c, 0), &splats, vt)?;
-                Ok(Vec::new())
-            })?;
-            lw.counted_loop(wv, Bound::Value(w), 1, true, &[], |lw, c, _| {
-                lw.band_step(kernel, &env, (b0, c, 0), &values, ty)?;
-                Ok(Vec::new())
-            })?;
-            Ok(Vec::new())
-        })?;
+        }
 
         // Each column's results: the row values after the reduction, per-row stores.
         let zero = self.b.ins().iconst(types::I64, 0);
@@ -336,9 +358,10 @@ impl<M: Module> Lowering<'_, '_, M> {
         Ok(())
     }
 
-    /// One step across the band at row `j` (whose reduced offsets are in `env.red`):
-    /// columns `b0 + c + lane ..` as `ty` (a vector, or one scalar), accumulated into
-    /// the accumulators at `c + lane`. `row_vals` are the row values as `ty`.
+    /// One step across the band at the rows of `env.red` (their reduced offsets, in
+    /// row order): columns `b0 + c + lane ..` as `ty` (a vector, or one scalar) of each
+    /// row accumulated, in row order, into the accumulators at `c + lane`, which are
+    /// read and written once. `row_vals` are the row values as `ty`.
     fn band_step(
         &mut self,
         kernel: &Kernel,
@@ -348,6 +371,41 @@ impl<M: Module> Lowering<'_, '_, M> {
         ty: Type,
     ) -> Result<(), String> {
         let col = self.b.ins().iadd(b0, c);
+        let size = i64::from(ty.lane_type().bytes());
+        let scaled = self.b.ins().imul_imm_s(c, size);
+        let at = self.b.ins().iadd(env.accs, scaled);
+        // Vectors start at a multiple of W columns: 16-byte aligned in the slot.
+        let mut accs: Vec<Value> = (0..env.band.reduces.len())
+            .map(|k| {
+                let imm = (k as i64 * env.band_bytes + lane * size) as i32;
+                self.b.ins().load(ty, MemFlagsData::trusted(), at, imm)
+            })
+            .collect();
+        for red in env.red {
+            let vals = self.band_values(kernel, env, red, (col, lane), row_vals, ty)?;
+            for (k, &(_, acc, x)) in env.band.reduces.iter().enumerate() {
+                let xv = vals[x].expect("the operand is computed in the step");
+                accs[k] = self.accumulate(acc, env.band.dtype, accs[k], xv);
+            }
+        }
+        for (k, &new) in accs.iter().enumerate() {
+            let imm = (k as i64 * env.band_bytes + lane * size) as i32;
+            self.b.ins().store(MemFlagsData::trusted(), new, at, imm);
+        }
+        Ok(())
+    }
+
+    /// The element values the band needs at one row (reduced offsets `red`), columns
+    /// `col + lane ..` as `ty`.
+    fn band_values(
+        &mut self,
+        kernel: &Kernel,
+        env: &BandEnv<'_>,
+        red: &[Option<Offset>],
+        (col, lane): (Value, i64),
+        row_vals: &[Option<Value>],
+        ty: Type,
+    ) -> Result<Vec<Option<Value>>, String> {
         let mut vals = row_vals.to_vec();
         for (v, ins) in kernel.body.iter().enumerate() {
             if !env.band.need[v] {
@@ -358,7 +416,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                     let (across, _) = env.band.loads[v]
                         .as_ref()
                         .expect("loads of the band are planned");
-                    let red = env.red[v].expect("loads have a reduced offset");
+                    let red = red[v].expect("loads have a reduced offset");
                     let base = env.in_bases[*input];
                     match *across {
                         Across::Contiguous(offset) => {
@@ -396,26 +454,16 @@ impl<M: Module> Lowering<'_, '_, M> {
             };
             vals[v] = Some(value);
         }
-        let size = i64::from(ty.lane_type().bytes());
-        let scaled = self.b.ins().imul_imm_s(c, size);
-        let at = self.b.ins().iadd(env.accs, scaled);
-        for (k, &(_, acc, x)) in env.band.reduces.iter().enumerate() {
-            let imm = (k as i64 * env.band_bytes + lane * size) as i32;
-            // Vectors start at a multiple of W columns: 16-byte aligned in the slot.
-            let old = self.b.ins().load(ty, MemFlagsData::trusted(), at, imm);
-            let xv = vals[x].expect("the operand is computed in the step");
-            let new = self.accumulate(acc, env.band.dtype, old, xv);
-            self.b.ins().store(MemFlagsData::trusted(), new, at, imm);
-        }
-        Ok(())
+        Ok(vals)
     }
 }
 
 /// What every step of a band reads.
 struct BandEnv<'a> {
     band: &'a ColumnBand,
-    /// Per instruction that is a load: the reduced part of its offset at this row.
-    red: &'a [Option<Offset>],
+    /// Per row of the step, in row order; per instruction that is a load: the reduced
+    /// part of its offset at that row.
+    red: &'a [Vec<Option<Offset>>],
     in_bases: &'a [Value],
     /// The accumulator array (one run of `band_bytes` per reduction).
     accs: Value,
