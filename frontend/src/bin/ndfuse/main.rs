@@ -341,10 +341,18 @@ fn backends() -> Result<(), Failure> {
     // any traffic.
     let cache = ndfuse_runtime::host_cache();
     cache.set_limits(ndfuse_runtime::Limits::host(&cfg));
+    // The device set evaluations are placed on (batches, bound threads,
+    // allow_multi_gpu): every GPU found, then the host.
+    let devices = match ndfuse_runtime::DeviceSet::discover(&cfg, 1) {
+        Ok(set) => set.to_string(),
+        Err(e) => format!("(none: {e})\n"),
+    };
     let text = format!(
         "backends compiled into this build:\n{registry}\nauto picks: {auto}\n\n\
+         devices, in placement order (allow_multi_gpu = {}):\n{devices}\n\
          host buffer cache: {}\n\n\
          configuration (effective value, then where it came from):\n{}",
+        cfg.allow_multi_gpu(),
         cache.stats(),
         cfg.explain()
     );
