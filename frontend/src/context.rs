@@ -422,8 +422,9 @@ impl Context {
 
     /// A copy of `a` made for `device` of this context's set, which records where it
     /// went. On a CPU device the copy is written by that device's threads (first touch
-    /// places its pages near them); on a GPU it is a host copy, since the CUDA backend
-    /// uploads inputs at each evaluation. `Err` when the set has no such device.
+    /// places its pages near them); on a GPU it is a host copy (an `Array` handed back by
+    /// value cannot be tracked): [`Context::keep_on_device`] keeps a tensor's data on
+    /// a GPU between evaluations. `Err` when the set has no such device.
     ///
     /// ```
     /// use ndfuse::{Context, DeviceId};
@@ -434,6 +435,40 @@ impl Context {
     /// # Ok::<(), ndfuse::Error>(())
     /// ```
     pub fn to_device(&self, a: &Array, device: &DeviceId) -> Result<DeviceArray> {
+        self.to_device_copy(a, device)
+    }
+
+    /// Keeps the data of `t`, a tensor made from data (`from_vec`, `from_array`, the
+    /// random constructors...), on `device` for the evaluations that follow, as long as
+    /// `t` (or a tensor built from it) lives: a GPU uploads it once now instead of at
+    /// every evaluation; on the host there is nothing to move. `Err` for a tensor that
+    /// holds no data of its own (an expression: evaluate it and make a tensor of the
+    /// result) or a device not in the set.
+    ///
+    /// ```
+    /// use ndfuse::{Context, DeviceId};
+    /// let ctx = Context::new();
+    /// let w = ctx.rand_normal(&[256, 256], 0.0, 1.0, 7);
+    /// ctx.keep_on_device(&w, &DeviceId::cpu(0))?;
+    /// assert!(ctx.keep_on_device(&(&w * 2.0), &DeviceId::cpu(0)).is_err());
+    /// # Ok::<(), ndfuse::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn keep_on_device(&self, t: &Tensor, device: &DeviceId) -> Result<()> {
+        let at = std::panic::Location::caller();
+        let e = t.expr()?;
+        let Some(data) = &e.data else {
+            return Err(Error::Argument {
+                what: "keep_on_device",
+                why: "the tensor is an expression, not data: evaluate it and keep a tensor of the result".into(),
+                at,
+            });
+        };
+        self.devices()?.make_resident(data, device)?;
+        Ok(())
+    }
+
+    fn to_device_copy(&self, a: &Array, device: &DeviceId) -> Result<DeviceArray> {
         let copy = self.devices()?.to_device(&a.0, device)?;
         Ok(DeviceArray {
             array: Array(copy),

@@ -120,7 +120,17 @@ pub struct CudaDevice {
     stream: Arc<CudaStream>,
     cache: Arc<Cache<DeviceAlloc>>,
     staging: Arc<Cache<PinnedAlloc>>,
+    /// Host arrays kept on the device ([`CudaDevice::make_resident`]), by address, with
+    /// a weak handle that says whether the array still lives.
+    resident: Mutex<HashMap<usize, Resident>>,
     modules: Mutex<HashMap<(String, String), Arc<Loaded>>>,
+}
+
+/// A host array's copy on the device.
+#[derive(Debug)]
+struct Resident {
+    host: std::sync::Weak<HostArray>,
+    device: Arc<Pooled<DeviceAlloc>>,
 }
 
 /// A kernel's module, loaded, with its functions.
@@ -174,6 +184,7 @@ pub fn device(ordinal: usize, cfg: &Config) -> Result<Arc<CudaDevice>, RuntimeEr
         stream,
         cache,
         staging,
+        resident: Mutex::new(HashMap::new()),
         modules: Mutex::new(HashMap::new()),
     });
     map.insert(ordinal, Arc::clone(&d));
@@ -272,6 +283,50 @@ impl CudaDevice {
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, Arc::clone(&loaded));
         Ok(loaded)
+    }
+
+    /// Keeps a copy of `a` on the device for every later evaluation that reads it, for
+    /// as long as `a` lives (the device copy goes back to the device cache after `a` is
+    /// dropped, at the next evaluation on this device). Host arrays never change once
+    /// shared, so the copy cannot go stale.
+    pub fn make_resident(&self, a: &Arc<HostArray>) -> Result<(), RuntimeError> {
+        if self.resident_copy(a).is_some() {
+            return Ok(());
+        }
+        let mut staged = Vec::new();
+        let buf = self.upload(a, &mut staged)?;
+        self.stream
+            .synchronize()
+            .map_err(|e| driver_err("cuStreamSynchronize", e))?;
+        drop(staged);
+        self.resident
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                Arc::as_ptr(a) as usize,
+                Resident {
+                    host: Arc::downgrade(a),
+                    device: Arc::new(buf),
+                },
+            );
+        Ok(())
+    }
+
+    /// The device copy of `a`, if it was made resident; drops copies of arrays that
+    /// died.
+    fn resident_copy(&self, a: &Arc<HostArray>) -> Option<Arc<Pooled<DeviceAlloc>>> {
+        let mut map = self.resident.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, r| r.host.strong_count() > 0);
+        map.get(&(Arc::as_ptr(a) as usize))
+            .filter(|r| r.host.upgrade().is_some_and(|h| Arc::ptr_eq(&h, a)))
+            .map(|r| Arc::clone(&r.device))
+    }
+
+    /// Bytes of host arrays kept on the device.
+    pub fn resident_bytes(&self) -> usize {
+        let mut map = self.resident.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, r| r.host.strong_count() > 0);
+        map.values().map(|r| r.device.len()).sum()
     }
 
     fn alloc(&self, bytes: usize) -> Result<Pooled<DeviceAlloc>, RuntimeError> {
@@ -454,10 +509,22 @@ pub(crate) struct CudaRun {
     pub kernel_time: Duration,
 }
 
-/// A buffer of the evaluation: on the device, or (for interpreter steps) on the host.
+/// A buffer of the evaluation: on the device (the evaluation's own, or a resident copy
+/// of an input), or (for interpreter steps) on the host.
 enum Buf {
     Device(Pooled<DeviceAlloc>),
+    Resident(Arc<Pooled<DeviceAlloc>>),
     Host(HostArray),
+}
+
+impl Buf {
+    fn device(&self) -> Option<&CudaSlice<u8>> {
+        match self {
+            Buf::Device(d) => Some(d),
+            Buf::Resident(d) => Some(d),
+            Buf::Host(_) => None,
+        }
+    }
 }
 
 /// Runs `schedule` (of the optimised graph `g`) on device `dev`.
@@ -490,19 +557,22 @@ pub(crate) fn run(
                 outputs: outs,
             } => {
                 for n in ins {
-                    if !matches!(bufs.get(n), Some(Buf::Device(_))) {
+                    if bufs.get(n).and_then(Buf::device).is_none() {
                         let dbuf = match bufs.get(n) {
-                            Some(Buf::Host(a)) => dev.upload(a, &mut staged)?,
-                            _ => dev.upload(
-                                inputs.get(n).unwrap_or_else(|| {
+                            Some(Buf::Host(a)) => Buf::Device(dev.upload(a, &mut staged)?),
+                            _ => {
+                                let a = inputs.get(n).unwrap_or_else(|| {
                                     panic!(
                                         "step {i} reads {n} before it is written (a scheduling bug)"
                                     )
-                                }),
-                                &mut staged,
-                            )?,
+                                });
+                                match dev.resident_copy(a) {
+                                    Some(r) => Buf::Resident(r),
+                                    None => Buf::Device(dev.upload(a, &mut staged)?),
+                                }
+                            }
                         };
-                        bufs.insert(*n, Buf::Device(dbuf));
+                        bufs.insert(*n, dbuf);
                     }
                 }
                 let ck = ndfuse_codegen_cuda::emit(kernel, &opts)?;
@@ -526,10 +596,7 @@ pub(crate) fn run(
                 {
                     let in_refs: Vec<&CudaSlice<u8>> = ins
                         .iter()
-                        .map(|n| match &bufs[n] {
-                            Buf::Device(d) => &**d,
-                            Buf::Host(_) => unreachable!("uploaded above"),
-                        })
+                        .map(|n| bufs[n].device().expect("uploaded above"))
                         .collect();
                     let out_refs: Vec<&CudaSlice<u8>> = out_bufs.iter().map(|d| &**d).collect();
                     check_sizes(kernel, &in_refs, &out_refs);
@@ -569,9 +636,9 @@ pub(crate) fn run(
                 for n in operands {
                     let a = match bufs.get(n) {
                         Some(Buf::Host(a)) => a.clone(),
-                        Some(Buf::Device(d)) => {
+                        Some(b @ (Buf::Device(_) | Buf::Resident(_))) => {
                             let ty = g.ty(*n);
-                            dev.download(d, ty.dtype, ty.shape)?
+                            dev.download(b.device().expect("on the device"), ty.dtype, ty.shape)?
                         }
                         None => HostArray::clone(inputs.get(n).unwrap_or_else(|| {
                             panic!("step {i} reads {n} before it is written (a scheduling bug)")
@@ -597,8 +664,8 @@ pub(crate) fn run(
     for o in g.outputs() {
         let ty = g.ty(*o);
         let a = match bufs.get(o) {
-            Some(Buf::Device(d)) => dev.download(d, ty.dtype, ty.shape)?,
             Some(Buf::Host(a)) => a.clone(),
+            Some(b) => dev.download(b.device().expect("on the device"), ty.dtype, ty.shape)?,
             None => HostArray::clone(
                 inputs
                     .get(o)

@@ -189,6 +189,11 @@ pub trait Device: fmt::Debug + Send + Sync {
         -> Result<Evaluation, RuntimeError>;
     /// A copy of `a` made for this device.
     fn transfer(&self, a: &HostArray) -> Result<HostArray, RuntimeError>;
+    /// Keeps `a` on this device for the evaluations that follow, while `a` lives: a GPU
+    /// uploads it once now instead of at every evaluation. The host has nothing to do.
+    fn make_resident(&self, _a: &Arc<HostArray>) -> Result<(), RuntimeError> {
+        Ok(())
+    }
 }
 
 /// The CPU, or a part of it: kernels run on this device's own pool of worker threads,
@@ -345,10 +350,15 @@ impl Device for GpuDevice {
     ) -> Result<Evaluation, RuntimeError> {
         execute_on(g, inputs, cfg, Target::Cuda(self.ordinal))
     }
-    /// A host copy: the CUDA backend uploads every input at each evaluation, so data
-    /// cannot stay resident on the device between evaluations yet.
+    /// A host copy: an array handed back by value cannot be tracked, so it is not kept
+    /// on the GPU; [`Device::make_resident`] keeps a shared array there.
     fn transfer(&self, a: &HostArray) -> Result<HostArray, RuntimeError> {
         Ok(a.clone())
+    }
+    #[cfg(feature = "cuda")]
+    fn make_resident(&self, a: &Arc<HostArray>) -> Result<(), RuntimeError> {
+        let cfg = Config::load()?;
+        crate::cuda::device(self.ordinal, &cfg)?.make_resident(a)
     }
 }
 
@@ -616,6 +626,11 @@ impl DeviceSet {
             .into_iter()
             .map(|r| r.expect("every job is placed on exactly one device (a bug otherwise)"))
             .collect()
+    }
+
+    /// Keeps `a` on `device` for the evaluations that follow ([`Device::make_resident`]).
+    pub fn make_resident(&self, a: &Arc<HostArray>, device: &DeviceId) -> Result<(), RuntimeError> {
+        self.get(device)?.make_resident(a)
     }
 
     /// A copy of `a` made by `device` ([`Device::transfer`]).

@@ -291,3 +291,28 @@ fn the_device_cache_reuses_buffers_and_honours_its_limits() {
     dev.cache().trim();
     assert_eq!(dev.cache().stats().bytes_cached, 0);
 }
+
+#[test]
+fn data_kept_on_the_device_is_read_there_until_it_is_dropped() {
+    if !gpu_or_skip("data_kept_on_the_device_is_read_there_until_it_is_dropped") {
+        return;
+    }
+    let cfg = Config::load().expect("configuration loads");
+    let dev = ndfuse_runtime::cuda_device(0, &cfg).expect("device 0");
+    let ctx = Context::new();
+    let w = ctx.rand_normal(&[512, 512], 0.0, 1.0, 9);
+    let before = dev.resident_bytes();
+    ctx.keep_on_device(&w, &ndfuse::DeviceId::cuda(0))
+        .expect("kept on cuda:0");
+    assert_eq!(dev.resident_bytes(), before + 512 * 512 * 4);
+    let y = (&w * 2.0).sum(1);
+    let want = eval_on(&ctx, &[&y], BackendKind::Interp);
+    let got = eval_on(&ctx, &[&y], BackendKind::Cuda);
+    assert_close(&got[0], &want[0], 1e-5, 1e-5, "resident input");
+    drop((w, y));
+    assert_eq!(
+        dev.resident_bytes(),
+        before,
+        "the copy goes once the data is dropped"
+    );
+}
