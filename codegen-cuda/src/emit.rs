@@ -159,22 +159,7 @@ enum Results {
 
 impl<'k> Gen<'k> {
     fn new(k: &'k Kernel, opts: &CudaOptions) -> Gen<'k> {
-        let mut stage = vec![0usize; k.body.len()];
-        let mut sweeps = 0;
-        for (i, ins) in k.body.iter().enumerate() {
-            let deps = Kernel::operands(&ins.expr)
-                .iter()
-                .map(|v| stage[v.index()])
-                .max()
-                .unwrap_or(0);
-            stage[i] = match ins.expr {
-                Expr::Reduce(..) | Expr::ArgReduce(..) => {
-                    sweeps = sweeps.max(deps + 1);
-                    deps + 1
-                }
-                _ => deps,
-            };
-        }
+        let (stage, sweeps) = k.stages();
         let limit = (i32::MAX / 2) as usize;
         let wide =
             k.domain.numel() > limit || k.inputs.iter().chain(&k.outputs).any(|b| b.len > limit);
@@ -1167,6 +1152,49 @@ impl<'k> Gen<'k> {
         (at + n * c_size(t)).next_multiple_of(16)
     }
 
+    /// (threads, splits, chunk length, work items = rows x splits) of a split kernel.
+    fn split_shape(&self) -> (u32, usize, usize, usize) {
+        let Plan::Split { splits, .. } = self.k.plan else {
+            unreachable!("split_shape of a split plan")
+        };
+        let splits = splits.max(1);
+        let chunk = self.k.row_len().div_ceil(splits).max(1);
+        (
+            256.min(self.opts.max_block_size),
+            splits,
+            chunk,
+            self.k.rows() * splits,
+        )
+    }
+
+    /// Opens a function of one block per (row, chunk) of a split kernel: the loop over
+    /// work items `w` (row `ra`, chunk `c`, chunk end `jend`), the row's loads, and the
+    /// row values up to `stage`, reductions read from the scratch buffer. Two levels of
+    /// braces are left open.
+    fn open_chunk_function(&mut self, name: &str, ri: &RowIndex, stage: usize) {
+        let (threads, splits, chunk, work) = self.split_shape();
+        let row_len = self.k.row_len();
+        self.open_function(name, threads);
+        let (ind, ind2) = ("  ", "    ");
+        let _ = writeln!(self.body, "{ind}const int lane = threadIdx.x;");
+        let _ = writeln!(
+            self.body,
+            "{ind}for (nd_idx w = blockIdx.x; w < {work}; w += gridDim.x) {{"
+        );
+        let _ = writeln!(
+            self.body,
+            "{ind2}const nd_idx ra = w / {splits}, c = w % {splits};"
+        );
+        let _ = writeln!(
+            self.body,
+            "{ind2}const nd_idx jend = min((c + 1) * {chunk}, (nd_idx){row_len});"
+        );
+        self.row_prologue(ri, ind2);
+        for t in 0..=stage {
+            self.row_values(t, Results::Scratch, ind2);
+        }
+    }
+
     fn split_program(&mut self, splits: usize) -> (Vec<Launch>, String) {
         let k = self.k;
         let rows = k.rows();
@@ -1179,26 +1207,8 @@ impl<'k> Gen<'k> {
         for s in 0..self.sweeps {
             // Partials: one block per (row, chunk).
             let fname = format!("{}_p{s}", k.name);
-            self.open_function(&fname, threads);
-            let ind = "  ";
-            let _ = writeln!(self.body, "{ind}const int lane = threadIdx.x;");
-            let _ = writeln!(
-                self.body,
-                "{ind}for (nd_idx w = blockIdx.x; w < {work}; w += gridDim.x) {{"
-            );
-            let ind2 = "    ";
-            let _ = writeln!(
-                self.body,
-                "{ind2}const nd_idx ra = w / {splits}, c = w % {splits};"
-            );
-            let _ = writeln!(
-                self.body,
-                "{ind2}const nd_idx jend = min((c + 1) * {chunk}, (nd_idx){row_len});"
-            );
-            self.row_prologue(&ri, ind2);
-            for t in 0..=s {
-                self.row_values(t, Results::Scratch, ind2);
-            }
+            self.open_chunk_function(&fname, &ri, s);
+            let (ind, ind2) = ("  ", "    ");
             let lanes = Lanes {
                 group: threads,
                 strat: Strategy::Block(threads),
@@ -1317,26 +1327,8 @@ impl<'k> Gen<'k> {
         }
         if self.has_element_stores() {
             let fname = format!("{}_st", k.name);
-            self.open_function(&fname, threads);
-            let ind = "  ";
-            let _ = writeln!(self.body, "{ind}const int lane = threadIdx.x;");
-            let _ = writeln!(
-                self.body,
-                "{ind}for (nd_idx w = blockIdx.x; w < {work}; w += gridDim.x) {{"
-            );
-            let ind2 = "    ";
-            let _ = writeln!(
-                self.body,
-                "{ind2}const nd_idx ra = w / {splits}, c = w % {splits};"
-            );
-            let _ = writeln!(
-                self.body,
-                "{ind2}const nd_idx jend = min((c + 1) * {chunk}, (nd_idx){row_len});"
-            );
-            self.row_prologue(&ri, ind2);
-            for t in 0..=self.sweeps {
-                self.row_values(t, Results::Scratch, ind2);
-            }
+            self.open_chunk_function(&fname, &ri, self.sweeps);
+            let (ind, ind2) = ("  ", "    ");
             let lanes = Lanes {
                 group: threads,
                 strat: Strategy::Block(threads),

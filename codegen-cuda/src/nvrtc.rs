@@ -185,20 +185,24 @@ pub fn compile(kernel: &CudaKernel, opts: &CompileOptions) -> Result<Arc<Compile
         "ptx"
     };
     let start = Instant::now();
+    // What was found or compiled, kept in memory for the next call.
+    let keep = |image: Vec<u8>, origin: Origin| {
+        let c = Arc::new(Compiled {
+            kernel: kernel.name.clone(),
+            image,
+            kind,
+            origin,
+            millis: start.elapsed().as_secs_f64() * 1e3,
+        });
+        memory_cache()
+            .lock()
+            .expect("cache lock")
+            .insert(key.clone(), Arc::clone(&c));
+        c
+    };
     if let Some(dir) = &opts.cache_dir {
         if let Some(image) = read_cached(dir, &stem, ext, &kernel.source) {
-            let c = Arc::new(Compiled {
-                kernel: kernel.name.clone(),
-                image,
-                kind,
-                origin: Origin::Disk,
-                millis: start.elapsed().as_secs_f64() * 1e3,
-            });
-            memory_cache()
-                .lock()
-                .expect("cache lock")
-                .insert(key, c.clone());
-            return Ok(c);
+            return Ok(keep(image, Origin::Disk));
         }
     }
     let options = nvrtc_options(kernel, opts);
@@ -223,18 +227,7 @@ pub fn compile(kernel: &CudaKernel, opts: &CompileOptions) -> Result<Arc<Compile
     if let Some(dir) = &opts.cache_dir {
         write_cached(dir, &stem, ext, &kernel.source, &image)?;
     }
-    let c = Arc::new(Compiled {
-        kernel: kernel.name.clone(),
-        image,
-        kind,
-        origin: Origin::Nvrtc,
-        millis: start.elapsed().as_secs_f64() * 1e3,
-    });
-    memory_cache()
-        .lock()
-        .expect("cache lock")
-        .insert(key, c.clone());
-    Ok(c)
+    Ok(keep(image, Origin::Nvrtc))
 }
 
 fn nvrtc_options(kernel: &CudaKernel, opts: &CompileOptions) -> Vec<String> {

@@ -332,6 +332,35 @@ impl Kernel {
         lv
     }
 
+    /// The sweep structure of the row program (see the module docs), decided from the
+    /// body alone: per instruction its *stage*, 0 when it needs no reduction result, else
+    /// one more than the sweep of the latest reduction it depends on (a reduction runs in
+    /// sweep `stage - 1`; other row values can be computed just before sweep `stage`, or
+    /// after the last one); and the number of reduction sweeps. Every reduction goes into
+    /// the earliest sweep its operand allows, so sibling reductions share a sweep.
+    ///
+    /// Softmax (`m = max x; e = exp(x - m); s = sum e; out = e / s`) has two sweeps: `m`
+    /// is in sweep 0, `s` in sweep 1, and `out` is of stage 2.
+    pub fn stages(&self) -> (Vec<usize>, usize) {
+        let mut stage = vec![0usize; self.body.len()];
+        let mut sweeps = 0;
+        for (i, ins) in self.body.iter().enumerate() {
+            let deps = Kernel::operands(&ins.expr)
+                .iter()
+                .map(|v| stage[v.index()])
+                .max()
+                .unwrap_or(0);
+            stage[i] = match ins.expr {
+                Expr::Reduce(..) | Expr::ArgReduce(..) => {
+                    sweeps = sweeps.max(deps + 1);
+                    deps + 1
+                }
+                _ => deps,
+            };
+        }
+        (stage, sweeps)
+    }
+
     /// The operands of an instruction, in order.
     pub fn operands(expr: &Expr) -> Vec<ValueId> {
         match expr {

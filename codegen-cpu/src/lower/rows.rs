@@ -52,22 +52,7 @@ pub(super) struct Schedule {
 }
 
 pub(super) fn schedule(kernel: &Kernel) -> Schedule {
-    let mut stage = vec![0usize; kernel.body.len()];
-    let mut sweeps = 0;
-    for (i, ins) in kernel.body.iter().enumerate() {
-        let deps = Kernel::operands(&ins.expr)
-            .iter()
-            .map(|v| stage[v.index()])
-            .max()
-            .unwrap_or(0);
-        stage[i] = match ins.expr {
-            Expr::Reduce(..) | Expr::ArgReduce(..) => {
-                sweeps = sweeps.max(deps + 1);
-                deps + 1
-            }
-            _ => deps,
-        };
-    }
+    let (stage, sweeps) = kernel.stages();
     Schedule { stage, sweeps }
 }
 
