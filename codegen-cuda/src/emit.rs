@@ -23,7 +23,7 @@
 //! | strategy | when | group | combine |
 //! |---|---|---|---|
 //! | thread per row | rows shorter than 32 | 1 thread | none |
-//! | warp per row | rows of 32..=1024 | a warp (8 rows per block) | `__shfl_xor_sync` butterfly |
+//! | warp per row | rows of 32..=512, or up to 1024 read in one pass | a warp (8 rows per block) | `__shfl_xor_sync` butterfly |
 //! | block per row | longer rows | a block | warp shuffles, then the warps' partials in order through shared memory |
 //! | column tile | `Plan::Columns`, and strided rows whose innermost kept axis is contiguous | 8 threads of a 32 x 8 block, 32 rows side by side | through a shared-memory tile |
 //! | split | `Plan::Split` (few long rows) | see below | partials in a scratch buffer |
@@ -482,11 +482,14 @@ impl<'k> Gen<'k> {
                     ..
                 }
             ) && innermost_kept);
+        let single_pass = self.sweeps + usize::from(self.has_element_stores()) <= 1;
         if column_like {
             Strategy::ColumnTile
         } else if row_len < 32 {
             Strategy::Thread
-        } else if row_len <= 1024 {
+        } else if row_len <= 32 * MAX_CACHED || (row_len <= 1024 && single_pass) {
+            // A warp keeps up to 16 elements a lane in registers: longer rows that need
+            // several passes go to a block, which keeps them there too.
             Strategy::Warp
         } else {
             let want = pow2_ceil(row_len.div_ceil(MAX_CACHED) as u32).max(128);
