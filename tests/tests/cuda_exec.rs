@@ -293,3 +293,55 @@ fn data_kept_on_the_device_is_read_there_until_it_is_dropped() {
         "the copy goes once the data is dropped"
     );
 }
+
+#[test]
+fn every_launch_strategy_matches_the_reference_on_the_gpu() {
+    if !gpu_or_skip("every_launch_strategy_matches_the_reference_on_the_gpu") {
+        return;
+    }
+    let ctx = Context::new();
+    let x = |shape: &[usize]| ctx.rand_normal(shape, 0.5, 2.0, shape.iter().sum::<usize>() as u64);
+    // Shapes that reach every strategy of the emitter at the default launch limits.
+    let cases: Vec<(&str, Tensor, f64)> = vec![
+        (
+            "softmax rows of 4096, in registers",
+            x(&[64, 4096]).softmax(-1),
+            1e-5,
+        ),
+        (
+            "softmax rows of 40000, three passes",
+            x(&[4, 40000]).softmax(-1),
+            1e-5,
+        ),
+        (
+            "layernorm rows of 1024",
+            x(&[256, 1024]).layernorm(-1, 1e-5),
+            2e-5,
+        ),
+        ("full sum of 2^24, split", x(&[1 << 24]).sum(0), 1e-5),
+        ("full var, split in two sweeps", x(&[1 << 20]).var(0), 1e-5),
+        (
+            "argmax of long rows, split",
+            x(&[16, 50_000]).argmax(1).cast(DType::F64),
+            0.0,
+        ),
+        ("column sum, tile", x(&[2048, 256]).sum(0), 1e-5),
+        ("middle axis sum, tile", x(&[8, 64, 32]).sum(1), 1e-5),
+        ("rows of 7, thread per row", x(&[10_000, 7]).max(1), 0.0),
+        (
+            "broadcast, vectorised",
+            &(&x(&[1024, 512]) * &x(&[512])) + &x(&[1024, 1]),
+            0.0,
+        ),
+        (
+            "f16 gelu, 16-byte loads",
+            x(&[1 << 20]).cast(DType::F16).gelu(),
+            2e-3,
+        ),
+    ];
+    for (name, y, rtol) in &cases {
+        let want = eval_on(&ctx, &[y], BackendKind::Interp);
+        let got = eval_on(&ctx, &[y], BackendKind::Cuda);
+        assert_close(&got[0], &want[0], rtol.max(5e-7), 1e-5, name);
+    }
+}
