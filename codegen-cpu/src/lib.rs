@@ -64,7 +64,9 @@ mod jit;
 mod libcalls;
 mod lower;
 mod support;
+mod vmath;
 
 pub use error::CodegenError;
 pub use jit::{compile, CompiledKernel};
 pub use support::supports;
+pub use vmath::{f32_ulp_bound, POW_F32_ULP};

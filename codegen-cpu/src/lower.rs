@@ -19,6 +19,7 @@
 
 use crate::index::{self, Access, IndexPlan};
 use crate::libcalls::{self, Libcall};
+use crate::vmath;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::immediates::{Ieee32, Ieee64};
 use cranelift_codegen::ir::{
@@ -458,8 +459,41 @@ impl<M: Module> Lowering<'_, '_, M> {
         Ok(self.b.inst_results(inst)[0])
     }
 
+    /// `fast`, or `call` on `args` where `exact` (an I8) is non-zero: a branch to a
+    /// cold block for the arguments that inline code leaves to the exact function.
+    fn exact_unless(
+        &mut self,
+        exact: Value,
+        fast: Value,
+        call: Libcall,
+        args: &[Value],
+    ) -> Result<Value, String> {
+        let ty = self.b.func.dfg.value_type(fast);
+        let slow = self.b.create_block();
+        let join = self.b.create_block();
+        let out = self.b.append_block_param(join, ty);
+        self.b.set_cold_block(slow);
+        self.b.ins().brif(exact, slow, &[], join, &[fast.into()]);
+        self.b.switch_to_block(slow);
+        let v = self.call(call, ty, args)?;
+        self.b.ins().jump(join, &[v.into()]);
+        self.b.switch_to_block(join);
+        Ok(out)
+    }
+
     fn unary(&mut self, op: UnaryOp, x: Value, dtype: DType) -> Result<Value, String> {
         let ty = cl_type(dtype);
+        // f32 transcendentals are inline code (`vmath`), on scalars and vectors alike;
+        // sin and cos (scalar only) call the exact function only outside their domain.
+        if dtype == DType::F32 {
+            if let Some(v) = vmath::unary_f32(&mut self.b, op, x) {
+                return Ok(v);
+            }
+            if let (UnaryOp::Sin | UnaryOp::Cos, Some(call)) = (op, libcalls::unary(op, dtype)) {
+                let (fast, exact) = vmath::sin_cos_f32(&mut self.b, x, op == UnaryOp::Cos);
+                return self.exact_unless(exact, fast, call, &[x]);
+            }
+        }
         if let Some(call) = libcalls::unary(op, dtype) {
             return self.call(call, ty, &[x]);
         }
@@ -494,15 +528,6 @@ impl<M: Module> Lowering<'_, '_, M> {
                 self.b.ins().select(gt, one, low)
             }
             (UnaryOp::Sqrt, _) => ins.sqrt(x),
-            (UnaryOp::Rsqrt, _) if dtype == DType::F32 => {
-                // In f64, like the reference: one rounding to f32 at the end instead of
-                // two (sqrt, then the division), so the result is the reference's.
-                let wide = self.b.ins().fpromote(types::F64, x);
-                let root = self.b.ins().sqrt(wide);
-                let one = self.b.ins().f64const(Ieee64::with_float(1.0));
-                let r = self.b.ins().fdiv(one, root);
-                self.b.ins().fdemote(types::F32, r)
-            }
             (UnaryOp::Rsqrt, _) => {
                 let root = self.b.ins().sqrt(x);
                 let one = self.float_const(dtype, 1.0);
@@ -547,6 +572,11 @@ impl<M: Module> Lowering<'_, '_, M> {
     fn binary(&mut self, op: BinaryOp, x: Value, y: Value, dtype: DType) -> Result<Value, String> {
         let ty = cl_type(dtype);
         if let Some(call) = libcalls::binary(op, dtype) {
+            if dtype == DType::F32 {
+                // Inline for x > 0 and finite operands; the IEEE special cases call.
+                let (fast, exact) = vmath::pow_f32(&mut self.b, x, y);
+                return self.exact_unless(exact, fast, call, &[x, y]);
+            }
             return self.call(call, ty, &[x, y]);
         }
         let ins = self.b.ins();

@@ -3,8 +3,11 @@
 //!
 //! Tolerance per entry: `Exact` (bit-identical, NaN matching NaN) wherever the kernel
 //! rounds at the same steps as the node-by-node reference (element-wise ops, max, min,
-//! argmax, integer sums); `F32_ACC` where f32 sums or products accumulate in f32 while
-//! the reference sums exactly (see the constant); `F32_STEPS` and `Close` where a
+//! argmax, integer sums); `F32_VMATH`, `F32_GELU` and `F32_EXP_SIN` where f32
+//! transcendentals are the CPU backend's inline code with a documented ulp bound each
+//! (the constants derive what that bound allows after the ops that follow); `F32_ACC`
+//! where f32 sums or products accumulate in f32 while the reference sums exactly (see
+//! the constant); `F32_STEPS` and `Close` where a
 //! composite reduction is lowered to steps that each round in the kernel's dtype while
 //! the reference computes the whole node in f64 and rounds once (mean = sum / n, var/std
 //! through the mean, norm2 through f32 squares, and layernorm, whose `x - mean` cancels).

@@ -85,7 +85,7 @@ fn values_vectorise(kernel: &Kernel, env: &SweepEnv<'_>, need: &[bool], dtype: D
                     Expr::Load { .. } => {
                         matches!(env.ix.loads[v], Some((_, Access::Contiguous)))
                     }
-                    e => vector_op(e),
+                    e => vector_op(e, dtype),
                 })
     })
 }
@@ -120,13 +120,16 @@ fn float_vector(dtype: DType) -> Option<Type> {
 /// Vectors per iteration of an element-store sweep.
 const STORE_UNROLL: i64 = 2;
 
-/// Whether `expr`, an element op, has a vector form here (on float vectors).
-pub(super) fn vector_op(expr: &Expr) -> bool {
+/// Whether `expr`, an element op of `dtype`, has a vector form here (on float
+/// vectors): the f32 transcendentals of `vmath` do (f16/bf16 compute in f32).
+pub(super) fn vector_op(expr: &Expr, dtype: DType) -> bool {
     match expr {
-        Expr::Unary(op, _) => matches!(
-            op,
-            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Square
-        ),
+        Expr::Unary(op, _) => {
+            matches!(
+                op,
+                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Square
+            ) || (dtype.compute_dtype() == DType::F32 && crate::vmath::vectorises(*op))
+        }
         Expr::Binary(op, _, _) => matches!(
             op,
             BinaryOp::Add
@@ -177,7 +180,7 @@ pub(super) fn elementwise_type(
                     load_access[v].is_none() || contiguous_from(plan, &load_access[v]).is_some()
                 }
                 Expr::Const(_) => true,
-                e => vector_op(e),
+                e => vector_op(e, dtype),
             }
     });
     ok.then_some(vt)

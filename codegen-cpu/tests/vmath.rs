@@ -1,0 +1,418 @@
+//! The inline f32 math library (`vmath`) against the f64 reference rounded to f32:
+//! each op over 2^20 sampled inputs (log-uniform magnitudes of both signs, half over
+//! the whole f32 range and half over the op's interesting range) plus edge cases (±0,
+//! ±inf, NaN, subnormals, overflow and underflow thresholds), through the vector loop
+//! of a contiguous kernel and the scalar loop of a transposed one. The max ULP error
+//! must stay within the bound the library documents (`f32_ulp_bound`); both loops
+//! must agree bit for bit. Each test prints the measured max ULP.
+
+mod builder;
+
+use builder::{compiled, view, KernelBuilder};
+use ndfuse_codegen_cpu::{f32_ulp_bound, POW_F32_ULP};
+use ndfuse_ir::interp::{binary_f64, unary_f64};
+use ndfuse_ir::{BinaryOp, DType, HostArray, Shape, UnaryOp};
+
+/// Sampled inputs per op (besides the edge cases).
+const SAMPLES: usize = 1 << 20;
+
+/// A small deterministic generator (xorshift64*), so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// An f32 of random sign and mantissa whose binary exponent is uniform in
+    /// `[emin, emax]` (below -126: subnormals).
+    fn log_uniform(&mut self, emin: i32, emax: i32) -> f32 {
+        let r = self.next();
+        let span = (emax - emin + 1) as u64;
+        let e = emin + ((r >> 32) % span) as i32;
+        let mant = (r & 0x007F_FFFF) as u32;
+        let sign = ((r >> 31) & 1) as u32;
+        let v = if e < -126 {
+            // Subnormal: the mantissa shifted down to the exponent.
+            let sub = (mant | 0x0080_0000) >> (-126 - e).min(24);
+            f32::from_bits(sub)
+        } else {
+            f32::from_bits((((e + 127) as u32) << 23) | mant)
+        };
+        if sign == 1 {
+            -v
+        } else {
+            v
+        }
+    }
+}
+
+/// Edge cases every op is tried on: zeros, infinities, NaN, subnormals, the extremes
+/// of the range, and the thresholds where the library changes method or saturates,
+/// each with its neighbours.
+fn edge_cases() -> Vec<f32> {
+    let mut v = vec![
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::from_bits(1),
+        f32::from_bits(0x007F_FFFF),
+        f32::MIN_POSITIVE,
+        f32::MAX,
+        1.0,
+    ];
+    let thresholds = [
+        88.722_83,                       // exp overflows above
+        -87.336_55,                      // exp becomes subnormal below
+        -103.278_93,                     // exp reaches the smallest subnormal
+        -103.972_08,                     // exp rounds to 0 below
+        88.376_26,                       // n = 128 in expm1
+        -17.328_68,                      // expm1 rounds to -1
+        2.980_232_2e-8,                  // 2^-25: expm1 returns x below
+        5.960_464_5e-8,                  // 2^-24: log1p returns x below
+        9.0,                             // tanh is still below 1
+        9.010_913,                       // tanh saturates
+        9.1,                             // tanh's clamp
+        1.0,                             // erf switches method
+        4.0,                             // erf saturates
+        0.346_573_6,                     // ln2/2: the reduction's edge
+        std::f32::consts::FRAC_1_SQRT_2, // log's mantissa edge
+        std::f32::consts::SQRT_2,
+        16_777_216.0, // 2^24: sin/cos leave the inline path
+        std::f32::consts::FRAC_PI_2,
+        std::f32::consts::PI,
+        -1.0,
+        0.5,
+        2.0,
+    ];
+    for t in thresholds {
+        for x in [t, next_up(t), next_down(t)] {
+            v.push(x);
+            v.push(-x);
+        }
+    }
+    for x in [f32::from_bits(1), f32::MIN_POSITIVE, f32::MAX] {
+        v.push(-x);
+        v.push(next_down(x));
+    }
+    v
+}
+
+fn next_up(x: f32) -> f32 {
+    f32::from_bits(x.to_bits() + 1)
+}
+
+fn next_down(x: f32) -> f32 {
+    f32::from_bits(x.to_bits() - 1)
+}
+
+/// Inputs for `op`: half over all finite magnitudes, half over 2^emin..2^emax, plus
+/// the edge cases; an even count (the scalar run reads them as a [2, n/2] transpose).
+fn inputs(seed: u64, (emin, emax): (i32, i32)) -> Vec<f32> {
+    let mut rng = Rng(seed);
+    let mut v = edge_cases();
+    for i in 0..SAMPLES {
+        v.push(if i % 2 == 0 {
+            rng.log_uniform(-149, 127)
+        } else {
+            rng.log_uniform(emin, emax)
+        });
+    }
+    if v.len() % 2 == 1 {
+        v.push(0.25);
+    }
+    v
+}
+
+/// Distance in ULP between two f32: the count of floats between them (±0 are one
+/// point); 0 when both are NaN, `u64::MAX` when only one is.
+fn ulp_distance(a: f32, b: f32) -> u64 {
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => return 0,
+        (true, false) | (false, true) => return u64::MAX,
+        _ => {}
+    }
+    let ordered = |x: f32| -> i64 {
+        let i = i64::from(x.to_bits() as i32);
+        if i < 0 {
+            i64::from(i32::MIN) - i
+        } else {
+            i
+        }
+    };
+    ordered(a).abs_diff(ordered(b))
+}
+
+/// A 1-d f32 array of `xs` (through f64, which holds every f32 exactly).
+fn f32_array(xs: &[f32]) -> HostArray {
+    let wide: Vec<f64> = xs.iter().map(|&x| f64::from(x)).collect();
+    HostArray::from_f64s(DType::F32, Shape::new([xs.len()]), &wide)
+}
+
+/// Runs `kernel` on `inputs`, one f32 output.
+fn run_f32(kernel: &ndfuse_ir::Kernel, inputs: &[&HostArray]) -> Vec<f32> {
+    let ck = compiled(kernel);
+    let mut out = HostArray::zeros(DType::F32, kernel.domain.clone());
+    ck.run(inputs, &mut [&mut out])
+        .unwrap_or_else(|e| panic!("{e}"));
+    out.as_slice::<f32>().expect("f32 output").to_vec()
+}
+
+/// `op` on `xs` through the vector loop (contiguous load) and the scalar loop (the
+/// same buffer read transposed): both results, in the order of `xs`.
+fn run_unary(op: UnaryOp, xs: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let n = xs.len();
+    let input = f32_array(xs);
+
+    let mut kb = KernelBuilder::new("k0_vmath", &[n]);
+    let x = kb.load(DType::F32);
+    let y = kb.unary(op, x);
+    kb.store(y);
+    let k = kb.build();
+    let vector = run_f32(&k, &[&input]);
+
+    // out[i, j] = in[j * 2 + i]: a strided load, so the scalar loop.
+    let h = n / 2;
+    let mut kb = KernelBuilder::new("k0_vmath_strided", &[2, h]);
+    let x = kb.load_view(DType::F32, n, view(&[2, h], &[1, 2], 0));
+    let y = kb.unary(op, x);
+    kb.store(y);
+    let k = kb.build();
+    let t = run_f32(&k, &[&input]);
+    let mut scalar = vec![0.0; n];
+    for i in 0..2 {
+        for j in 0..h {
+            scalar[j * 2 + i] = t[i * h + j];
+        }
+    }
+    (vector, scalar)
+}
+
+/// Checks `op` within its documented bound over its inputs and prints the max error.
+fn check_unary(op: UnaryOp, seed: u64, range: (i32, i32)) {
+    let bound = u64::from(f32_ulp_bound(op).expect("a vmath op has a documented bound"));
+    let xs = inputs(seed, range);
+    let (vector, scalar) = run_unary(op, &xs);
+    let mut worst = (0u64, 0.0f32, 0.0f32, 0.0f32);
+    for (i, &x) in xs.iter().enumerate() {
+        assert_eq!(
+            vector[i].to_bits(),
+            scalar[i].to_bits(),
+            "{}({x:e}): the vector loop gave {:e}, the scalar loop {:e}",
+            op.name(),
+            vector[i],
+            scalar[i]
+        );
+        let want = unary_f64(op, f64::from(x)) as f32;
+        let d = ulp_distance(vector[i], want);
+        if d > worst.0 {
+            worst = (d, x, vector[i], want);
+        }
+    }
+    println!(
+        "{} f32: max {} ulp over {} inputs (at x = {:e}: got {:e}, reference {:e}); bound {bound}",
+        op.name(),
+        worst.0,
+        xs.len(),
+        worst.1,
+        worst.2,
+        worst.3
+    );
+    assert!(
+        worst.0 <= bound,
+        "{}({:e}) = {:e}, reference {:e}: {} ulp > documented {bound}",
+        op.name(),
+        worst.1,
+        worst.2,
+        worst.3,
+        worst.0
+    );
+    // Signed zeros come back with the reference's sign (the ULP metric merges them).
+    for x in [0.0f32, -0.0] {
+        let i = xs
+            .iter()
+            .position(|v| v.to_bits() == x.to_bits())
+            .expect("edge");
+        let want = unary_f64(op, f64::from(x)) as f32;
+        assert_eq!(vector[i].to_bits(), want.to_bits(), "{}({x:?})", op.name());
+    }
+}
+
+#[test]
+fn exp_within_bound() {
+    check_unary(UnaryOp::Exp, 1, (-30, 7));
+}
+
+#[test]
+fn expm1_within_bound() {
+    check_unary(UnaryOp::Expm1, 2, (-30, 7));
+}
+
+#[test]
+fn log_within_bound() {
+    check_unary(UnaryOp::Log, 3, (-3, 3));
+}
+
+#[test]
+fn log1p_within_bound() {
+    check_unary(UnaryOp::Log1p, 4, (-30, 3));
+}
+
+#[test]
+fn tanh_within_bound() {
+    check_unary(UnaryOp::Tanh, 5, (-30, 4));
+}
+
+#[test]
+fn sigmoid_within_bound() {
+    check_unary(UnaryOp::Sigmoid, 6, (-30, 7));
+}
+
+#[test]
+fn erf_within_bound() {
+    check_unary(UnaryOp::Erf, 7, (-30, 3));
+}
+
+#[test]
+fn rsqrt_within_bound() {
+    check_unary(UnaryOp::Rsqrt, 8, (-149, 127));
+}
+
+#[test]
+fn sin_within_bound() {
+    check_unary(UnaryOp::Sin, 9, (-30, 25));
+}
+
+#[test]
+fn cos_within_bound() {
+    check_unary(UnaryOp::Cos, 10, (-30, 25));
+}
+
+#[test]
+fn pow_within_bound() {
+    // x over every magnitude and sign; y from small integers (exact cases, odd and
+    // even powers of negative bases), halves, and log-uniform values that take the
+    // result through overflow and underflow.
+    let mut rng = Rng(11);
+    let edges = edge_cases();
+    let mut xs = Vec::new();
+    let mut ys = Vec::new();
+    for i in 0..SAMPLES {
+        let x = if i % 2 == 0 {
+            rng.log_uniform(-149, 127)
+        } else {
+            rng.log_uniform(-8, 8)
+        };
+        let y = match i % 4 {
+            0 => ((rng.next() % 41) as i32 - 20) as f32,
+            1 => ((rng.next() % 41) as i32 - 20) as f32 + 0.5,
+            _ => rng.log_uniform(-20, 8),
+        };
+        xs.push(x);
+        ys.push(y);
+    }
+    for &x in &edges {
+        for y in [
+            0.0f32,
+            -0.0,
+            1.0,
+            -1.0,
+            2.0,
+            3.0,
+            -3.0,
+            0.5,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ] {
+            xs.push(x);
+            ys.push(y);
+            xs.push(y);
+            ys.push(x);
+        }
+    }
+    let n = xs.len();
+    let a = f32_array(&xs);
+    let b = f32_array(&ys);
+    let mut kb = KernelBuilder::new("k0_pow", &[n]);
+    let x = kb.load(DType::F32);
+    let y = kb.load(DType::F32);
+    let p = kb.binary(BinaryOp::Pow, x, y);
+    kb.store(p);
+    let got = run_f32(&kb.build(), &[&a, &b]);
+    let mut worst = (0u64, 0.0f32, 0.0f32, 0.0f32, 0.0f32);
+    for i in 0..n {
+        let want = binary_f64(BinaryOp::Pow, f64::from(xs[i]), f64::from(ys[i])) as f32;
+        let d = ulp_distance(got[i], want);
+        if d > worst.0 {
+            worst = (d, xs[i], ys[i], got[i], want);
+        }
+        if want == 0.0 {
+            assert_eq!(
+                got[i].to_bits(),
+                want.to_bits(),
+                "pow({:e}, {:e})",
+                xs[i],
+                ys[i]
+            );
+        }
+    }
+    println!(
+        "pow f32: max {} ulp over {n} inputs (at ({:e}, {:e}): got {:e}, reference {:e}); bound {POW_F32_ULP}",
+        worst.0, worst.1, worst.2, worst.3, worst.4
+    );
+    assert!(
+        worst.0 <= u64::from(POW_F32_ULP),
+        "pow({:e}, {:e}) = {:e}, reference {:e}: {} ulp",
+        worst.1,
+        worst.2,
+        worst.3,
+        worst.4,
+        worst.0
+    );
+}
+
+#[test]
+fn gelu_and_softmax_style_kernels_vectorise() {
+    // tanh, exp, erf and sigmoid no longer keep an f32 kernel on the scalar loop.
+    for op in [
+        UnaryOp::Tanh,
+        UnaryOp::Exp,
+        UnaryOp::Erf,
+        UnaryOp::Sigmoid,
+        UnaryOp::Log,
+    ] {
+        let mut kb = KernelBuilder::new("k0_vec", &[64]);
+        let x = kb.load(DType::F32);
+        let y = kb.unary(op, x);
+        kb.store(y);
+        let ck = compiled(&kb.build());
+        assert!(
+            ck.clif().contains("f32x4"),
+            "{} did not vectorise:\n{}",
+            op.name(),
+            ck.clif()
+        );
+        assert!(
+            !ck.clif().contains("call "),
+            "{} still calls:\n{}",
+            op.name(),
+            ck.clif()
+        );
+    }
+}
+
+#[test]
+fn ulp_distance_counts_floats_between() {
+    assert_eq!(ulp_distance(1.0, next_up(1.0)), 1);
+    assert_eq!(ulp_distance(0.0, -0.0), 0);
+    assert_eq!(ulp_distance(f32::from_bits(1), -f32::from_bits(1)), 2);
+    assert_eq!(ulp_distance(f32::NAN, f32::NAN), 0);
+    assert_eq!(ulp_distance(f32::NAN, 1.0), u64::MAX);
+    assert_eq!(ulp_distance(f32::MAX, f32::INFINITY), 1);
+}
