@@ -15,7 +15,9 @@
 //!
 //! Values are typed as the kernel says: f32/f64 as F32/F64, i32/i64 as I32/I64, bool as
 //! an I8 holding 0 or 1 (`supports` guarantees no instruction can produce anything
-//! else, which keeps stores into `Vec<bool>` sound). All index arithmetic is in i64.
+//! else, which keeps stores into `Vec<bool>` sound). f16/bf16 values are held as F32:
+//! loads widen them, stores and casts to them round (`convert`), and everything in
+//! between is f32 arithmetic. All index arithmetic is in i64.
 
 use crate::index::{self, Access, IndexPlan};
 use crate::libcalls::{self, Libcall};
@@ -32,6 +34,7 @@ use ndfuse_ir::{BinaryOp, DKind, DType, Expr, Kernel, Scalar, UnaryOp, View};
 use std::collections::BTreeMap;
 
 mod columns;
+mod convert;
 mod rows;
 mod split;
 mod vector;
@@ -49,17 +52,15 @@ pub(crate) fn kernel_signature<M: Module>(module: &M) -> Signature {
     sig
 }
 
-/// The Cranelift type holding values of `dtype`.
+/// The Cranelift type holding values of `dtype` in registers (half types compute in
+/// f32).
 fn cl_type(dtype: DType) -> Type {
     match dtype {
-        DType::F32 => types::F32,
+        DType::F32 | DType::F16 | DType::BF16 => types::F32,
         DType::F64 => types::F64,
         DType::I32 => types::I32,
         DType::I64 => types::I64,
         DType::Bool => types::I8,
-        DType::F16 | DType::BF16 => {
-            panic!("half dtypes are rejected by supports(); lowering one is a bug")
-        }
     }
 }
 
@@ -242,9 +243,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                 elems: 0,
             };
             let (addr, imm) = self.address(out_bases[s.output], at, dtype);
-            self.b
-                .ins()
-                .store(MemFlagsData::trusted(), value, addr, imm);
+            self.store_typed(dtype, MemFlagsData::trusted(), value, addr, imm);
         }
         let one = self.iconst(1);
         let next = self.b.ins().iadd(i, one);
@@ -282,13 +281,14 @@ impl<M: Module> Lowering<'_, '_, M> {
             |x: &ndfuse_ir::ValueId| values[x.index()].expect("SSA order: defined before use");
         Ok(match &ins.expr {
             Expr::Const(c) => self.constant(*c, ins.dtype),
+            // Half values are f32 in registers: their ops are f32 ops.
             Expr::Unary(op, a) => {
                 let (a, ad) = (operand(a), kernel.body[a.index()].dtype);
-                self.unary(*op, a, ad)?
+                self.unary(*op, a, ad.compute_dtype())?
             }
             Expr::Binary(op, x, y) => {
                 let (xd, x, y) = (kernel.body[x.index()].dtype, operand(x), operand(y));
-                self.binary(*op, x, y, xd)?
+                self.binary(*op, x, y, xd.compute_dtype())?
             }
             Expr::Where(c, x, y) => {
                 let (c, x, y) = (operand(c), operand(x), operand(y));
@@ -415,14 +415,17 @@ impl<M: Module> Lowering<'_, '_, M> {
 
     fn load_at(&mut self, base: Value, off: Offset, dtype: DType) -> Value {
         let (addr, imm) = self.address(base, off, dtype);
-        self.b.ins().load(cl_type(dtype), input_flags(), addr, imm)
+        self.load_typed(dtype, cl_type(dtype), input_flags(), addr, imm)
     }
 
     fn constant(&mut self, c: Scalar, dtype: DType) -> Value {
         // The IR promises constants of the instruction's dtype; converting again makes
-        // a mismatched one harmless instead of a wrong bit pattern.
+        // a mismatched one harmless instead of a wrong bit pattern. A half constant is
+        // a half value, held exactly in an f32.
         match (c.cast(dtype), dtype) {
-            (Scalar::F(v), DType::F32) => self.b.ins().f32const(Ieee32::with_float(v as f32)),
+            (Scalar::F(v), DType::F32 | DType::F16 | DType::BF16) => {
+                self.b.ins().f32const(Ieee32::with_float(v as f32))
+            }
             (Scalar::F(v), _) => self.b.ins().f64const(Ieee64::with_float(v)),
             (Scalar::I(v), _) => self.b.ins().iconst(cl_type(dtype), v),
             (Scalar::B(v), _) => self.b.ins().iconst(types::I8, i64::from(v)),
@@ -430,7 +433,7 @@ impl<M: Module> Lowering<'_, '_, M> {
     }
 
     fn float_const(&mut self, dtype: DType, v: f64) -> Value {
-        match dtype {
+        match dtype.compute_dtype() {
             DType::F32 => self.b.ins().f32const(Ieee32::with_float(v as f32)),
             _ => self.b.ins().f64const(Ieee64::with_float(v)),
         }
@@ -631,9 +634,13 @@ impl<M: Module> Lowering<'_, '_, M> {
     }
 
     /// Conversions with the reference's rules (`Scalar::cast`): float to int saturates
-    /// to i64 (NaN to 0) and then wraps to i32; anything to bool is `!= 0` (NaN is true).
+    /// to i64 (NaN to 0) and then wraps to i32; anything to bool is `!= 0` (NaN is true);
+    /// to a half type rounds once (`convert`), even from the same half type.
     fn cast(&mut self, x: Value, from: DType, to: DType) -> Value {
         use DType::*;
+        if from.is_half() || to.is_half() {
+            return self.cast_half(x, from, to);
+        }
         let to_ty = cl_type(to);
         match (from, to) {
             _ if from == to => x,

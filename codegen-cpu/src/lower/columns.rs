@@ -108,7 +108,7 @@ impl ColumnBand {
             }
         }
         let dtype = dtype?;
-        if !matches!(dtype, DType::F32 | DType::F64) {
+        if !dtype.is_float() {
             return None;
         }
         let targets: Vec<usize> = reduces.iter().map(|&(_, _, x)| x).collect();
@@ -187,9 +187,10 @@ impl<M: Module> Lowering<'_, '_, M> {
     ) -> Result<(), String> {
         let levels = kernel.levels();
         let col_len = i64::try_from(kernel.row_len()).expect("row_len fits i64 (supports)");
+        // Half values accumulate in f32.
         let (ty, vt) = match band.dtype {
-            DType::F32 => (types::F32, types::F32X4),
-            _ => (types::F64, types::F64X2),
+            DType::F64 => (types::F64, types::F64X2),
+            _ => (types::F32, types::F32X4),
         };
         let width = i64::from(vt.lane_count());
         let size = i64::from(ty.bytes());
@@ -345,7 +346,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                     elems: 0,
                 };
                 let (addr, imm) = lw.address(out_bases[st.output], off, dtype);
-                lw.b.ins().store(MemFlagsData::trusted(), value, addr, imm);
+                lw.store_typed(dtype, MemFlagsData::trusted(), value, addr, imm);
             }
             Ok(Vec::new())
         })?;
@@ -434,7 +435,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                             } else {
                                 super::input_flags()
                             };
-                            self.b.ins().load(ty, flags, addr, imm)
+                            self.load_typed(ins.dtype, ty, flags, addr, imm)
                         }
                         Across::Fixed(offset) => {
                             let off = Offset {

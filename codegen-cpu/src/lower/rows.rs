@@ -333,9 +333,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                         elems: 0,
                     };
                     let (addr, imm) = self.address(out_bases[st.output], at, dtype);
-                    self.b
-                        .ins()
-                        .store(MemFlagsData::trusted(), value, addr, imm);
+                    self.store_typed(dtype, MemFlagsData::trusted(), value, addr, imm);
                 }
             }
         }
@@ -687,7 +685,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                 let value = vals[st.value.index()].expect("stored values are computed");
                 let dtype = kernel.body[st.value.index()].dtype;
                 let (addr, imm) = lw.address(out_bases[st.output], at, dtype);
-                lw.b.ins().store(MemFlagsData::trusted(), value, addr, imm);
+                lw.store_typed(dtype, MemFlagsData::trusted(), value, addr, imm);
             }
             Ok(Vec::new())
         };

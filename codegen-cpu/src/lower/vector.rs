@@ -108,10 +108,10 @@ pub(super) fn store_sweep_type(
     (same && contiguous && values_vectorise(kernel, env, need, dtype)).then_some(vt)
 }
 
-/// The 128-bit vector of a float dtype.
+/// The 128-bit vector holding values of a float dtype (half values in f32 lanes).
 fn float_vector(dtype: DType) -> Option<Type> {
     match dtype {
-        DType::F32 => Some(types::F32X4),
+        DType::F32 | DType::F16 | DType::BF16 => Some(types::F32X4),
         DType::F64 => Some(types::F64X2),
         _ => None,
     }
@@ -168,11 +168,7 @@ pub(super) fn elementwise_type(
     load_access: &[Option<Access>],
 ) -> Option<Type> {
     let dtype = kernel.body.first()?.dtype;
-    let vt = match dtype {
-        DType::F32 => types::F32X4,
-        DType::F64 => types::F64X2,
-        _ => return None,
-    };
+    let vt = float_vector(dtype)?;
     let ok = kernel.body.iter().enumerate().all(|(v, ins)| {
         ins.dtype == dtype
             && match &ins.expr {
@@ -237,7 +233,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                                 elems: from + lane,
                             };
                             let (addr, imm) = lw.address(in_bases[*input], off, ins.dtype);
-                            lw.b.ins().load(vt, flags, addr, imm)
+                            lw.load_typed(ins.dtype, vt, flags, addr, imm)
                         }
                         _ => lw.compute(kernel, v, &vals)?,
                     };
@@ -249,7 +245,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                     let (addr, imm) = lw.address(out_bases[st.output], at, dtype);
                     // Element-aligned only, like the loads.
                     let store_flags = MemFlagsData::new().with_notrap();
-                    lw.b.ins().store(store_flags, value, addr, imm);
+                    lw.store_typed(dtype, store_flags, value, addr, imm);
                 }
             }
             Ok(Vec::new())
@@ -402,7 +398,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                     let (addr, imm) = lw.address(out_bases[st.output], at, dtype);
                     // Element-aligned only, like the loads.
                     let flags = MemFlagsData::new().with_notrap();
-                    lw.b.ins().store(flags, value, addr, imm);
+                    lw.store_typed(dtype, flags, value, addr, imm);
                 }
             }
             Ok(Vec::new())
@@ -535,9 +531,8 @@ impl<M: Module> Lowering<'_, '_, M> {
                         elems: kept.elems + lane,
                     };
                     let (addr, imm) = self.address(env.in_bases[*input], off, ins.dtype);
-                    self.b
-                        .ins()
-                        .load(vt, super::vector_input_flags(), addr, imm)
+                    let flags = super::vector_input_flags();
+                    self.load_typed(ins.dtype, vt, flags, addr, imm)
                 }
                 _ => self.compute(kernel, v, &vals)?,
             };
