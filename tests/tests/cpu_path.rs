@@ -200,7 +200,9 @@ fn softmax_log_softmax_and_layernorm_are_one_jit_kernel_each() {
 }
 
 #[test]
-fn half_kernels_fall_back_to_the_interpreter_with_a_reason() {
+fn half_kernels_run_in_the_jit() {
+    // They fell back to the interpreter (with a reason) until f16/bf16 were lowered:
+    // now every kernel of a half graph is JIT-compiled, and none is interpreted.
     let ctx = Context::builder()
         .dtype(DType::F16)
         .build()
@@ -210,14 +212,17 @@ fn half_kernels_fall_back_to_the_interpreter_with_a_reason() {
     ctx.set_backend(BackendKind::Cpu);
     let (got, r) = ctx.eval_report(&[&y]).expect("cpu evaluates");
     let dump = r.annotated_graph();
-    assert_eq!((r.kernel_count(), jit_kernels(&r)), (1, 0), "{dump}");
-    let reason = r.evaluation().paths.iter().find_map(|p| match p {
-        ndfuse_runtime::StepPath::KernelInterp { reason } => Some(reason.clone()),
-        _ => None,
-    });
-    assert!(reason.is_some_and(|r| r.starts_with("f16")), "{dump}");
+    assert_eq!((r.kernel_count(), jit_kernels(&r)), (1, 1), "{dump}");
+    let interpreted = r
+        .evaluation()
+        .paths
+        .iter()
+        .any(|p| matches!(p, ndfuse_runtime::StepPath::KernelInterp { .. }));
+    assert!(!interpreted, "{dump}");
     // Inside a kernel, half values compute in f32 and round once at the store, so the
-    // oracle is the same graph computed in f32 and rounded to f16 at the end: exact.
+    // oracle is the same graph computed in f32 and rounded to f16 at the end: exact up
+    // to the f32 exp's few ulps (the inline math library), which can move the result
+    // across one f16 rounding boundary.
     let a32 = a.cast(DType::F32);
     let y32 = ((&a32 * 2.0 + 1.0).exp()).cast(DType::F16);
     ctx.set_backend(BackendKind::Interp);
@@ -225,7 +230,7 @@ fn half_kernels_fall_back_to_the_interpreter_with_a_reason() {
     assert_matches(
         &got[0],
         &want[0],
-        0,
+        1,
         "f16 kernel vs f32-then-round reference",
     );
 }

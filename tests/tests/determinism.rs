@@ -3,7 +3,7 @@
 //! results (the chunks of a split reduction) are combined in an order fixed by shapes
 //! too, never by which thread finished first.
 
-use ndfuse::{Context, Tensor};
+use ndfuse::{Context, DType, Tensor};
 
 fn graphs(ctx: &Context) -> Vec<Tensor> {
     let a = ctx.rand_normal(&[1024, 768], 0.0, 2.0, 1);
@@ -13,6 +13,9 @@ fn graphs(ctx: &Context) -> Vec<Tensor> {
     let long = ctx.rand_normal(&[(3 << 20) + 11], 0.0, 1.0, 3);
     let tall = ctx.rand_normal(&[1 << 18, 3], 0.0, 1.0, 4);
     let wide = ctx.rand_normal(&[128, 6000], 0.0, 1.0, 5);
+    // Half inputs: f16/bf16 loads and stores, f32 accumulation (rows, split, columns).
+    let (a16, long16) = (a.cast(DType::F16), long.cast(DType::BF16));
+    let wide16 = wide.cast(DType::BF16);
     vec![
         (&a * &b + 1.0).gelu(),
         a.softmax(-1),
@@ -28,6 +31,10 @@ fn graphs(ctx: &Context) -> Vec<Tensor> {
         tall.sum(0),
         wide.sum(0),
         wide.norm2(0),
+        a16.softmax(-1),
+        (&a16 * 0.5).gelu(),
+        long16.sum(..),
+        wide16.sum(0),
     ]
 }
 
