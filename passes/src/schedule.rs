@@ -103,7 +103,8 @@ impl Schedule {
 
     /// The note a graph dump shows after `id` (`k0`, `k0, stored: output of the graph`,
     /// `folded into loads`, `interp: ...`). `kernel_path` names how a kernel step runs on
-    /// the chosen backend (`jit`, `interp: f16 not in the JIT yet`), when known.
+    /// the chosen backend (`jit`, `interp: <why the code generator refused it>`), when
+    /// known.
     pub fn note(
         &self,
         id: NodeId,
