@@ -99,7 +99,9 @@ fn half_kernels_are_compiled_not_refused() {
         assert_eq!(supports(&k), Ok(()));
         let a = HostArray::from_f64s(d, Shape::new([4]), &[0.0, 1.0, -2.5, 11.0]);
         let mut out = HostArray::zeros(d, Shape::new([4]));
-        compiled(&k).run(&[&a], &mut [&mut out]).expect("arguments fit");
+        compiled(&k)
+            .run(&[&a], &mut [&mut out])
+            .expect("arguments fit");
         let want = ndfuse_ir::interp::eval_kernel(&k, &[&a]).expect("reference");
         assert_eq!(out.storage(), want[0].storage(), "{d}");
     }
