@@ -33,6 +33,7 @@ use cranelift_module::{FuncId, Linkage, Module};
 use ndfuse_ir::{BinaryOp, DKind, DType, Expr, Kernel, Scalar, UnaryOp, View};
 use std::collections::BTreeMap;
 
+mod cache;
 mod columns;
 mod convert;
 mod rows;

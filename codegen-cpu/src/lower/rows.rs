@@ -16,9 +16,11 @@
 //! ```
 //!
 //! Every reduction goes into the earliest sweep its operand allows (one after the
-//! sweeps of the reductions it depends on), so sibling reductions share a sweep. Element
-//! values are not kept between sweeps: a later sweep loads and recomputes them, which
-//! costs no scratch memory and re-reads a row that is usually still in cache.
+//! sweeps of the reductions it depends on), so sibling reductions share a sweep. A later
+//! sweep loads and recomputes the element values it needs (re-reading a row that is
+//! usually still in cache), except those that contain a transcendental: those go
+//! through the row cache (`cache`), a per-call stack buffer of one row, written by the
+//! sweep that first computes them and read by the later ones.
 //!
 //! Element `j` of row `r` is the domain position whose kept axes hold the row-major
 //! index `r` (over the kept axes) and whose reduced axes hold the row-major index `j`
@@ -32,6 +34,7 @@
 //! `Rows` and `Columns` kernels that have no faster loop of their own are lowered
 //! whole, one row after another.
 
+use super::cache::{self, SweepCache};
 use super::split::{Phase, SplitLayout};
 use super::vector;
 use super::{cl_type, Lowering, Offset};
@@ -206,6 +209,23 @@ impl<M: Module> Lowering<'_, '_, M> {
         let bases = self.buffer_bases(kernel, ptrs);
         let (in_bases, out_bases) = bases.split_at(kernel.inputs.len());
         let scratch = split.map(|_| self.scratch_base(kernel, ptrs));
+        // The row cache, for whole rows only (a split row is spread over calls).
+        let cache_plan = match (&ix, split) {
+            (Some(_), None) => cache::plan(
+                kernel,
+                &levels,
+                &sweep_targets(kernel, &levels, &sched),
+                row_len,
+            ),
+            _ => None,
+        };
+        let cache_base = cache_plan.as_ref().map(|p| self.row_cache(p));
+        let cache_of = |sweep: usize| {
+            cache_plan
+                .as_ref()
+                .zip(cache_base)
+                .map(|(plan, base)| SweepCache { base, plan, sweep })
+        };
         let mut values: Vec<Option<Value>> = vec![None; kernel.body.len()];
         for (v, ins) in kernel.body.iter().enumerate() {
             if let Expr::Const(_) = ins.expr {
@@ -279,6 +299,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                 levels: &levels,
                 kept_offsets: &kept_offsets,
                 in_bases,
+                cache: cache_of(s),
             });
             let results = match (phase, split, scratch) {
                 (Phase::Whole, _, _) => match &env {
@@ -345,6 +366,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                     levels: &levels,
                     kept_offsets: &kept_offsets,
                     in_bases,
+                    cache: cache_of(sched.sweeps),
                 };
                 self.store_sweep(kernel, &env, out_kept, out_bases, &values, range)?;
             }
@@ -470,6 +492,11 @@ impl<M: Module> Lowering<'_, '_, M> {
             if !need[v] {
                 continue;
             }
+            if let Some(c) = env.cache.as_ref().filter(|c| c.loads(v)) {
+                let ty = cl_type(ins.dtype.compute_dtype());
+                vals[v] = Some(self.cache_load(kernel, c, v, (j, 0), ty));
+                continue;
+            }
             let value = match &ins.expr {
                 Expr::Load { input, .. } => {
                     let (_, red) = env.ix.loads[v].as_ref().expect("loads have accesses");
@@ -485,6 +512,9 @@ impl<M: Module> Lowering<'_, '_, M> {
                 }
                 _ => self.compute(kernel, v, &vals)?,
             };
+            if let Some(c) = env.cache.as_ref().filter(|c| c.stores(v)) {
+                self.cache_store(kernel, c, v, (j, 0), value);
+            }
             vals[v] = Some(value);
         }
         Ok(vals)
@@ -505,7 +535,10 @@ impl<M: Module> Lowering<'_, '_, M> {
             .iter()
             .map(|&v| Kernel::operands(&kernel.body[v].expr)[0].index())
             .collect();
-        let need = element_closure(kernel, env.levels, &operands);
+        let need = match &env.cache {
+            Some(c) => c.plan.need[c.sweep].clone(),
+            None => element_closure(kernel, env.levels, &operands),
+        };
         // Carried state: one accumulator per reduction, two (best, index) per arg one.
         let mut accs = Vec::new();
         let mut carried = Vec::new();
@@ -674,7 +707,10 @@ impl<M: Module> Lowering<'_, '_, M> {
             .filter(|s| !per_row(kernel, env.levels, s))
             .collect();
         let targets: Vec<usize> = stores.iter().map(|s| s.value.index()).collect();
-        let need = element_closure(kernel, env.levels, &targets);
+        let need = match &env.cache {
+            Some(c) => c.plan.need[c.sweep].clone(),
+            None => element_closure(kernel, env.levels, &targets),
+        };
         let (_, out_red) = env.ix.out.as_ref().expect("planned with element stores");
         let scalar = |lw: &mut Self, j: Value, _: &[Value]| {
             let ridx = lw.decompose(&env.ix.red, j);
@@ -715,6 +751,25 @@ pub(super) struct SweepEnv<'a> {
     /// Per instruction that is a load: its offset at the row's first element.
     pub kept_offsets: &'a [Option<Offset>],
     pub in_bases: &'a [Value],
+    /// The row cache, with this sweep's part of its plan.
+    pub cache: Option<SweepCache<'a>>,
+}
+
+/// The element values each sweep computes for its own use (see `cache::plan`): the
+/// operands of its reductions, the store sweep's stored values last.
+fn sweep_targets(kernel: &Kernel, levels: &[Level], sched: &Schedule) -> Vec<Vec<usize>> {
+    let mut targets = vec![Vec::new(); sched.sweeps + 1];
+    for (v, ins) in kernel.body.iter().enumerate() {
+        if let Expr::Reduce(..) | Expr::ArgReduce(..) = ins.expr {
+            targets[sched.stage[v] - 1].push(Kernel::operands(&ins.expr)[0].index());
+        }
+    }
+    for st in &kernel.stores {
+        if !per_row(kernel, levels, st) {
+            targets[sched.sweeps].push(st.value.index());
+        }
+    }
+    targets
 }
 
 /// Rows (or chunks) shorter than this are swept with scalars: the vector loop of

@@ -517,6 +517,10 @@ impl<M: Module> Lowering<'_, '_, M> {
             if !need[v] {
                 continue;
             }
+            if let Some(c) = env.cache.as_ref().filter(|c| c.loads(v)) {
+                vals[v] = Some(self.cache_load(kernel, c, v, (j, lane), vt));
+                continue;
+            }
             let value = match &ins.expr {
                 Expr::Load { input, .. } => {
                     let kept = env.kept_offsets[v]
@@ -536,6 +540,9 @@ impl<M: Module> Lowering<'_, '_, M> {
                 }
                 _ => self.compute(kernel, v, &vals)?,
             };
+            if let Some(c) = env.cache.as_ref().filter(|c| c.stores(v)) {
+                self.cache_store(kernel, c, v, (j, lane), value);
+            }
             vals[v] = Some(value);
         }
         Ok(vals)
