@@ -1,6 +1,7 @@
 //! Lowering: one [`Kernel`] to one Cranelift function, a loop over a range of flat
 //! domain positions: a vector loop first when every load is contiguous or fixed and
-//! every op has a vector form (`vector`), then the scalar loop below for the rest.
+//! every op has a vector form (`vector`), then the scalar loop below for the rest; a
+//! row loop when loads broadcast along rows or per row (`broadcast`).
 //! Kernels with reduce axes loop over rows instead (`rows`), over bands of columns
 //! (`columns`), or run in split phases (`split`).
 //!
@@ -33,6 +34,7 @@ use cranelift_module::{FuncId, Linkage, Module};
 use ndfuse_ir::{BinaryOp, DKind, DType, Expr, Kernel, Scalar, UnaryOp, View};
 use std::collections::BTreeMap;
 
+mod broadcast;
 mod cache;
 mod columns;
 mod convert;
@@ -202,6 +204,17 @@ impl<M: Module> Lowering<'_, '_, M> {
                 } else {
                     load_access[v] = Some(access);
                 }
+            }
+        }
+        // Loads that broadcast along rows or per row: the row loop does every position.
+        if vector::elementwise_type(kernel, &plan, &load_access).is_none() {
+            if let Some(vt) = broadcast::row_loop_type(kernel, &plan, &load_access) {
+                let loads = (&plan, &load_access[..]);
+                let bases = (in_bases, out_bases);
+                self.elementwise_rows(kernel, (start, end, exit), loads, &values, vt, bases)?;
+                self.b.switch_to_block(exit);
+                self.b.ins().return_(&[]);
+                return Ok(());
             }
         }
         // Vectors first where the kernel allows, then scalars for the rest.

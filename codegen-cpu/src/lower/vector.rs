@@ -109,7 +109,7 @@ pub(super) fn store_sweep_type(
 }
 
 /// The 128-bit vector holding values of a float dtype (half values in f32 lanes).
-fn float_vector(dtype: DType) -> Option<Type> {
+pub(super) fn float_vector(dtype: DType) -> Option<Type> {
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => Some(types::F32X4),
         DType::F64 => Some(types::F64X2),

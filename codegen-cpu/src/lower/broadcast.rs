@@ -1,0 +1,266 @@
+//! The row loop of element-wise kernels whose loads broadcast: loads that repeat along
+//! the rows of the domain (`b[M]` in `a[N,M] * b[M]`: stride 0 outside, contiguous
+//! along the innermost group of axes) or hold one value per row (`c[N,1]`: stride 0
+//! along it). The flat positions `start..end` are walked row segment by row segment,
+//! the innermost group vectorised with per-row base pointers:
+//!
+//! ```text
+//! rowhead(i):  row = i / M; rowend = min(row*M + M, end)
+//!              per load: a base pointer for the row (stride 1 along it), or its one
+//!              value for the row, loaded and splatted (stride 0)
+//!   vector loop over i..i + (rowend - i) rounded down to the step, two vectors a step
+//!   scalar loop over the rest of the segment
+//!   brif rowend < end, rowhead(rowend), exit
+//! ```
+//!
+//! Each position computes exactly the ops the scalar loop of `lower` would, on the same
+//! elements (vector and scalar code give the same bits: `vmath`), so results are
+//! unchanged; only the index arithmetic moves out of the inner loop.
+
+use super::rows::Bound;
+use super::vector::{float_vector, vector_op};
+use super::{cl_type, Lowering, Offset};
+use crate::index::{Access, IndexPlan};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_module::Module;
+use ndfuse_ir::{Expr, Kernel};
+
+/// Vectors per iteration of the inner loop.
+const UNROLL: i64 = 2;
+
+/// How a load reads along the innermost group of axes (the row).
+#[derive(Clone, Copy)]
+enum Along {
+    /// The flat position itself (a contiguous view).
+    Flat,
+    /// Stride 1 from a per-row base.
+    Row,
+    /// Stride 0: one value per row.
+    Splat,
+}
+
+/// The vector type of the row loop of an element-wise kernel, or `None` when it does
+/// not apply: the index plan has an outer and an inner group, the inner one at least a
+/// step long; every value is a float of one dtype, every op has a vector form, and
+/// every load is fixed (`load_access[v]` is `None`), contiguous, or strided with stride
+/// 0 or 1 along the inner group.
+pub(super) fn row_loop_type(
+    kernel: &Kernel,
+    plan: &IndexPlan,
+    load_access: &[Option<Access>],
+) -> Option<Type> {
+    let dtype = kernel.body.first()?.dtype;
+    let vt = float_vector(dtype)?;
+    let inner = *plan.extents.last()?;
+    if plan.extents.len() < 2 || inner < i64::from(vt.lane_count()) * UNROLL {
+        return None;
+    }
+    let ok = kernel.body.iter().enumerate().all(|(v, ins)| {
+        ins.dtype == dtype
+            && match &ins.expr {
+                Expr::Load { .. } => along(&load_access[v]).is_some() || load_access[v].is_none(),
+                Expr::Const(_) => true,
+                e => vector_op(e, dtype),
+            }
+    });
+    ok.then_some(vt)
+}
+
+/// How `access` reads along the inner group, if the row loop can take it.
+fn along(access: &Option<Access>) -> Option<Along> {
+    match access {
+        Some(Access::Contiguous) => Some(Along::Flat),
+        Some(Access::Strided { strides, .. }) => match strides.last() {
+            Some(1) => Some(Along::Row),
+            Some(0) => Some(Along::Splat),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+impl<M: Module> Lowering<'_, '_, M> {
+    /// The row loop over positions `[start, end)` (`start < end`), ending in a jump to
+    /// `exit`. `fixed` holds the values of fixed loads (made before the loop).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn elementwise_rows(
+        &mut self,
+        kernel: &Kernel,
+        (start, end, exit): (Value, Value, cranelift_codegen::ir::Block),
+        (plan, load_access): (&IndexPlan, &[Option<Access>]),
+        fixed: &[Option<Value>],
+        vt: Type,
+        (in_bases, out_bases): (&[Value], &[Value]),
+    ) -> Result<(), String> {
+        let width = i64::from(vt.lane_count());
+        let step = width * UNROLL;
+        let inner = *plan
+            .extents
+            .last()
+            .expect("two groups at least (row_loop_type)");
+        let outer = IndexPlan {
+            extents: plan.extents[..plan.extents.len() - 1].to_vec(),
+            needed: plan.needed[..plan.needed.len() - 1].to_vec(),
+        };
+        // Loop invariants: constants and fixed loads, as scalars and as vectors.
+        let mut scalars: Vec<Option<Value>> = vec![None; kernel.body.len()];
+        for (v, ins) in kernel.body.iter().enumerate() {
+            scalars[v] = match (&ins.expr, fixed[v]) {
+                (Expr::Load { .. }, Some(x)) => Some(x),
+                (Expr::Const(_), _) => Some(self.compute(kernel, v, &scalars)?),
+                _ => None,
+            };
+        }
+        let mut vectors = scalars.clone();
+        for x in vectors.iter_mut().flatten() {
+            *x = self.b.ins().splat(vt, *x);
+        }
+        let (consts, scaled) = (self.consts.clone(), self.scaled.clone());
+        let head = self.b.create_block();
+        let i = self.b.append_block_param(head, types::I64);
+        self.b.ins().jump(head, &[start.into()]);
+
+        // One row segment: i .. rowend.
+        self.b.switch_to_block(head);
+        let m = self.iconst(inner);
+        let row = self.b.ins().udiv(i, m);
+        let row_start = self.b.ins().imul(row, m);
+        let row_next = self.b.ins().iadd(row_start, m);
+        let row_end = self.b.ins().smin(row_next, end);
+        let idx = self.decompose(&outer, row);
+        // Per load: a base pointer with the row's offset folded in (minus row_start, so
+        // that the position itself indexes it), or the row's one value.
+        let mut bases: Vec<Option<Value>> = vec![None; kernel.body.len()];
+        let mut row_scalars = scalars.clone();
+        let mut row_vectors = vectors.clone();
+        for (v, ins) in kernel.body.iter().enumerate() {
+            let Expr::Load { input, .. } = &ins.expr else {
+                continue;
+            };
+            let (Some(kind), Some(Access::Strided { offset, strides })) =
+                (along(&load_access[v]), &load_access[v])
+            else {
+                continue;
+            };
+            let outer_access = Access::Strided {
+                offset: *offset,
+                strides: strides[..strides.len() - 1].to_vec(),
+            };
+            let off = self.element_offset(&outer_access, &idx, row);
+            match kind {
+                Along::Splat => {
+                    let x = self.load_at(in_bases[*input], off, ins.dtype);
+                    row_scalars[v] = Some(x);
+                    row_vectors[v] = Some(self.b.ins().splat(vt, x));
+                }
+                Along::Row => {
+                    let var = match off.var {
+                        Some(o) => self.b.ins().isub(o, row_start),
+                        None => self.b.ins().ineg(row_start),
+                    };
+                    let shift = self.iconst(i64::from(ins.dtype.size_bytes().trailing_zeros()));
+                    let bytes = self.b.ins().ishl(var, shift);
+                    let at = self.b.ins().iadd(in_bases[*input], bytes);
+                    // The constant offset stays in the immediate of each load.
+                    bases[v] = Some(at);
+                    row_scalars[v] = None;
+                    debug_assert!(off.elems == *offset);
+                }
+                Along::Flat => {}
+            }
+        }
+        let len = self.b.ins().isub(row_end, i);
+        let vlen = self.b.ins().band_imm_s(len, -step);
+        let vend = self.b.ins().iadd(i, vlen);
+        let env = RowEnv {
+            load_access,
+            bases: &bases,
+            in_bases,
+            out_bases,
+        };
+        self.counted_loop(i, Bound::Value(vend), step, true, &[], |lw, p, _| {
+            for u in 0..UNROLL {
+                lw.row_position(kernel, &env, (p, u * width), &row_vectors, Some(vt))?;
+            }
+            Ok(Vec::new())
+        })?;
+        self.counted_loop(vend, Bound::Value(row_end), 1, true, &[], |lw, p, _| {
+            lw.row_position(kernel, &env, (p, 0), &row_scalars, None)?;
+            Ok(Vec::new())
+        })?;
+        let more = self.b.ins().icmp(IntCC::SignedLessThan, row_end, end);
+        self.b.ins().brif(more, head, &[row_end.into()], exit, &[]);
+        (self.consts, self.scaled) = (consts, scaled);
+        Ok(())
+    }
+
+    /// The kernel's body at position `p + lane` of a row segment, on vectors of `vt`
+    /// (the `W` positions from there) or, for `None`, on scalars; `invariant` holds the
+    /// values of constants and fixed and per-row loads in that form.
+    fn row_position(
+        &mut self,
+        kernel: &Kernel,
+        env: &RowEnv<'_>,
+        (p, lane): (Value, i64),
+        invariant: &[Option<Value>],
+        vt: Option<Type>,
+    ) -> Result<(), String> {
+        let mut vals = invariant.to_vec();
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if vals[v].is_some() {
+                continue;
+            }
+            let value = match &ins.expr {
+                Expr::Load { input, .. } => {
+                    let (base, elems) = match (&env.load_access[v], env.bases[v]) {
+                        (Some(Access::Strided { offset, .. }), Some(b)) => (b, *offset),
+                        _ => (env.in_bases[*input], 0),
+                    };
+                    let off = Offset {
+                        var: Some(p),
+                        elems: elems + lane,
+                    };
+                    let (addr, imm) = self.address(base, off, ins.dtype);
+                    match vt {
+                        Some(vt) => {
+                            let flags = super::vector_input_flags();
+                            self.load_typed(ins.dtype, vt, flags, addr, imm)
+                        }
+                        None => {
+                            let flags = super::input_flags();
+                            self.load_typed(ins.dtype, cl_type(ins.dtype), flags, addr, imm)
+                        }
+                    }
+                }
+                _ => self.compute(kernel, v, &vals)?,
+            };
+            vals[v] = Some(value);
+        }
+        for st in &kernel.stores {
+            let value = vals[st.value.index()].expect("stored values are computed");
+            let dtype = kernel.body[st.value.index()].dtype;
+            let at = Offset {
+                var: Some(p),
+                elems: lane,
+            };
+            let (addr, imm) = self.address(env.out_bases[st.output], at, dtype);
+            // Vectors are element-aligned only, like the loads.
+            let flags = match vt {
+                Some(_) => MemFlagsData::new().with_notrap(),
+                None => MemFlagsData::trusted(),
+            };
+            self.store_typed(dtype, flags, value, addr, imm);
+        }
+        Ok(())
+    }
+}
+
+/// What every position of a row segment reads.
+struct RowEnv<'a> {
+    load_access: &'a [Option<Access>],
+    /// Per load with stride 1 along the row: its base pointer for the row.
+    bases: &'a [Option<Value>],
+    in_bases: &'a [Value],
+    out_bases: &'a [Value],
+}
