@@ -85,6 +85,8 @@ pub struct CompiledKernel {
     /// 8-byte slots of scratch memory a run needs (0 but for split kernels): passed
     /// after the buffers in the pointer array.
     scratch_slots: usize,
+    /// Instructions of the element loops per element ([`Self::ops_per_element`]).
+    ops_per_element: Option<f64>,
     /// Behind a mutex only to make the kernel `Sync` (`JITModule` is not); it is never
     /// locked, only freed when the kernel is dropped.
     _code: Mutex<CodeMemory>,
@@ -198,6 +200,7 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
     let phases = layout.as_ref().map_or(vec![Phase::Whole], |l| l.phases());
     let mut clif = String::new();
     let mut ids = Vec::with_capacity(phases.len());
+    let mut ops_per_element: Option<f64> = None;
     for &phase in &phases {
         let name = format!("{}{}", kernel.name, phase.suffix());
         let id = module
@@ -220,6 +223,13 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
             ),
             other => cranelift(other.to_string()),
         })?;
+        // `ctx.func` is now the optimised function. A split kernel's combine phases
+        // loop over partials, not elements.
+        if layout.is_none() || phase.per_chunk() {
+            if let Some(ops) = crate::cost::ops_per_element(&ctx.func) {
+                *ops_per_element.get_or_insert(0.0) += ops;
+            }
+        }
         ids.push(id);
     }
     module
@@ -265,6 +275,7 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
         extent,
         stages,
         scratch_slots,
+        ops_per_element,
         _code: Mutex::new(code),
     })
 }
@@ -400,6 +411,16 @@ impl CompiledKernel {
     /// How long [`compile`] took, from checks to finalized code.
     pub fn compile_time(&self) -> Duration {
         self.compile_time
+    }
+
+    /// Operations the kernel executes per element of its domain: Cranelift
+    /// instructions (after Cranelift's optimisations) of its innermost loops, divided by
+    /// the elements one iteration covers, summed over the loops a run sweeps; the vector
+    /// loops only where there are some (scalar tails are left out). `None` when no loop
+    /// could be measured. See `cost.rs` for exactly what is counted; the compute floor
+    /// of `ndfuse bench` is this times the domain's elements over a measured peak rate.
+    pub fn ops_per_element(&self) -> Option<f64> {
+        self.ops_per_element
     }
 
     /// How many chunks [`Self::run`] cuts the kernel into (1 for a kernel that runs on the

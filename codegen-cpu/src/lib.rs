@@ -58,6 +58,7 @@
 //! assert_eq!(out.as_slice::<f32>(), Some(&[11.0f32, 22.0, 33.0, 44.0][..]));
 //! ```
 
+mod cost;
 mod error;
 mod index;
 mod jit;

@@ -7,6 +7,14 @@
 //! dtypes, whatever the kernels actually did). A row's fraction of the bandwidth is how
 //! close the case came to that floor: 1.0 is at the floor.
 //!
+//! A kernel can be bound by compute instead (Cranelift's x86 vectors are 128 bits wide,
+//! and a transcendental costs tens of vector operations): each row also has a compute
+//! floor, the operations its compiled kernels execute
+//! ([`ndfuse_runtime::jit_ops_per_element`] times the elements of each kernel's domain)
+//! over this machine's peak rate of f32x4 multiplies and adds on all threads, measured
+//! in the same run ([`measure_compute_peak`]). A row's time is reported against the
+//! larger of the two floors, and the table says which binds.
+//!
 //! Each row also counts the minor page faults of one evaluation (`getrusage`, median
 //! over the timed runs): with outputs and intermediates recycled by the host cache, a
 //! steady-state loop touches no fresh page, so the figure is about zero; a buffer
@@ -61,6 +69,9 @@ pub struct BenchOptions {
     pub stream_trials: usize,
     /// The backend of the cases.
     pub backend: BackendKind,
+    /// Iterations of the compute-peak loop per thread and trial (16 vector operations
+    /// each); its trials are `stream_trials`.
+    pub peak_iterations: u64,
 }
 
 impl Default for BenchOptions {
@@ -76,6 +87,8 @@ impl Default for BenchOptions {
             stream_array_bytes: 64 << 20,
             stream_trials: 5,
             backend: BackendKind::Auto,
+            // About 10-30 ms a trial on the development machine.
+            peak_iterations: 1 << 22,
         }
     }
 }
@@ -91,6 +104,7 @@ impl BenchOptions {
             stream_array_bytes: 1 << 20,
             stream_trials: 2,
             backend: BackendKind::Auto,
+            peak_iterations: 1 << 12,
         }
     }
 }
@@ -428,6 +442,73 @@ pub fn measure_bandwidth(array_bytes: usize, trials: usize) -> Bandwidth {
     }
 }
 
+// ----- compute peak -----
+
+/// This machine's peak rate of 128-bit vector operations (the width Cranelift's x86
+/// vectors have), measured on one thread and on all of them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ComputePeak {
+    /// Trials; each figure is the best of them.
+    pub trials: usize,
+    /// The threads of the "all threads" figure.
+    pub threads: usize,
+    /// Vector operations a second on one thread.
+    pub ops_1t: f64,
+    /// Vector operations a second on `threads` threads together.
+    pub ops_all: f64,
+}
+
+/// Vector operations of one iteration of [`vector_chains`]: 8 chains, a multiply and
+/// an add each.
+const CHAIN_OPS: u64 = 16;
+
+/// `iterations` steps of 8 independent chains `a = a * m + c` on `[f32; 4]` values,
+/// which the compiler keeps in eight SSE registers (`mulps`, `addps`; x86-64's baseline
+/// has no FMA, and neither does ndfuse's JIT code): enough chains in flight to hide
+/// the latency of each operation, so the loop runs at the machine's throughput.
+fn vector_chains(iterations: u64) -> f32 {
+    let m = std::hint::black_box([0.999_f32; 4]);
+    let c = std::hint::black_box([0.001_f32; 4]);
+    let mut acc = [[1.0_f32; 4]; 8];
+    for _ in 0..iterations {
+        for a in &mut acc {
+            for k in 0..4 {
+                a[k] = a[k] * m[k] + c[k];
+            }
+        }
+    }
+    // The chains converge to 1: no overflow, no subnormals.
+    acc.iter().flatten().sum()
+}
+
+/// Measures [`ComputePeak`]: `iterations` of [`vector_chains`] per thread, best of
+/// `trials`, on one thread and on every thread the OS offers (`std::thread::scope`).
+pub fn measure_compute_peak(iterations: u64, trials: usize) -> ComputePeak {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let iterations = iterations.max(1);
+    let best = |threads: usize| -> f64 {
+        let mut fastest = f64::INFINITY;
+        for _ in 0..trials.max(1) {
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                for _ in 0..threads {
+                    s.spawn(|| {
+                        std::hint::black_box(vector_chains(std::hint::black_box(iterations)))
+                    });
+                }
+            });
+            fastest = fastest.min(start.elapsed().as_secs_f64());
+        }
+        (CHAIN_OPS * iterations) as f64 * threads as f64 / fastest.max(1e-9)
+    };
+    ComputePeak {
+        trials: trials.max(1),
+        threads,
+        ops_1t: best(1),
+        ops_all: best(threads),
+    }
+}
+
 // ----- running the suite -----
 
 /// The machine the suite ran on.
@@ -443,6 +524,8 @@ pub struct Machine {
     pub cpu: Option<String>,
     /// Memory bandwidth measured at the start of the run.
     pub bandwidth: Bandwidth,
+    /// Peak vector-operation rate measured at the start of the run.
+    pub compute: ComputePeak,
     /// For a CUDA run: the device (`NVIDIA H100 80GB HBM3 (sm_90)`) and its
     /// device-to-device copy bandwidth in GB/s (bytes read plus written), measured in
     /// the same run: the floor the CUDA rows are measured against.
@@ -501,6 +584,39 @@ pub struct Row {
     /// Minor page faults of the warm-up evaluation (fresh buffers, and the JIT's own
     /// memory when it compiled).
     pub warmup_faults: Option<u64>,
+    /// Operations one evaluation's compiled kernels execute: for each kernel,
+    /// [`ndfuse_runtime::jit_ops_per_element`] times its domain's elements; `None` for
+    /// the latency cases and where a kernel was not JIT-compiled or not measurable.
+    pub ops: Option<f64>,
+    /// `ops` over the elements of the kernels' domains (the table's *ops/elem*).
+    pub ops_per_element: Option<f64>,
+    /// `ideal_bytes` over the machine's bandwidth, ms (throughput cases).
+    pub memory_floor_ms: Option<f64>,
+    /// `ops` over the machine's peak vector rate on all threads, ms.
+    pub compute_floor_ms: Option<f64>,
+}
+
+impl Row {
+    /// The larger floor, ms, and which it is (`memory` or `compute`).
+    pub fn floor(&self) -> Option<(f64, &'static str)> {
+        let memory = self.memory_floor_ms?;
+        Some(match self.compute_floor_ms {
+            Some(c) if c > memory => (c, "compute"),
+            _ => (memory, "memory"),
+        })
+    }
+
+    /// The time compared with the larger floor: 1.0 is at the floor. On a GPU the
+    /// kernels' device time, on the host the wall time.
+    pub fn x_floor(&self) -> Option<f64> {
+        let (floor, _) = self.floor()?;
+        let timed = if self.backend == BackendKind::Cuda.name() {
+            self.run_ms
+        } else {
+            self.median_ms
+        };
+        (floor > 0.0).then(|| timed / floor)
+    }
 }
 
 /// What [`run_suite`] measured.
@@ -575,6 +691,7 @@ pub fn run_suite_with(
     });
     let bandwidth = measure_bandwidth(opts.stream_array_bytes, opts.stream_trials);
     on_event(Event::Bandwidth(&bandwidth));
+    let compute = measure_compute_peak(opts.peak_iterations, opts.stream_trials);
     let device = device_floor(opts)?;
     let floor = device.as_ref().map_or(bandwidth.gbps(), |d| d.1);
     let ctx = Context::builder().backend(opts.backend).build()?;
@@ -585,7 +702,7 @@ pub fn run_suite_with(
             total: selected.len(),
             case,
         });
-        let row = run_case(&ctx, case, opts, floor)?;
+        let row = run_case(&ctx, case, opts, floor, compute.ops_all)?;
         on_event(Event::CaseDone(&row));
         rows.push(row);
     }
@@ -596,6 +713,7 @@ pub fn run_suite_with(
             os: std::env::consts::OS,
             cpu: cpu_model(),
             bandwidth,
+            compute,
             device,
         },
         size: opts.size,
@@ -674,7 +792,28 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, bandwidth_gbps: f64) -> Result<Row> {
+/// Operations the compiled kernels of an evaluation execute (see [`Row::ops`]), and
+/// the elements of their domains.
+fn kernel_ops(report: &Report) -> Option<(f64, f64)> {
+    let schedule = report.evaluation().schedule.as_ref()?;
+    let (mut ops, mut elements) = (0.0, 0.0);
+    for step in &schedule.steps {
+        if let ndfuse_passes::Step::Kernel { kernel, .. } = step {
+            let n = kernel.domain.numel() as f64;
+            ops += ndfuse_runtime::jit_ops_per_element(kernel)? * n;
+            elements += n;
+        }
+    }
+    (elements > 0.0).then_some((ops, elements))
+}
+
+fn run_case(
+    ctx: &Context,
+    case: &Case,
+    opts: &BenchOptions,
+    bandwidth_gbps: f64,
+    peak_ops: f64,
+) -> Result<Row> {
     let inputs = case.make_inputs(ctx)?;
     let ideal_bytes = case.ideal_bytes(ctx)?;
     // The cached case's graph, built once; the compile case builds a new one per run.
@@ -716,6 +855,12 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, bandwidth_gbps: f64
     let timed_ms = if on_device { median(&runs) } else { median_ms };
     let gbps = (case.kind == Kind::Throughput && timed_ms > 0.0)
         .then(|| ideal_bytes as f64 / (timed_ms * 1e-3) / 1e9);
+    let throughput = case.kind == Kind::Throughput;
+    let ops = if throughput && !on_device {
+        kernel_ops(&report)
+    } else {
+        None
+    };
     Ok(Row {
         name: case.name,
         expr: case.expr,
@@ -748,6 +893,10 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, bandwidth_gbps: f64
         fraction: gbps.map(|g| g / bandwidth_gbps),
         faults_per_eval: (faults.len() == walls.len()).then(|| median(&faults)),
         warmup_faults,
+        ops: ops.map(|(o, _)| o),
+        ops_per_element: ops.map(|(o, n)| o / n),
+        memory_floor_ms: throughput.then(|| ideal_bytes as f64 / (bandwidth_gbps * 1e9) * 1e3),
+        compute_floor_ms: ops.map(|(o, _)| o / peak_ops * 1e3),
     })
 }
 
@@ -782,6 +931,12 @@ impl BenchReport {
                     "fraction_of_bandwidth": r.fraction,
                     "minor_faults_per_eval": r.faults_per_eval,
                     "warmup_minor_faults": r.warmup_faults,
+                    "ops": r.ops,
+                    "ops_per_element": r.ops_per_element,
+                    "memory_floor_ms": r.memory_floor_ms,
+                    "compute_floor_ms": r.compute_floor_ms,
+                    "x_floor": r.x_floor(),
+                    "floor_binds": r.floor().map(|(_, which)| which),
                 })
             })
             .collect();
@@ -801,6 +956,12 @@ impl BenchReport {
                     "triad_all_gbps": bw.triad_all_gbps,
                     "gbps": bw.gbps(),
                     "source": bw.source(),
+                },
+                "compute": {
+                    "trials": m.compute.trials,
+                    "threads": m.compute.threads,
+                    "vector_ops_per_s_1t": m.compute.ops_1t,
+                    "vector_ops_per_s": m.compute.ops_all,
                 },
                 "device": m.device.as_ref().map(|(name, gbps)| serde_json::json!({
                     "name": name,
@@ -854,6 +1015,14 @@ impl BenchReport {
             bw.gbps(),
             bw.source()
         );
+        let _ = writeln!(
+            s,
+            "compute peak (independent f32x4 mul/add chains, best of {}): {:.2} G vector ops/s on 1 thread, {:.2} G on {} threads: the compute floor's rate",
+            m.compute.trials,
+            m.compute.ops_1t / 1e9,
+            m.compute.ops_all / 1e9,
+            m.compute.threads
+        );
         if let Some((name, gbps)) = &m.device {
             let _ = writeln!(
                 s,
@@ -861,8 +1030,8 @@ impl BenchReport {
             );
         }
         s.push('\n');
-        s.push_str("| case | expression | inputs | kernels | runs | median ms | ideal MB | GB/s | of bandwidth | faults/eval | note |\n");
-        s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        s.push_str("| case | expression | inputs | kernels | runs | median ms | ideal MB | GB/s | of bandwidth | ops/elem | compute floor ms | x floor | faults/eval | note |\n");
+        s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
         for r in &self.rows {
             let kernels = match r.interp_steps {
                 0 => r.kernels.to_string(),
@@ -882,7 +1051,7 @@ impl BenchReport {
             };
             let _ = writeln!(
                 s,
-                "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.name,
                 r.expr,
                 r.inputs,
@@ -901,6 +1070,13 @@ impl BenchReport {
                 r.gbps.map_or_else(|| "-".into(), |g| format!("{g:.2}")),
                 r.fraction
                     .map_or_else(|| "-".into(), |f| format!("{:.1}%", f * 100.0)),
+                r.ops_per_element
+                    .map_or_else(|| "-".into(), |o| format!("{o:.1}")),
+                r.compute_floor_ms
+                    .map_or_else(|| "-".into(), |c| format!("{c:.2}")),
+                r.x_floor()
+                    .zip(r.floor())
+                    .map_or_else(|| "-".into(), |(x, (_, which))| format!("{x:.2}x {which}")),
                 r.faults_per_eval
                     .map_or_else(|| "-".into(), |f| format!("{f:.0}")),
                 note
@@ -1015,6 +1191,56 @@ mod tests {
         ] {
             assert!(g.is_finite() && g > 0.0, "{measured:?}");
         }
+    }
+
+    #[test]
+    fn rows_have_a_compute_floor_and_say_which_floor_binds() {
+        let report = run_suite(Some("a"), &BenchOptions::tiny()).expect("runs");
+        let peak = &report.machine.compute;
+        assert!(
+            peak.ops_1t > 0.0 && peak.ops_all >= peak.ops_1t * 0.5,
+            "{peak:?}"
+        );
+        let row = |name: &str| {
+            report
+                .rows
+                .iter()
+                .find(|r| r.name == name)
+                .unwrap_or_else(|| panic!("no row {name}"))
+        };
+        let ops = |name: &str| row(name).ops_per_element.expect("ops counted");
+        // A tanh per element costs many times a multiply-add streamed through.
+        assert!(
+            ops("gelu") > 3.0 * ops("broadcast"),
+            "{} vs {}",
+            ops("gelu"),
+            ops("broadcast")
+        );
+        // A vector sum: a load and an add per 4 lanes, plus the loop's share.
+        assert!(ops("sum") > 0.2 && ops("sum") < 3.0, "{}", ops("sum"));
+        for r in report.rows.iter().filter(|r| r.kind == Kind::Throughput) {
+            let (floor, which) = r.floor().expect("throughput rows have floors");
+            let larger = r
+                .memory_floor_ms
+                .expect("memory")
+                .max(r.compute_floor_ms.expect("compute"));
+            assert_eq!(floor, larger, "{}", r.name);
+            assert_eq!(which == "compute", r.compute_floor_ms > r.memory_floor_ms);
+            assert!(r.x_floor().expect("ratio") > 0.0);
+        }
+        assert!(row("compile_cached").floor().is_none());
+        let table = report.table();
+        assert!(
+            table.contains("| ops/elem | compute floor ms | x floor |"),
+            "{table}"
+        );
+        assert!(table.contains("compute peak (independent f32x4"), "{table}");
+        let json = report.to_json();
+        assert!(json["rows"][0]["compute_floor_ms"].is_number(), "{json}");
+        assert!(
+            json["machine"]["compute"]["vector_ops_per_s"].is_number(),
+            "{json}"
+        );
     }
 
     #[test]

@@ -147,6 +147,17 @@ fn kernel_cache() -> &'static Mutex<HashMap<Kernel, Arc<CompiledKernel>>> {
     CACHE.get_or_init(Default::default)
 }
 
+/// Operations per element of the CPU JIT's compiled code for `kernel`
+/// ([`CompiledKernel::ops_per_element`]), when the kernel cache holds it (any
+/// evaluation that ran it compiled it); `None` otherwise.
+pub fn jit_ops_per_element(kernel: &Kernel) -> Option<f64> {
+    kernel_cache()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(kernel)
+        .and_then(|c| c.ops_per_element())
+}
+
 /// Checks that every input the outputs need has data of the declared type.
 fn check_inputs(g: &Graph, inputs: &HashMap<NodeId, Arc<HostArray>>) -> Result<(), RuntimeError> {
     for n in g.live_nodes() {
@@ -174,6 +185,51 @@ fn check_inputs(g: &Graph, inputs: &HashMap<NodeId, Arc<HostArray>>) -> Result<(
     Ok(())
 }
 
+/// The environment and configuration file an evaluation's [`Config`] was built from.
+#[derive(PartialEq, Eq)]
+struct ConfigSources {
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    /// The discovered file's text; `None` when it could not be read (missing or not
+    /// text: `Config::load` then reports or ignores it as it always does).
+    file: Option<String>,
+}
+
+/// `Config::load()`, rebuilt only when the process environment or the text of the
+/// configuration file differs from the last evaluation's: parsing them again cost a
+/// re-evaluation of a small cached graph about 7 µs of its ~20 µs overhead. What
+/// `Config::load` would read is still read every time (a copy of the environment, one
+/// file read), so a change is seen by the very next evaluation. Errors are not kept:
+/// a bad configuration fails every evaluation, as before.
+fn current_config() -> Result<crate::config::Config, RuntimeError> {
+    use crate::config::{Config, CONFIG_FILE, CONFIG_VAR};
+    static LAST: Mutex<Option<(ConfigSources, Config)>> = Mutex::new(None);
+    let env: Vec<_> = std::env::vars_os().collect();
+    let path = env
+        .iter()
+        .find(|(k, v)| k == CONFIG_VAR && !v.to_string_lossy().trim().is_empty())
+        .map_or_else(|| std::path::PathBuf::from(CONFIG_FILE), |(_, v)| v.into());
+    let sources = ConfigSources {
+        file: std::fs::read_to_string(path).ok(),
+        env,
+    };
+    let mut last = LAST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((seen, cfg)) = &*last {
+        if *seen == sources {
+            return Ok(cfg.clone());
+        }
+    }
+    // Built from the very variables of the key, as `Config::load` would build it.
+    let vars = sources
+        .env
+        .iter()
+        .filter_map(|(k, v)| Some((k.to_str()?, v.to_str()?)));
+    let cfg = Config::builder().environment(vars).build()?;
+    *last = Some((sources, cfg.clone()));
+    Ok(cfg)
+}
+
 /// Evaluates the outputs of `g` on `backend`, with `inputs` bound to its input nodes.
 /// Input data is shared, never copied (except by the interpreter backend).
 pub fn execute(
@@ -181,10 +237,12 @@ pub fn execute(
     inputs: &HashMap<NodeId, Arc<HostArray>>,
     backend: BackendKind,
 ) -> Result<Evaluation, RuntimeError> {
-    verify(g)?;
+    // The compiling backends verify `g` in `compile`, only when it is not a graph they
+    // compiled (and so verified) before: verifying is a topological walk with a type
+    // check per node, a fifth of a small cached re-evaluation.
     check_inputs(g, inputs)?;
     // Read once per evaluation: the backend choice and the passes both depend on it.
-    let cfg = crate::config::Config::load()?;
+    let cfg = current_config()?;
     // A thread bound to a device, or spread over the GPUs by `allow_multi_gpu`, runs
     // there when no backend was asked for by name (in code or in the config).
     if backend == BackendKind::Auto
@@ -195,6 +253,7 @@ pub fn execute(
     }
     match crate::backend::resolve(backend, &cfg)? {
         BackendKind::Interp => {
+            verify(g)?;
             let start = Instant::now();
             let owned: HashMap<NodeId, HostArray> = inputs
                 .iter()
@@ -236,7 +295,7 @@ pub(crate) fn execute_on(
     cfg: &crate::config::Config,
     target: Target<'_>,
 ) -> Result<Evaluation, RuntimeError> {
-    verify(g)?;
+    // `compile` verifies `g` unless it compiled it before (see `execute`).
     check_inputs(g, inputs)?;
     match target {
         Target::Cpu(pool) => run_cpu(g, inputs, cfg, pool),
@@ -290,6 +349,8 @@ fn compile(
     {
         return Ok((hit, true));
     }
+    // A hit is a graph equal node for node to one verified here before.
+    verify(g)?;
     opts.record_ir = record_ir || opts.debug_level >= 3 || opts.dump_dir.is_some();
     let mut optimized = g.clone();
     let log = ndfuse_passes::optimize(&mut optimized, &opts)?;
@@ -303,11 +364,20 @@ fn compile(
             schedule.to_text(&optimized)
         );
     }
+    let mut last_read = HashMap::new();
+    for (i, s) in schedule.steps.iter().enumerate() {
+        for &r in s.reads() {
+            last_read.insert(r, i);
+        }
+    }
+    let jit = Mutex::new(vec![None; schedule.steps.len()]);
     let compiled = Arc::new(Compiled {
         graph: Arc::new(optimized),
         log: Arc::new(log),
         schedule: Arc::new(schedule),
         debug: opts.debug_level,
+        last_read,
+        jit,
     });
     let mut cache = compile_cache()
         .lock()
@@ -344,6 +414,13 @@ struct Compiled {
     /// `NDFUSE_DEBUG`: 1 = a line per kernel launched, 2 = plus the fusion report,
     /// 3 = plus the IR after each pass, 4 = plus the generated code.
     debug: u8,
+    /// The last step that reads each buffer: it is dropped right after.
+    last_read: HashMap<NodeId, usize>,
+    /// For the CPU target: the compiled kernel of each kernel step once a run has
+    /// found or compiled it, so that re-evaluations skip `supports` and hashing the
+    /// kernel description into the kernel cache (`None` until then, and for steps the
+    /// interpreter runs).
+    jit: Mutex<Vec<Option<Arc<CompiledKernel>>>>,
 }
 
 /// Runs `g` with the CPU JIT; kernels split their work on `pool`, or, when `None`, on
@@ -369,16 +446,11 @@ fn run_cpu(
         log: passes,
         schedule,
         debug,
+        last_read,
+        jit,
     } = &*compiled_graph;
     let debug = *debug;
     let g = &**optimized;
-    // The last step that reads each buffer: it is dropped right after.
-    let mut last_read: HashMap<NodeId, usize> = HashMap::new();
-    for (i, s) in schedule.steps.iter().enumerate() {
-        for &r in s.reads() {
-            last_read.insert(r, i);
-        }
-    }
     let mut bufs: HashMap<NodeId, Buf<'_>> =
         inputs.iter().map(|(&n, a)| (n, Buf::Borrowed(a))).collect();
     let mut paths = Vec::with_capacity(schedule.steps.len());
@@ -399,7 +471,16 @@ fn run_cpu(
             } => {
                 let args: Vec<&HostArray> = ins.iter().map(read).collect();
                 let start = Instant::now();
-                let (results, path, compiled_in) = run_kernel(kernel, &args, debug, pool)?;
+                let lock = || {
+                    jit.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                };
+                let known = lock()[i].clone();
+                let (results, path, compiled_in, code) =
+                    run_kernel(kernel, known, &args, debug, pool)?;
+                if let Some(code) = code {
+                    lock()[i].get_or_insert(code);
+                }
                 compile_time += compiled_in;
                 let ran = start.elapsed().saturating_sub(compiled_in);
                 run_time += ran;
@@ -508,20 +589,34 @@ fn compiled(
     })
 }
 
-/// Runs one kernel: JIT-compiled (see [`compiled`]) or in the interpreter when the
-/// codegen cannot compile it yet. Returns the outputs, the path and the compile time.
+/// What [`run_kernel`] returns: the outputs, the path, the compile time, and the
+/// compiled kernel that ran (`None` when the interpreter ran it).
+type KernelRun = (
+    Vec<HostArray>,
+    StepPath,
+    Duration,
+    Option<Arc<CompiledKernel>>,
+);
+
+/// Runs one kernel: `known` (the compiled kernel an earlier run of the same compiled
+/// graph used), else JIT-compiled (see [`compiled`]), or in the interpreter when the
+/// codegen cannot compile it yet.
 fn run_kernel(
     kernel: &Kernel,
+    known: Option<Arc<CompiledKernel>>,
     args: &[&HostArray],
     debug: u8,
     pool: Option<&rayon::ThreadPool>,
-) -> Result<(Vec<HostArray>, StepPath, Duration), RuntimeError> {
-    let (compiled, path, took) = compiled(kernel)?;
+) -> Result<KernelRun, RuntimeError> {
+    let (compiled, path, took) = match known {
+        Some(c) => (Some(c), StepPath::Jit { cached: true }, Duration::ZERO),
+        None => compiled(kernel)?,
+    };
     if let (Some(c), StepPath::Jit { cached: false }, 4..) = (&compiled, &path, debug) {
         eprintln!("ndfuse: Cranelift IR of {}\n{}", kernel.name, c.clif());
     }
     let Some(compiled) = compiled else {
-        return Ok((interp::eval_kernel(kernel, args)?, path, took));
+        return Ok((interp::eval_kernel(kernel, args)?, path, took, None));
     };
     // Every element of every output is written by the kernel (`CompiledKernel::run`
     // covers the whole domain), so a recycled buffer's old contents never show.
@@ -539,7 +634,7 @@ fn run_kernel(
         Some(pool) => pool.install(|| compiled.run(args, &mut out_refs))?,
         None => compiled.run(args, &mut out_refs)?,
     }
-    Ok((outs, path, took))
+    Ok((outs, path, took, Some(compiled)))
 }
 
 /// The pool for `cpu_threads` workers, `None` for 0 (use the current pool). One pool per
