@@ -1195,7 +1195,7 @@ mod tests {
 
     #[test]
     fn rows_have_a_compute_floor_and_say_which_floor_binds() {
-        let report = run_suite(Some("a"), &BenchOptions::tiny()).expect("runs");
+        let report = run_suite(None, &BenchOptions::tiny()).expect("runs");
         let peak = &report.machine.compute;
         assert!(
             peak.ops_1t > 0.0 && peak.ops_all >= peak.ops_1t * 0.5,
