@@ -38,4 +38,6 @@ pub use devices::{
     DeviceMove, DeviceSet, GpuDevice, Inputs,
 };
 pub use error::RuntimeError;
-pub use executor::{execute, explain, jit_ops_per_element, BackendKind, Evaluation, Explanation, StepPath};
+pub use executor::{
+    execute, explain, jit_ops_per_element, BackendKind, Evaluation, Explanation, StepPath,
+};
