@@ -22,13 +22,18 @@
 
 use cranelift_codegen::dominator_tree::DominatorTree;
 use cranelift_codegen::flowgraph::ControlFlowGraph;
-use cranelift_codegen::ir::{Function, Inst, InstructionData, Opcode, Value, ValueDef};
+use cranelift_codegen::ir::{
+    ExternalName, Function, Inst, InstructionData, Opcode, Value, ValueDef,
+};
 use cranelift_codegen::loop_analysis::{Loop, LoopAnalysis};
 use std::collections::HashMap;
 
 /// The loops' cost of `func`, in instructions per element (see the module docs);
 /// `None` when no loop could be measured.
-pub(crate) fn ops_per_element(func: &Function) -> Option<f64> {
+///
+/// A call costs the instructions of its callee when `callee_ops` knows it (by the
+/// callee's `FuncId` index): the shared out-of-line math of small kernels.
+pub(crate) fn ops_per_element(func: &Function, callee_ops: &HashMap<u32, usize>) -> Option<f64> {
     let cfg = ControlFlowGraph::with_function(func);
     let domtree = DominatorTree::with_function(func, &cfg);
     let mut loops = LoopAnalysis::new();
@@ -48,7 +53,11 @@ pub(crate) fn ops_per_element(func: &Function) -> Option<f64> {
         let Some(elements) = elements_per_iteration(func, &insts) else {
             continue;
         };
-        let cost = insts.len() as f64 / elements as f64;
+        let ops: usize = insts
+            .iter()
+            .map(|&i| 1 + call_cost(func, i, callee_ops))
+            .sum();
+        let cost = ops as f64 / elements as f64;
         if insts.iter().any(|&i| is_vector(func, i)) {
             vector.push(cost);
         } else {
@@ -57,6 +66,21 @@ pub(crate) fn ops_per_element(func: &Function) -> Option<f64> {
     }
     let counted = if vector.is_empty() { scalar } else { vector };
     (!counted.is_empty()).then(|| counted.iter().sum())
+}
+
+/// The instructions of the function `inst` calls, when it is a call to one of
+/// `callee_ops`; 0 otherwise.
+fn call_cost(func: &Function, inst: Inst, callee_ops: &HashMap<u32, usize>) -> usize {
+    let InstructionData::Call { func_ref, .. } = func.dfg.insts[inst] else {
+        return 0;
+    };
+    match &func.dfg.ext_funcs[func_ref].name {
+        ExternalName::User(r) => callee_ops
+            .get(&func.params.user_named_funcs()[*r].index)
+            .copied()
+            .unwrap_or(0),
+        _ => 0,
+    }
 }
 
 /// Whether `inst` works on vectors (its controlling type or a result is one).

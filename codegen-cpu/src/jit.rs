@@ -45,7 +45,7 @@ fn chunk_units(unit: Unit, unit_len: usize) -> usize {
 
 /// The host ISA, built once: detecting CPU features and building the backend costs
 /// more than compiling a small kernel.
-fn host_isa() -> Result<OwnedTargetIsa, String> {
+pub(crate) fn host_isa() -> Result<OwnedTargetIsa, String> {
     static ISA: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
     ISA.get_or_init(|| {
         let mut flags = settings::builder();
@@ -70,7 +70,11 @@ fn host_isa() -> Result<OwnedTargetIsa, String> {
 /// [`CompiledKernel::run`] does).
 pub struct CompiledKernel {
     name: String,
-    clif: String,
+    /// The Cranelift IR of each function before optimisation, with its legend of
+    /// imports; rendered as text on first [`CompiledKernel::clif`] (formatting a large
+    /// function costs about as much as a quarter of compiling it).
+    clif_parts: Vec<(String, cranelift_codegen::ir::Function)>,
+    clif: OnceLock<String>,
     compile_time: Duration,
     inputs: Vec<Buffer>,
     outputs: Vec<Buffer>,
@@ -187,6 +191,13 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
 
     let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
     builder.symbols(libcalls::symbols());
+    // Small kernels call the shared copies of the inline math (see `shared_math`).
+    let shared_math = crate::shared_math::applies(kernel);
+    if shared_math {
+        for (name, addr) in crate::shared_math::symbols_for(kernel).map_err(cranelift)? {
+            builder.symbol(name, addr as *const u8);
+        }
+    }
     let mut code = CodeMemory {
         module: Some(JITModule::new(builder)),
     };
@@ -198,7 +209,7 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
     let layout = lower::SplitLayout::of(kernel);
     let band = lower::ColumnBand::of(kernel).is_some();
     let phases = layout.as_ref().map_or(vec![Phase::Whole], |l| l.phases());
-    let mut clif = String::new();
+    let mut clif_parts: Vec<(String, cranelift_codegen::ir::Function)> = Vec::new();
     let mut ids = Vec::with_capacity(phases.len());
     let mut ops_per_element: Option<f64> = None;
     for &phase in &phases {
@@ -207,16 +218,21 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
             .declare_function(&name, Linkage::Export, &sig)
             .map_err(|e| cranelift(e.to_string()))?;
         module.clear_context(&mut ctx);
-        let imports =
-            lower::lower(kernel, phase, module, &mut ctx.func, &mut fctx).map_err(cranelift)?;
+        let imports = lower::lower(kernel, phase, shared_math, module, &mut ctx.func, &mut fctx)
+            .map_err(cranelift)?;
         // The text names imports only by id; a comment legend says which function each is.
-        if !clif.is_empty() {
-            clif.push('\n');
-        }
+        let mut legend = String::new();
+        // Calls into the shared math cost their callee's instructions (`cost`).
+        let callee_ops: std::collections::HashMap<u32, usize> = imports
+            .iter()
+            .filter_map(|&(name, id)| {
+                crate::shared_math::ops_of(name).map(|ops| (id.as_u32(), ops))
+            })
+            .collect();
         for (name, id) in imports {
-            clif.push_str(&format!("; u0:{} = {name}\n", id.as_u32()));
+            legend.push_str(&format!("; u0:{} = {name}\n", id.as_u32()));
         }
-        clif.push_str(&ctx.func.display().to_string());
+        clif_parts.push((legend, ctx.func.clone()));
         module.define_function(id, &mut ctx).map_err(|e| match e {
             ModuleError::Compilation(err) => cranelift(
                 cranelift_codegen::print_errors::pretty_error(&ctx.func, err),
@@ -226,7 +242,7 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
         // `ctx.func` is now the optimised function. A split kernel's combine phases
         // loop over partials, not elements.
         if layout.is_none() || phase.per_chunk() {
-            if let Some(ops) = crate::cost::ops_per_element(&ctx.func) {
+            if let Some(ops) = crate::cost::ops_per_element(&ctx.func, &callee_ops) {
                 *ops_per_element.get_or_insert(0.0) += ops;
             }
         }
@@ -267,7 +283,8 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
 
     Ok(CompiledKernel {
         name: kernel.name.clone(),
-        clif,
+        clif_parts,
+        clif: OnceLock::new(),
         compile_time: started.elapsed(),
         inputs: kernel.inputs.clone(),
         outputs: kernel.outputs.clone(),
@@ -405,7 +422,13 @@ impl CompiledKernel {
     /// as `u0:<id>`; leading `;` comment lines name them. The same kernel always gives
     /// the same text.
     pub fn clif(&self) -> &str {
-        &self.clif
+        self.clif.get_or_init(|| {
+            self.clif_parts
+                .iter()
+                .map(|(legend, f)| format!("{legend}{}", f.display()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
     }
 
     /// How long [`compile`] took, from checks to finalized code.

@@ -64,6 +64,7 @@ mod index;
 mod jit;
 mod libcalls;
 mod lower;
+mod shared_math;
 mod support;
 mod vmath;
 

@@ -94,6 +94,7 @@ fn vector_input_flags() -> MemFlagsData {
 pub(crate) fn lower<M: Module>(
     kernel: &Kernel,
     phase: Phase,
+    shared_math: bool,
     module: &mut M,
     func: &mut Function,
     fctx: &mut FunctionBuilderContext,
@@ -109,6 +110,7 @@ pub(crate) fn lower<M: Module>(
         imports: Vec::new(),
         consts: BTreeMap::new(),
         scaled: BTreeMap::new(),
+        shared_math,
     };
     lw.kernel(kernel, phase)?;
     lw.b.seal_all_blocks();
@@ -135,6 +137,9 @@ struct Lowering<'f, 'm, M: Module> {
     /// Element offsets already scaled to bytes, by (offset, shift): contiguous loads and
     /// stores of one element size share one address computation.
     scaled: BTreeMap<(Value, i64), Value>,
+    /// Whether f32 math calls the shared out-of-line copies (`shared_math`, for small
+    /// kernels) instead of being inlined.
+    shared_math: bool,
 }
 
 /// An element offset: a variable part (`None` for none) plus constant elements, which
@@ -503,6 +508,14 @@ impl<M: Module> Lowering<'_, '_, M> {
         // f32 transcendentals are inline code (`vmath`), on scalars and vectors alike;
         // sin and cos (scalar only) call the exact function only outside their domain.
         if dtype == DType::F32 {
+            if self.shared_math && vmath::vectorises(op) {
+                // The same code as inline, compiled once for the process: a call per
+                // scalar or per f32x4.
+                let vty = self.b.func.dfg.value_type(x);
+                let name = crate::shared_math::compiled_symbol(op, vty.is_vector())
+                    .ok_or_else(|| format!("shared {} was not compiled first", op.name()))?;
+                return self.call(Libcall { name, arity: 1 }, vty, &[x]);
+            }
             if let Some(v) = vmath::unary_f32(&mut self.b, op, x) {
                 return Ok(v);
             }

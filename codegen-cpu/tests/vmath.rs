@@ -8,7 +8,7 @@
 
 mod builder;
 
-use builder::{compiled, view, KernelBuilder};
+use builder::{array, compiled, run, view, KernelBuilder};
 use ndfuse_codegen_cpu::{f32_ulp_bound, POW_F32_ULP};
 use ndfuse_ir::interp::{binary_f64, unary_f64};
 use ndfuse_ir::{BinaryOp, DType, HostArray, Shape, UnaryOp};
@@ -387,7 +387,9 @@ fn gelu_and_softmax_style_kernels_vectorise() {
         UnaryOp::Sigmoid,
         UnaryOp::Log,
     ] {
-        let mut kb = KernelBuilder::new("k0_vec", &[64]);
+        // 2^16 elements: large enough for inline math (smaller kernels call the shared
+        // copy, see below).
+        let mut kb = KernelBuilder::new("k0_vec", &[1 << 16]);
         let x = kb.load(DType::F32);
         let y = kb.unary(op, x);
         kb.store(y);
@@ -404,6 +406,57 @@ fn gelu_and_softmax_style_kernels_vectorise() {
             op.name(),
             ck.clif()
         );
+    }
+}
+
+#[test]
+fn small_kernels_call_the_shared_math_and_get_the_same_bits() {
+    // Below 2^16 elements a kernel calls one out-of-line copy of the math per scalar
+    // or f32x4 (compiled once per process from the same builder) instead of inlining
+    // it: faster to compile, and bit-identical to the inline code.
+    let n = 1 << 16;
+    let vals: Vec<f64> = (0..n)
+        .map(|i| f64::from(((i as f64 - n as f64 / 2.0) * 7.3e-4) as f32))
+        .collect();
+    let big_in = array(DType::F32, &[n], &vals);
+    for op in [
+        UnaryOp::Tanh,
+        UnaryOp::Exp,
+        UnaryOp::Expm1,
+        UnaryOp::Log1p,
+        UnaryOp::Erf,
+        UnaryOp::Sigmoid,
+        UnaryOp::Log,
+        UnaryOp::Rsqrt,
+    ] {
+        let build = |len: usize| {
+            let mut kb = KernelBuilder::new("k0_shared", &[len]);
+            let x = kb.load(DType::F32);
+            let y = kb.unary(op, x);
+            kb.store(y);
+            kb.build()
+        };
+        let inline = run(&build(n), &[&big_in]);
+        let small_len = 1003; // a vector part and a scalar tail
+        let small = build(small_len);
+        let ck = compiled(&small);
+        assert!(
+            ck.clif().contains("call ") && ck.clif().contains("f32x4"),
+            "{}: a small kernel calls the shared code from its vector loop:\n{}",
+            op.name(),
+            ck.clif()
+        );
+        let small_in = array(DType::F32, &[small_len], &vals[..small_len]);
+        let got = run(&small, &[&small_in]);
+        let (g, w) = (got[0].to_f64s(), inline[0].to_f64s());
+        for (k, a) in g.iter().enumerate() {
+            assert!(
+                a.to_bits() == w[k].to_bits() || (a.is_nan() && w[k].is_nan()),
+                "{} [{k}]: shared {a:e}, inline {:e}",
+                op.name(),
+                w[k]
+            );
+        }
     }
 }
 
