@@ -1149,6 +1149,34 @@ impl<'k> Gen<'k> {
         (p, r)
     }
 
+    /// Statements moving reduction `i`'s partial number `slot` (a C expression) between
+    /// the scratch buffer and the variables `{prefix}acc{i}` / `{prefix}idx{i}` (the
+    /// index only for arg-reductions): a store when `write`, else declarations that
+    /// load it.
+    fn partial_io(&self, i: usize, slot: &str, prefix: &str, write: bool, ind: &str) -> String {
+        let (t, arg) = self.acc_types(i);
+        let (p, _) = self.scratch_slot(i);
+        let (_, _, _, work) = self.split_shape();
+        let mut parts = vec![(t, p, format!("{prefix}acc{i}"))];
+        if arg {
+            parts.push((
+                "long long",
+                self.index_offset(i, p, work),
+                format!("{prefix}idx{i}"),
+            ));
+        }
+        parts
+            .into_iter()
+            .map(|(ty, at, var)| {
+                if write {
+                    format!("{ind}reinterpret_cast<{ty}*>(scratch + {at})[{slot}] = {var};\n")
+                } else {
+                    format!("{ind}{ty} {var} = reinterpret_cast<const {ty}*>(scratch + {at})[{slot}];\n")
+                }
+            })
+            .collect()
+    }
+
     /// Byte offset of the index array that follows `n` values of reduction `i` at `at`.
     fn index_offset(&self, i: usize, at: usize, n: usize) -> usize {
         let (t, _) = self.acc_types(i);
@@ -1237,19 +1265,8 @@ impl<'k> Gen<'k> {
             self.group_combine(&reds, &lanes, ind2);
             let _ = writeln!(self.body, "{ind2}if (lane == 0) {{");
             for &i in &reds {
-                let (t, arg) = self.acc_types(i);
-                let (p, _) = self.scratch_slot(i);
-                let _ = writeln!(
-                    self.body,
-                    "{ind2}  reinterpret_cast<{t}*>(scratch + {p})[w] = acc{i};"
-                );
-                if arg {
-                    let pi = self.index_offset(i, p, work);
-                    let _ = writeln!(
-                        self.body,
-                        "{ind2}  reinterpret_cast<long long*>(scratch + {pi})[w] = idx{i};"
-                    );
-                }
+                let io = self.partial_io(i, "w", "", true, &format!("{ind2}  "));
+                self.body.push_str(&io);
             }
             let _ = writeln!(self.body, "{ind2}}}");
             let _ = writeln!(self.body, "{ind}}}\n}}");
@@ -1268,31 +1285,18 @@ impl<'k> Gen<'k> {
             );
             let _ = writeln!(self.body, "{ind2}const nd_idx ra = r;");
             for &i in &reds {
-                let (t, arg) = self.acc_types(i);
-                let (p, res) = self.scratch_slot(i);
-                let _ = writeln!(
-                    self.body,
-                    "{ind2}{t} acc{i} = reinterpret_cast<const {t}*>(scratch + {p})[r * {splits}];"
-                );
-                if arg {
-                    let pi = self.index_offset(i, p, work);
-                    let _ = writeln!(
-                        self.body,
-                        "{ind2}long long idx{i} = reinterpret_cast<const long long*>(scratch + {pi})[r * {splits}];"
-                    );
-                }
+                let (_, res) = self.scratch_slot(i);
+                let first = self.partial_io(i, &format!("r * {splits}"), "", false, ind2);
+                self.body.push_str(&first);
                 let _ = writeln!(self.body, "{ind2}for (nd_idx c = 1; c < {splits}; ++c) {{");
-                let _ = writeln!(
-                    self.body,
-                    "{ind2}  const {t} othacc{i} = reinterpret_cast<const {t}*>(scratch + {p})[r * {splits} + c];"
+                let next = self.partial_io(
+                    i,
+                    &format!("r * {splits} + c"),
+                    "oth",
+                    false,
+                    &format!("{ind2}  "),
                 );
-                if arg {
-                    let pi = self.index_offset(i, p, work);
-                    let _ = writeln!(
-                        self.body,
-                        "{ind2}  const long long othidx{i} = reinterpret_cast<const long long*>(scratch + {pi})[r * {splits} + c];"
-                    );
-                }
+                self.body.push_str(&next);
                 let st = self.combine_stmt(
                     i,
                     &format!("othacc{i}"),
