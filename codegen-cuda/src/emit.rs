@@ -396,24 +396,7 @@ impl<'k> Gen<'k> {
             let _ = writeln!(self.body, "{ind2}#pragma unroll");
             let _ = writeln!(self.body, "{ind2}for (int l = 0; l < {lanes}; ++l) {{");
             let ind3 = "      ";
-            for (i, ins) in k.body.iter().enumerate() {
-                if matches!(ins.expr, Expr::Load { .. }) {
-                    let t = scalar::compute_type(ins.dtype);
-                    let src = lane_src[i].clone().expect("every load has a source");
-                    let _ = writeln!(self.body, "{ind3}const {t} v{i} = {src};");
-                } else {
-                    self.define(i, ind3);
-                }
-            }
-            for s in &k.stores {
-                let d = k.outputs[s.output].dtype;
-                let _ = writeln!(
-                    self.body,
-                    "{ind3}r{}.v[l] = {};",
-                    s.output,
-                    scalar::store_conv(d, &format!("v{}", s.value.0))
-                );
-            }
+            self.element_body(&lane_src, "r{}.v[l]", ind3);
             let _ = writeln!(self.body, "{ind2}}}");
             for s in &k.stores {
                 let st = scalar::storage_type(k.outputs[s.output].dtype);
@@ -435,27 +418,12 @@ impl<'k> Gen<'k> {
             );
             let ind2 = "    ";
             self.body.push_str(&space.decompose("p", "i", ind2));
-            let mut li = 0;
-            for (i, ins) in k.body.iter().enumerate() {
-                if let Expr::Load { input, view } = &ins.expr {
-                    let off = space.offset(li, "p", "i", view.offset);
-                    li += 1;
-                    let t = scalar::compute_type(ins.dtype);
-                    let e = self.load_expr(*input, &off);
-                    let _ = writeln!(self.body, "{ind2}const {t} v{i} = {e};");
-                } else {
-                    self.define(i, ind2);
-                }
+            let mut src: Vec<Option<String>> = vec![None; k.body.len()];
+            for (li, &(i, input, view)) in loads.iter().enumerate() {
+                let off = space.offset(li, "p", "i", view.offset);
+                src[i] = Some(self.load_expr(input, &off));
             }
-            for s in &k.stores {
-                let d = k.outputs[s.output].dtype;
-                let _ = writeln!(
-                    self.body,
-                    "{ind2}out{}[p] = {};",
-                    s.output,
-                    scalar::store_conv(d, &format!("v{}", s.value.0))
-                );
-            }
+            self.element_body(&src, "out{}[p]", ind2);
             let _ = writeln!(self.body, "{ind}}}");
         }
         self.body.push_str("}\n");
@@ -465,6 +433,30 @@ impl<'k> Gen<'k> {
             block: (threads, 1),
         };
         (if n == 0 { vec![] } else { vec![launch] }, strategy)
+    }
+
+    /// One position of an element-wise body: each load from its expression in
+    /// `load_src`, the other values computed, then every store into `target` (with `{}`
+    /// standing for the output's number).
+    fn element_body(&mut self, load_src: &[Option<String>], target: &str, ind: &str) {
+        for (i, src) in load_src.iter().enumerate() {
+            match src {
+                Some(src) => {
+                    let t = scalar::compute_type(self.k.body[i].dtype);
+                    let _ = writeln!(self.body, "{ind}const {t} v{i} = {src};");
+                }
+                None => self.define(i, ind),
+            }
+        }
+        for s in &self.k.stores {
+            let d = self.k.outputs[s.output].dtype;
+            let _ = writeln!(
+                self.body,
+                "{ind}{} = {};",
+                target.replace("{}", &s.output.to_string()),
+                scalar::store_conv(d, &format!("v{}", s.value.0))
+            );
+        }
     }
 
     // -----------------------------------------------------------------------------------
