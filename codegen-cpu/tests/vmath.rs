@@ -9,7 +9,7 @@
 mod builder;
 
 use builder::{array, compiled, run, view, KernelBuilder};
-use ndfuse_codegen_cpu::{f32_ulp_bound, POW_F32_ULP};
+use ndfuse_codegen_cpu::{f32_ulp_bound, use_fma, POW_F32_ULP};
 use ndfuse_ir::interp::{binary_f64, unary_f64};
 use ndfuse_ir::{BinaryOp, DType, HostArray, Shape, UnaryOp};
 
@@ -215,8 +215,9 @@ fn check_unary(op: UnaryOp, seed: u64, range: (i32, i32)) {
         }
     }
     println!(
-        "{} f32: max {} ulp over {} inputs (at x = {:e}: got {:e}, reference {:e}); bound {bound}",
+        "{} f32 ({}): max {} ulp over {} inputs (at x = {:e}: got {:e}, reference {:e}); bound {bound}",
         op.name(),
+        if use_fma() { "fused" } else { "unfused" },
         worst.0,
         xs.len(),
         worst.1,
@@ -363,7 +364,8 @@ fn pow_within_bound() {
         }
     }
     println!(
-        "pow f32: max {} ulp over {n} inputs (at ({:e}, {:e}): got {:e}, reference {:e}); bound {POW_F32_ULP}",
+        "pow f32 ({}): max {} ulp over {n} inputs (at ({:e}, {:e}): got {:e}, reference {:e}); bound {POW_F32_ULP}",
+        if use_fma() { "fused" } else { "unfused" },
         worst.0, worst.1, worst.2, worst.3, worst.4
     );
     assert!(
@@ -457,6 +459,37 @@ fn small_kernels_call_the_shared_math_and_get_the_same_bits() {
                 w[k]
             );
         }
+    }
+}
+
+/// The unfused math (hosts without FMA, or `NDFUSE_CPU_FMA=0`) is held to the same
+/// bounds: this binary runs its `_within_bound` tests again in a child process with
+/// FMA turned off (the choice is made once per process), and the child must say it
+/// ran them unfused.
+#[test]
+fn the_unfused_math_is_held_to_the_same_bounds() {
+    if std::env::var_os("NDFUSE_CPU_FMA").is_some() {
+        return; // The child itself, or a run that already chose.
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["_within_bound", "--nocapture", "--test-threads", "2"])
+        .env("NDFUSE_CPU_FMA", "0")
+        .output()
+        .expect("the test binary runs again");
+    let text = String::from_utf8_lossy(&out.stdout);
+    print!("{text}");
+    assert!(
+        out.status.success(),
+        "the unfused run failed:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for op in [
+        "exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "sin", "cos", "pow",
+    ] {
+        assert!(
+            text.contains(&format!("{op} f32 (unfused)")),
+            "the child did not run {op} unfused:\n{text}"
+        );
     }
 }
 

@@ -79,6 +79,9 @@ const NOT_KEYS: &[&str] = &[
     "NDFUSE_CUDA_INCLUDE",
     // The test harness's own settings (scripts/gpu-check.sh, .ci/run).
     "NDFUSE_CI_VENV",
+    // Whether the CPU code generator's inline math uses FMA (ndfuse_codegen_cpu::use_fma),
+    // read once per process when the host ISA is built.
+    "NDFUSE_CPU_FMA",
 ];
 
 /// Variables accepted as aliases of keys: ND4J's names for the priorities, and
