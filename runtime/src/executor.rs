@@ -160,25 +160,25 @@ pub fn jit_ops_per_element(kernel: &Kernel) -> Option<f64> {
 
 /// Checks that every input the outputs need has data of the declared type.
 fn check_inputs(g: &Graph, inputs: &HashMap<NodeId, Arc<HostArray>>) -> Result<(), RuntimeError> {
-    for n in g.live_nodes() {
+    // In id order, which is the order `live_nodes` lists inputs in (all of them are
+    // ready from the start of its topological walk, which takes the lowest id first).
+    for n in g.live_inputs() {
         let node = g.node(n);
         let Op::Input { name } = &node.op else {
             continue;
         };
-        let expected = g.ty(n);
         let data = inputs.get(&n).ok_or_else(|| RuntimeError::MissingInput {
             name: name.clone(),
-            expected: expected.clone(),
+            expected: g.ty(n),
         })?;
-        let got = TensorType {
-            dtype: data.dtype(),
-            shape: data.shape().clone(),
-        };
-        if got != expected {
+        if data.dtype() != node.dtype || *data.shape() != node.shape {
             return Err(RuntimeError::InputMismatch {
                 name: name.clone(),
-                expected,
-                got,
+                expected: g.ty(n),
+                got: TensorType {
+                    dtype: data.dtype(),
+                    shape: data.shape().clone(),
+                },
             });
         }
     }
@@ -329,26 +329,33 @@ fn compile(
     cfg: &crate::config::Config,
     target: &ndfuse_passes::TargetDesc,
 ) -> Result<(Arc<Compiled>, bool), RuntimeError> {
-    let mut opts = crate::env::pass_options_from(cfg);
     // A graph compiled before with the same options skips passes and fusion: re-running
-    // them would be most of a small eval's cost. The key is a structural hash; a hit is
-    // confirmed node for node, so a collision cannot return another graph's schedule.
-    let key = (
-        g.fingerprint(),
-        opts.disabled.clone(),
+    // them would be most of a small eval's cost. Entries are found by the graph's
+    // structural hash and confirmed option for option and node for node, so a
+    // collision cannot return another graph's schedule. (`same_as` is immediate for
+    // the very graph value cached here, or a clone of it, as the frontend passes when
+    // the same tensors are evaluated again: see `Graph::stamp`.)
+    let fingerprint = g.fingerprint();
+    let options = CompileOptions {
+        disabled: cfg.disable_passes(),
         record_ir,
-        opts.debug_level,
-        target.name,
-    );
+        debug: cfg.debug(),
+        target: target.name,
+    };
     if let Some(hit) = compile_cache()
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(&key)
-        .filter(|(src, _)| src.same_as(g))
-        .map(|(_, c)| Arc::clone(c))
+        .get(&fingerprint)
+        .and_then(|entries| {
+            entries
+                .iter()
+                .find(|e| e.options.borrowed() == options && e.source.same_as(g))
+        })
+        .map(|e| Arc::clone(&e.compiled))
     {
         return Ok((hit, true));
     }
+    let mut opts = crate::env::pass_options_from(cfg);
     // A hit is a graph equal node for node to one verified here before.
     verify(g)?;
     opts.record_ir = record_ir || opts.debug_level >= 3 || opts.dump_dir.is_some();
@@ -364,7 +371,7 @@ fn compile(
             schedule.to_text(&optimized)
         );
     }
-    let mut last_read = HashMap::new();
+    let mut last_read = rustc_hash::FxHashMap::default();
     for (i, s) in schedule.steps.iter().enumerate() {
         for &r in s.reads() {
             last_read.insert(r, i);
@@ -379,28 +386,74 @@ fn compile(
         last_read,
         jit,
     });
+    let entry = CompileEntry {
+        options: CompileOptions {
+            disabled: options.disabled.to_vec(),
+            record_ir: options.record_ir,
+            debug: options.debug,
+            target: options.target,
+        },
+        // Stamped first, so that the cached clone shares `g`'s stamp.
+        source: {
+            g.stamp();
+            g.clone()
+        },
+        compiled: Arc::clone(&compiled),
+    };
     let mut cache = compile_cache()
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if cache.len() >= COMPILE_CACHE_ENTRIES {
+    if cache.len() >= COMPILE_CACHE_GRAPHS {
         // A plain bound: programs that build endless new graphs start over.
         cache.clear();
     }
-    cache.insert(key, (g.clone(), Arc::clone(&compiled)));
+    let entries = cache.entry(fingerprint).or_default();
+    // Another thread may have compiled the same graph meanwhile: keep one entry.
+    if !entries
+        .iter()
+        .any(|e| e.options == entry.options && e.source.same_as(&entry.source))
+    {
+        entries.push(entry);
+    }
     Ok((compiled, false))
 }
 
-/// How many compiled graphs [`compile`] keeps.
-const COMPILE_CACHE_ENTRIES: usize = 256;
+/// How many distinct graphs (by fingerprint) [`compile`] keeps.
+const COMPILE_CACHE_GRAPHS: usize = 256;
 
-/// Structural hash of the source graph, disabled passes, whether IR is recorded, debug
-/// level, target.
-type CompileKey = (u64, Vec<String>, bool, u8, &'static str);
+/// The options a compiled graph depends on besides the graph: the disabled passes,
+/// whether IR is recorded, the debug level and the target. `D` is the list's storage:
+/// owned in the cache, borrowed from the configuration for a look-up.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct CompileOptions<D> {
+    disabled: D,
+    record_ir: bool,
+    debug: u8,
+    target: &'static str,
+}
 
-/// Compiled graphs by key, each with its source graph to confirm a hit.
-type CompileCache = Mutex<HashMap<CompileKey, (Graph, Arc<Compiled>)>>;
+impl CompileOptions<Vec<String>> {
+    fn borrowed(&self) -> CompileOptions<&[String]> {
+        CompileOptions {
+            disabled: &self.disabled,
+            record_ir: self.record_ir,
+            debug: self.debug,
+            target: self.target,
+        }
+    }
+}
 
-/// Compiled graphs by structural hash and options, with the source graph to confirm a hit.
+/// A compiled graph with what it was compiled from, to confirm a hit.
+struct CompileEntry {
+    options: CompileOptions<Vec<String>>,
+    source: Graph,
+    compiled: Arc<Compiled>,
+}
+
+/// Compiled graphs by [`Graph::fingerprint`] (the hash is already one, so the map
+/// does not hash it again with SipHash).
+type CompileCache = Mutex<rustc_hash::FxHashMap<u64, Vec<CompileEntry>>>;
+
 fn compile_cache() -> &'static CompileCache {
     static CACHE: OnceLock<CompileCache> = OnceLock::new();
     CACHE.get_or_init(Default::default)
@@ -415,7 +468,7 @@ struct Compiled {
     /// 3 = plus the IR after each pass, 4 = plus the generated code.
     debug: u8,
     /// The last step that reads each buffer: it is dropped right after.
-    last_read: HashMap<NodeId, usize>,
+    last_read: rustc_hash::FxHashMap<NodeId, usize>,
     /// For the CPU target: the compiled kernel of each kernel step once a run has
     /// found or compiled it, so that re-evaluations skip `supports` and hashing the
     /// kernel description into the kernel cache (`None` until then, and for steps the
@@ -451,7 +504,7 @@ fn run_cpu(
     } = &*compiled_graph;
     let debug = *debug;
     let g = &**optimized;
-    let mut bufs: HashMap<NodeId, Buf<'_>> =
+    let mut bufs: rustc_hash::FxHashMap<NodeId, Buf<'_>> =
         inputs.iter().map(|(&n, a)| (n, Buf::Borrowed(a))).collect();
     let mut paths = Vec::with_capacity(schedule.steps.len());
     let (mut compile_time, mut run_time) = (Duration::ZERO, Duration::ZERO);
