@@ -218,3 +218,79 @@ fn broadcast_rows_in_ranges_that_cut_rows() {
     let clif = ck.clif();
     assert!(clif.contains("f32x4"), "{clif}");
 }
+
+/// Rows of `cols` values that a float max or min must get exactly right: NaN in the
+/// vector part, in a far stream and in the scalar tail; zero results from -0 and +0
+/// mixed in either order; all -0; all +0; infinities.
+fn min_max_rows(cols: usize) -> Vec<Vec<f64>> {
+    let plain = values(cols, 7);
+    let with = |at: usize, v: f64| {
+        let mut r = plain.clone();
+        r[at] = v;
+        r
+    };
+    let nonpos = |first: f64, rest: f64| {
+        let mut r: Vec<f64> = plain.iter().map(|x| -x.abs() - 1.0).collect();
+        r[0] = first;
+        r[cols / 2] = rest;
+        r[cols - 1] = rest;
+        r
+    };
+    let nonneg = |first: f64, rest: f64| {
+        let mut r: Vec<f64> = plain.iter().map(|x| x.abs() + 1.0).collect();
+        r[0] = first;
+        r[cols / 2] = rest;
+        r[cols - 1] = rest;
+        r
+    };
+    let same_lane = |mut r: Vec<f64>, v: f64| {
+        r[8] = v;
+        r
+    };
+    vec![
+        plain.clone(),
+        with(5, f64::NAN),
+        with(cols / 2 + 3, f64::NAN),
+        with(cols - 1, f64::NAN),
+        vec![-0.0; cols],
+        vec![0.0; cols],
+        nonpos(-0.0, 0.0),
+        nonpos(0.0, -0.0),
+        nonpos(-0.0, -0.0),
+        nonneg(0.0, -0.0),
+        nonneg(-0.0, 0.0),
+        nonneg(0.0, 0.0),
+        // -0 then +0 (and the reverse) where the same accumulator lane reads both:
+        // elements 0 and 8 for f32 and f64 alike.
+        same_lane(nonpos(-0.0, -1.0), 0.0),
+        same_lane(nonneg(0.0, 1.0), -0.0),
+        with(9, f64::INFINITY),
+        with(11, f64::NEG_INFINITY),
+    ]
+}
+
+#[test]
+fn vector_max_and_min_keep_nan_and_the_sign_of_zero() {
+    // 203 columns: the vector loop's streams and a scalar tail.
+    let cols = 203;
+    let rows = min_max_rows(cols);
+    let flat: Vec<f64> = rows.iter().flatten().copied().collect();
+    for dtype in [DType::F32, DType::F64, DType::F16] {
+        for op in [Accumulate::Max, Accumulate::Min] {
+            let mut kb = KernelBuilder::new("k0_minmax", &[rows.len(), cols]);
+            kb.reduce_over(&[1]);
+            let x = kb.load(dtype);
+            let m = kb.reduce(op, x);
+            kb.store_rows(m);
+            let k = kb.build();
+            let a = array(dtype, &[rows.len(), cols], &flat);
+            let got = run(&k, &[&a]);
+            let want = ndfuse_ir::interp::eval_kernel(&k, &[&a]).expect("reference");
+            let (got, want) = (got[0].to_f64s(), want[0].to_f64s());
+            for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+                let same = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+                assert!(same, "{dtype:?} {op:?} row {r}: got {g:?}, reference {w:?}");
+            }
+        }
+    }
+}
