@@ -333,7 +333,7 @@ impl Context {
     /// Like [`Context::eval`], also returning what happened: the kernels, the path each
     /// part took, and timings.
     pub fn eval_report(&self, outputs: &[&Tensor]) -> Result<(Vec<Array>, Report)> {
-        let (graph, inputs) = build_graph(outputs)?;
+        let (graph, inputs) = crate::graph_cache::graph_of(outputs)?;
         let own = self.settings().devices.clone();
         let ev = match own {
             Some(set) => {
@@ -407,11 +407,11 @@ impl Context {
     pub fn eval_batch_report(&self, batch: &[&[&Tensor]]) -> Result<Vec<(Vec<Array>, Report)>> {
         let built = batch
             .iter()
-            .map(|outputs| build_graph(outputs))
+            .map(|outputs| crate::graph_cache::graph_of(outputs))
             .collect::<Result<Vec<_>>>()?;
         let cfg = Config::load().map_err(ndfuse_runtime::RuntimeError::from)?;
         let set = self.devices()?;
-        let jobs: Vec<_> = built.iter().map(|(g, i)| (g, i)).collect();
+        let jobs: Vec<_> = built.iter().map(|(g, i)| (&**g, i)).collect();
         let results = set.execute_batch(&jobs, &cfg);
         built
             .into_iter()
@@ -506,7 +506,7 @@ impl Context {
 }
 
 /// The outputs moved out of `ev` and the report that keeps the rest.
-fn report(graph: Graph, mut ev: Evaluation) -> (Vec<Array>, Report) {
+fn report(graph: Arc<Graph>, mut ev: Evaluation) -> (Vec<Array>, Report) {
     // Moved, not copied: the arrays are the host cache's buffers and go back to it
     // when the caller drops them (the report's evaluation keeps no outputs).
     let arrays = std::mem::take(&mut ev.outputs)
@@ -543,7 +543,7 @@ impl DeviceArray {
 /// What an evaluation did: see [`Context::eval_report`].
 #[derive(Debug)]
 pub struct Report {
-    graph: Graph,
+    graph: Arc<Graph>,
     ev: Evaluation,
 }
 

@@ -25,6 +25,7 @@ mod array;
 mod composite;
 mod context;
 mod error;
+mod graph_cache;
 #[cfg(feature = "ndarray")]
 mod interop;
 pub mod npy;
