@@ -53,6 +53,8 @@ struct Memo {
     fingerprint: OnceLock<u64>,
     /// [`Graph::stamp`].
     stamp: OnceLock<u64>,
+    /// [`Graph::live_inputs`].
+    live_inputs: OnceLock<Vec<NodeId>>,
 }
 
 impl Graph {
@@ -292,14 +294,17 @@ impl Graph {
     }
 
     /// The input nodes the outputs need, in id order (a cheaper walk than
-    /// [`Graph::live_nodes`] when only the inputs matter).
-    pub fn live_inputs(&self) -> Vec<NodeId> {
-        let live = self.live_mask();
-        self.g
-            .node_indices()
-            .filter(|n| live[n.index()] && self.g[*n].op.is_input())
-            .map(NodeId)
-            .collect()
+    /// [`Graph::live_nodes`] when only the inputs matter; the executor checks their
+    /// bindings on every evaluation). Computed once per graph value.
+    pub fn live_inputs(&self) -> &[NodeId] {
+        self.memo.live_inputs.get_or_init(|| {
+            let live = self.live_mask();
+            self.g
+                .node_indices()
+                .filter(|n| live[n.index()] && self.g[*n].op.is_input())
+                .map(NodeId)
+                .collect()
+        })
     }
 
     /// A hash of the whole graph (every node's op, dtype, shape and operands, and the

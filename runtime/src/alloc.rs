@@ -47,7 +47,7 @@
 
 use crate::config::Config;
 use ndfuse_ir::{DType, HostArray, Recycle, Shape, Storage};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::hash::Hash;
 use std::ops::{Deref, DerefMut};
@@ -212,7 +212,8 @@ struct Free<B> {
 /// What the mutex guards.
 struct State<K, B> {
     /// Free blocks by kind and class; the back of each queue is the most recent.
-    free: HashMap<(K, usize), VecDeque<Free<B>>>,
+    /// By kind and size class; looked up twice per buffer of every eval, so FxHash.
+    free: rustc_hash::FxHashMap<(K, usize), VecDeque<Free<B>>>,
     next_seq: u64,
     stats: CacheStats,
 }
@@ -264,7 +265,7 @@ impl<A: RawAlloc> Cache<A> {
         Cache {
             raw,
             state: Mutex::new(State {
-                free: HashMap::new(),
+                free: rustc_hash::FxHashMap::default(),
                 next_seq: 0,
                 stats: CacheStats {
                     hits: 0,

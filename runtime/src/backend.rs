@@ -359,6 +359,31 @@ pub fn choose(cfg: &Config, explicit: Option<BackendKind>) -> Result<BackendKind
 pub(crate) fn resolve(requested: BackendKind, cfg: &Config) -> Result<BackendKind, RuntimeError> {
     match requested {
         BackendKind::Cpu | BackendKind::Interp => Ok(requested),
-        BackendKind::Auto | BackendKind::Cuda => choose(cfg, Some(requested)),
+        BackendKind::Auto | BackendKind::Cuda => {
+            // The compiled-in probes give the same verdict all process long (CUDA's is
+            // probed once; the CPU and the interpreter are always there), so the choice
+            // is a function of these settings alone. Remembered for the last settings:
+            // discovering the registry allocates, on every evaluation.
+            type Choice = ((BackendKind, BackendKind, i64, i64), BackendKind);
+            static LAST: std::sync::Mutex<Option<Choice>> = std::sync::Mutex::new(None);
+            let key = (
+                requested,
+                cfg.backend(),
+                cfg.backend_priority_cpu(),
+                cfg.backend_priority_gpu(),
+            );
+            let mut last = LAST
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((seen, chosen)) = *last {
+                if seen == key {
+                    return Ok(chosen);
+                }
+            }
+            // Errors are not kept: they are made again, with their reasons, each time.
+            let chosen = choose(cfg, Some(requested))?;
+            *last = Some((key, chosen));
+            Ok(chosen)
+        }
     }
 }

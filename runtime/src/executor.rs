@@ -162,7 +162,7 @@ pub fn jit_ops_per_element(kernel: &Kernel) -> Option<f64> {
 fn check_inputs(g: &Graph, inputs: &HashMap<NodeId, Arc<HostArray>>) -> Result<(), RuntimeError> {
     // In id order, which is the order `live_nodes` lists inputs in (all of them are
     // ready from the start of its topological walk, which takes the lowest id first).
-    for n in g.live_inputs() {
+    for &n in g.live_inputs() {
         let node = g.node(n);
         let Op::Input { name } = &node.op else {
             continue;
