@@ -26,12 +26,16 @@ impl Tensor {
         &centered * &(self.var_keepdims(axis) + eps).rsqrt()
     }
 
-    /// GELU, tanh form: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    /// GELU, tanh form: `0.5 x (1 + tanh(u))` with `u = sqrt(2/pi) (x + 0.044715 x^3)`,
+    /// built as `x sigmoid(2u)`, the same function (`(1 + tanh u) / 2 = sigmoid(2u)`):
+    /// one exponential and one division instead of tanh's two branches and the `+ 1`,
+    /// and no cancellation in `1 + tanh(u)` where `u` is large and negative (there the
+    /// tanh form in f32 loses most of its digits; this one keeps them).
     #[track_caller]
     pub fn gelu(&self) -> Tensor {
-        let c = (2.0 / std::f64::consts::PI).sqrt();
+        let c = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
         let inner = (self + &(self * &self.square() * 0.044715)) * c;
-        self * 0.5 * (inner.tanh() + 1.0)
+        self * &inner.sigmoid()
     }
 
     /// GELU, erf form: `0.5 x (1 + erf(x / sqrt 2))`.
