@@ -71,4 +71,4 @@ mod vmath;
 pub use error::CodegenError;
 pub use jit::{compile, CompiledKernel};
 pub use support::supports;
-pub use vmath::{f32_ulp_bound, use_fma, POW_F32_ULP};
+pub use vmath::{f32_ulp_bound, f64_ulp_bound, use_fma, POW_F32_ULP};

@@ -507,18 +507,20 @@ impl<M: Module> Lowering<'_, '_, M> {
         let ty = cl_type(dtype);
         // f32 transcendentals are inline code (`vmath`), on scalars and vectors alike;
         // sin and cos (scalar only) call the exact function only outside their domain.
-        if dtype == DType::F32 {
-            if self.shared_math && vmath::vectorises(op) {
+        if matches!(dtype, DType::F32 | DType::F64) && vmath::inline_for(op, dtype) {
+            let vty = self.b.func.dfg.value_type(x);
+            if self.shared_math {
                 // The same code as inline, compiled once for the process: a call per
-                // scalar or per f32x4.
-                let vty = self.b.func.dfg.value_type(x);
-                let name = crate::shared_math::compiled_symbol(op, vty.is_vector())
+                // scalar or per vector.
+                let name = crate::shared_math::compiled_symbol(op, vty)
                     .ok_or_else(|| format!("shared {} was not compiled first", op.name()))?;
                 return self.call(Libcall { name, arity: 1 }, vty, &[x]);
             }
-            if let Some(v) = vmath::unary_f32(&mut self.b, op, x) {
+            if let Some(v) = vmath::unary(&mut self.b, op, x) {
                 return Ok(v);
             }
+        }
+        if dtype == DType::F32 {
             if let (UnaryOp::Sin | UnaryOp::Cos, Some(call)) = (op, libcalls::unary(op, dtype)) {
                 let (fast, exact) = vmath::sin_cos_f32(&mut self.b, x, op == UnaryOp::Cos);
                 return self.exact_unless(exact, fast, call, &[x]);

@@ -1,4 +1,4 @@
-//! Out-of-line copies of the inline f32 math (`vmath`), for small kernels.
+//! Out-of-line copies of the inline math (`vmath`, f32 and f64), for small kernels.
 //!
 //! Inline math makes a transcendental kernel's code several times larger (the function
 //! appears in each unrolled vector step and in the scalar tail), and Cranelift's compile
@@ -37,21 +37,21 @@ struct Shared {
     ops: usize,
 }
 
-/// Compiled functions by (op, vector).
-type Table = Mutex<HashMap<(UnaryOp, bool), Shared>>;
+/// Compiled functions by (op, value type: `F32`, `F32X4`, `F64` or `F64X2`).
+type Table = Mutex<HashMap<(UnaryOp, Type), Shared>>;
 
 fn table() -> &'static Table {
     static TABLE: OnceLock<Table> = OnceLock::new();
     TABLE.get_or_init(Default::default)
 }
 
-/// The symbol of the shared `op` (scalar, or `f32x4` when `vector`) once
-/// [`symbols_for`] has compiled it.
-pub(crate) fn compiled_symbol(op: UnaryOp, vector: bool) -> Option<&'static str> {
+/// The symbol of the shared `op` on values of `ty` once [`symbols_for`] has compiled
+/// it.
+pub(crate) fn compiled_symbol(op: UnaryOp, ty: Type) -> Option<&'static str> {
     table()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .get(&(op, vector))
+        .get(&(op, ty))
         .map(|s| s.name)
 }
 
@@ -65,56 +65,53 @@ pub(crate) fn ops_of(name: &str) -> Option<usize> {
         .map(|s| s.ops)
 }
 
-/// The symbol of the shared `op` on `f32` (or `f32x4` when `vector`).
-fn name(op: UnaryOp, vector: bool) -> String {
-    format!(
-        "ndfuse_vm_{}_{}",
-        op.name(),
-        if vector { "f32x4" } else { "f32" }
-    )
+/// The symbol of the shared `op` on values of `ty` (`ndfuse_vm_exp_f32x4`).
+fn name(op: UnaryOp, ty: Type) -> String {
+    format!("ndfuse_vm_{}_{ty}", op.name())
 }
 
-/// The symbols and addresses `kernel` needs (every f32 op `vmath` inlines, both
-/// widths), compiling those not compiled yet.
+/// The symbols and addresses `kernel` needs (every op `vmath` inlines, scalar and
+/// vector, in f32 or f64), compiling those not compiled yet.
 pub(crate) fn symbols_for(kernel: &Kernel) -> Result<Vec<(&'static str, usize)>, String> {
-    let mut ops: Vec<UnaryOp> = kernel
+    let mut ops: Vec<(UnaryOp, bool)> = kernel
         .body
         .iter()
         .filter_map(|ins| match ins.expr {
-            ndfuse_ir::Expr::Unary(op, _)
-                if ins.dtype.compute_dtype() == ndfuse_ir::DType::F32
-                    && crate::vmath::vectorises(op) =>
-            {
-                Some(op)
+            ndfuse_ir::Expr::Unary(op, _) if crate::vmath::inline_for(op, ins.dtype) => {
+                Some((op, ins.dtype.compute_dtype() == ndfuse_ir::DType::F64))
             }
             _ => None,
         })
         .collect();
-    ops.sort_by_key(|op| op.name());
+    ops.sort_by_key(|&(op, wide)| (op.name(), wide));
     ops.dedup();
     let mut out = Vec::new();
-    for op in ops {
-        for vector in [false, true] {
-            out.push(function(op, vector)?);
+    for (op, wide) in ops {
+        let tys = if wide {
+            [types::F64, types::F64X2]
+        } else {
+            [types::F32, types::F32X4]
+        };
+        for ty in tys {
+            out.push(function(op, ty)?);
         }
     }
     Ok(out)
 }
 
-/// The shared `op` (scalar or `f32x4`), compiled on first use.
-fn function(op: UnaryOp, vector: bool) -> Result<(&'static str, usize), String> {
+/// The shared `op` on values of `ty`, compiled on first use.
+fn function(op: UnaryOp, ty: Type) -> Result<(&'static str, usize), String> {
     let mut t = table().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(hit) = t.get(&(op, vector)) {
+    if let Some(hit) = t.get(&(op, ty)) {
         return Ok((hit.name, hit.addr));
     }
-    let ty: Type = if vector { types::F32X4 } else { types::F32 };
     let isa = crate::jit::host_isa()?;
     let mut module = JITModule::new(JITBuilder::with_isa(isa, default_libcall_names()));
     let mut sig = module.make_signature();
     sig.params.push(AbiParam::new(ty));
     sig.returns.push(AbiParam::new(ty));
-    // Leaked once per (op, width): the name must outlive every kernel that imports it.
-    let sym: &'static str = Box::leak(name(op, vector).into_boxed_str());
+    // Leaked once per (op, type): the name must outlive every kernel that imports it.
+    let sym: &'static str = Box::leak(name(op, ty).into_boxed_str());
     let id = module
         .declare_function(sym, Linkage::Export, &sig)
         .map_err(|e| e.to_string())?;
@@ -129,8 +126,8 @@ fn function(op: UnaryOp, vector: bool) -> Result<(&'static str, usize), String> 
         b.append_block_params_for_function_params(entry);
         b.switch_to_block(entry);
         let x = b.block_params(entry)[0];
-        let y = crate::vmath::unary_f32(&mut b, op, x)
-            .ok_or_else(|| format!("{} has no inline f32 form", op.name()))?;
+        let y = crate::vmath::unary(&mut b, op, x)
+            .ok_or_else(|| format!("{} has no inline {ty} form", op.name()))?;
         b.ins().return_(&[y]);
         b.seal_all_blocks();
         b.finalize(config);
@@ -149,7 +146,7 @@ fn function(op: UnaryOp, vector: bool) -> Result<(&'static str, usize), String> 
     // The code must stay mapped for the process: kernels call it by address.
     std::mem::forget(module);
     t.insert(
-        (op, vector),
+        (op, ty),
         Shared {
             name: sym,
             addr,

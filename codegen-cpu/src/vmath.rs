@@ -40,10 +40,28 @@
 //! arguments leave the f64-internal fast path, through a branch to the exact libcall,
 //! only where it cannot be accurate or cheap: |x| ≥ 2^24 or non-finite for sin/cos
 //! (that needs Payne-Hanek reduction), and x ≤ 0, non-finite x or y for pow (the IEEE
-//! special cases). f64 kernels keep the exact libcalls (`libcalls`): an inline f64
-//! library to ≤ 1 ULP needs double-word arithmetic throughout (cheap only with FMA,
-//! which the baseline ISA lacks), which is left for later; their bound is the
-//! reference's, 0.
+//! special cases).
+//!
+//! The exp and log families are built for f64 too (`F64` and `F64X2`), by the same code
+//! with the constants of the other precision (`Prec`): the reductions are exact in
+//! both, and the polynomials are Taylor series long enough for f64 (13 terms for expm1,
+//! 11 for log's R). Max error in ULP of f64 against the reference's libm, measured by
+//! `tests/vmath_f64.rs` (2^20 samples plus edge cases, vector and scalar loops, fused
+//! and unfused):
+//!
+//! | op | bound | measured | how |
+//! | --- | --- | --- | --- |
+//! | exp | 1 | 1 | as f32; 13-term Taylor expm1 polynomial |
+//! | expm1 | 2 | 2 | as f32 |
+//! | log | 1 | 1 | as f32; R(z) to z^11 |
+//! | log1p | 2 | 1 | as f32 |
+//! | tanh | 3 | 3 | E = 2^n·em + 2^n - 1 of 2|x|: E/(E+2) below 0.5493, else 1 - 2/(E+2) |
+//! | sigmoid | 2 | 2 | as f32 |
+//!
+//! The other f64 transcendentals (erf, sin, cos, pow) call the exact libm functions
+//! (`libcalls`), as the reference does: their bound is 0. An inline f64 erf or sin
+//! needs its own fitted polynomials and, for sin, a double-word reduction; left for
+//! later.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::immediates::{Ieee32, Ieee64};
@@ -58,6 +76,17 @@ pub fn f32_ulp_bound(op: UnaryOp) -> Option<u32> {
     Some(match op {
         UnaryOp::Exp | UnaryOp::Log | UnaryOp::Rsqrt | UnaryOp::Sin | UnaryOp::Cos => 1,
         UnaryOp::Expm1 | UnaryOp::Log1p | UnaryOp::Sigmoid | UnaryOp::Erf | UnaryOp::Tanh => 2,
+        _ => return None,
+    })
+}
+
+/// Documented max ULP error of the f64 version of `op` (see the module's f64 table),
+/// `None` for the f64 ops that call the exact libm functions instead.
+pub fn f64_ulp_bound(op: UnaryOp) -> Option<u32> {
+    Some(match op {
+        UnaryOp::Exp | UnaryOp::Log => 1,
+        UnaryOp::Expm1 | UnaryOp::Log1p | UnaryOp::Sigmoid => 2,
+        UnaryOp::Tanh => 3,
         _ => return None,
     })
 }
@@ -83,6 +112,30 @@ pub fn use_fma() -> bool {
     })
 }
 
+/// Whether the f64 version of `op` is built here (for `F64` and `F64X2`); the other
+/// f64 ops call the exact libm functions (`libcalls`).
+pub(crate) fn vectorises_f64(op: UnaryOp) -> bool {
+    matches!(
+        op,
+        UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Log1p
+            | UnaryOp::Expm1
+            | UnaryOp::Tanh
+            | UnaryOp::Sigmoid
+    )
+}
+
+/// Whether the inline math builds `op` for `dtype`'s compute type (f16 and bf16 compute
+/// in f32), on scalars and vectors alike.
+pub(crate) fn inline_for(op: UnaryOp, dtype: ndfuse_ir::DType) -> bool {
+    match dtype.compute_dtype() {
+        ndfuse_ir::DType::F32 => vectorises(op),
+        ndfuse_ir::DType::F64 => vectorises_f64(op),
+        _ => false,
+    }
+}
+
 /// Whether the f32 version of `op` is built here for vectors as well as scalars.
 pub(crate) fn vectorises(op: UnaryOp) -> bool {
     matches!(
@@ -98,10 +151,13 @@ pub(crate) fn vectorises(op: UnaryOp) -> bool {
     )
 }
 
-/// `op` on `x`, an `F32` or `F32X4` value, as inline code; `None` when `op` is not one
-/// of the ops that [`vectorises`].
-pub(crate) fn unary_f32(b: &mut FunctionBuilder<'_>, op: UnaryOp, x: Value) -> Option<Value> {
+/// `op` on `x`, an `F32`, `F32X4`, `F64` or `F64X2` value, as inline code; `None` when
+/// `op` is not one of the ops that [`vectorises`] (f32) or [`vectorises_f64`] (f64).
+pub(crate) fn unary(b: &mut FunctionBuilder<'_>, op: UnaryOp, x: Value) -> Option<Value> {
     let ty = b.func.dfg.value_type(x);
+    if ty.lane_type() == types::F64 && !vectorises_f64(op) {
+        return None;
+    }
     let mut m = Math {
         b,
         ty,
@@ -309,6 +365,124 @@ struct Math<'a, 'f> {
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
 
+/// The constants of one precision: everything the exp and log families need besides
+/// the shape of their code, which is the same in f32 and f64.
+struct Prec {
+    /// 1.5 · 2^(mantissa bits): adding it rounds to an integer kept in the low bits.
+    magic: f64,
+    /// The bits of `magic`.
+    magic_bits: i64,
+    /// Mantissa bits and exponent bias.
+    mant_bits: i64,
+    bias: i64,
+    /// ln 2 in two parts, the first with trailing zero bits (n · hi exact).
+    ln2_hi: f64,
+    ln2_lo: f64,
+    /// (e^r - 1 - r) / r² on |r| ≤ ln2/2.
+    expm1_q: &'static [f64],
+    /// exp's clamps: below `exp_lo` the result rounds to 0, from `exp_hi` it overflows.
+    exp_lo: f64,
+    exp_hi: f64,
+    /// Below `expm1_lo` e^x - 1 rounds to -1; below `expm1_tiny` (in magnitude) to x.
+    expm1_lo: f64,
+    expm1_tiny: f64,
+    /// Below `log1p_tiny` (in magnitude) log1p(x) rounds to x.
+    log1p_tiny: f64,
+    /// The bits of 1 and of √½, and the mantissa mask.
+    one_bits: i64,
+    sqrt_half_bits: i64,
+    mant_mask: i64,
+    /// R(z)/z of log (see `LOG_R`).
+    log_r: &'static [f64],
+    /// The smallest normal, and the power of two that makes a subnormal normal.
+    min_normal: f64,
+    sub_scale_log2: i32,
+    /// Where tanh rounds to ±1 (its argument is clamped there).
+    tanh_clamp: f64,
+}
+
+const F32_PREC: Prec = Prec {
+    magic: 12_582_912.0,
+    magic_bits: 0x4B40_0000,
+    mant_bits: 23,
+    bias: 127,
+    ln2_hi: LN2_HI as f64,
+    ln2_lo: LN2_LO as f64,
+    expm1_q: &EXPM1_Q,
+    exp_lo: -104.0,
+    exp_hi: 89.0,
+    expm1_lo: -20.0,
+    expm1_tiny: 2.980_232_238_769_531_2e-8,
+    log1p_tiny: 5.960_464_477_539_063e-8,
+    one_bits: 0x3F80_0000,
+    sqrt_half_bits: 0x3F35_04F3,
+    mant_mask: 0x007F_FFFF,
+    log_r: &LOG_R,
+    min_normal: f32::MIN_POSITIVE as f64,
+    sub_scale_log2: 25,
+    tanh_clamp: 9.1,
+};
+
+const F64_PREC: Prec = Prec {
+    magic: 6_755_399_441_055_744.0,
+    magic_bits: 0x4338_0000_0000_0000,
+    mant_bits: 52,
+    bias: 1023,
+    // fdlibm's split: ln2_hi has 32 trailing zero bits (n · ln2_hi exact for |n| < 2^20).
+    ln2_hi: f64::from_bits(0x3FE6_2E42_FEE0_0000),
+    ln2_lo: f64::from_bits(0x3DEA_39EF_3579_3C76),
+    expm1_q: &EXPM1_Q_F64,
+    // e^-745.14 is half the smallest subnormal; e^709.79 overflows.
+    exp_lo: -746.0,
+    exp_hi: 710.0,
+    // e^-38 is below half an ulp of 1.
+    expm1_lo: -38.0,
+    expm1_tiny: 5.551_115_123_125_783e-17,
+    log1p_tiny: 1.110_223_024_625_156_5e-16,
+    one_bits: 0x3FF0_0000_0000_0000,
+    sqrt_half_bits: 0x3FE6_A09E_667F_3BCD,
+    mant_mask: 0x000F_FFFF_FFFF_FFFF,
+    log_r: &LOG_R_F64,
+    min_normal: f64::MIN_POSITIVE,
+    sub_scale_log2: 54,
+    // tanh(19.1) = 1 - 5.1e-17 rounds to 1.
+    tanh_clamp: 19.1,
+};
+
+/// (e^r - 1 - r) / r² for f64: Taylor coefficients 1/2! .. 1/14!, truncation below
+/// 2^-60 relative on |r| ≤ 0.347.
+const EXPM1_Q_F64: [f64; 13] = [
+    1.0 / 2.0,
+    1.0 / 6.0,
+    1.0 / 24.0,
+    1.0 / 120.0,
+    1.0 / 720.0,
+    1.0 / 5_040.0,
+    1.0 / 40_320.0,
+    1.0 / 362_880.0,
+    1.0 / 3_628_800.0,
+    1.0 / 39_916_800.0,
+    1.0 / 479_001_600.0,
+    1.0 / 6_227_020_800.0,
+    1.0 / 87_178_291_200.0,
+];
+
+/// R(z)/z of log for f64: 2/3, 2/5, ... (the series of 2·atanh(s)/s - 2 over z = s²),
+/// to z^10: truncation below 2^-58 relative for z ≤ 0.0295.
+const LOG_R_F64: [f64; 11] = [
+    2.0 / 3.0,
+    2.0 / 5.0,
+    2.0 / 7.0,
+    2.0 / 9.0,
+    2.0 / 11.0,
+    2.0 / 13.0,
+    2.0 / 15.0,
+    2.0 / 17.0,
+    2.0 / 19.0,
+    2.0 / 21.0,
+    2.0 / 23.0,
+];
+
 /// (e^r - 1 - r) / r² on |r| ≤ ln2/2, relative error 4e-9 (Chebyshev interpolation).
 const EXPM1_Q: [f64; 6] = [
     5.000_000_013e-1,
@@ -369,10 +543,15 @@ const ERF_LARGE: [f64; 11] = [
 impl Math<'_, '_> {
     /// The integer type of the same shape as `self.ty`.
     fn ity(&self) -> Type {
-        match self.ty {
-            types::F32X4 => types::I32X4,
-            types::F64 => types::I64,
-            _ => types::I32,
+        self.ty.as_int()
+    }
+
+    /// The constants of this precision.
+    fn p(&self) -> &'static Prec {
+        if self.ty.lane_type() == types::F64 {
+            &F64_PREC
+        } else {
+            &F32_PREC
         }
     }
 
@@ -382,10 +561,11 @@ impl Math<'_, '_> {
 
     /// A float constant of `self.ty` (splatted for vectors).
     fn f(&mut self, v: f64) -> Value {
-        if self.ty == types::F64 {
-            return self.b.ins().f64const(Ieee64::with_float(v));
-        }
-        let c = self.b.ins().f32const(Ieee32::with_float(v as f32));
+        let c = if self.ty.lane_type() == types::F64 {
+            self.b.ins().f64const(Ieee64::with_float(v))
+        } else {
+            self.b.ins().f32const(Ieee32::with_float(v as f32))
+        };
         if self.vector() {
             self.b.ins().splat(self.ty, c)
         } else {
@@ -394,10 +574,10 @@ impl Math<'_, '_> {
     }
 
     /// An integer constant of `self.ity()`.
-    fn i(&mut self, v: i32) -> Value {
+    fn i(&mut self, v: i64) -> Value {
         let ity = self.ity();
         let lane = ity.lane_type();
-        let c = self.b.ins().iconst(lane, i64::from(v));
+        let c = self.b.ins().iconst(lane, v);
         if self.vector() {
             self.b.ins().splat(ity, c)
         } else {
@@ -492,11 +672,27 @@ impl Math<'_, '_> {
         }
     }
 
-    /// 2^n for integer lanes `n` in [-126, 127], as floats.
+    /// The integer lanes `k` (|k| < 2^22) as floats: `cvtdq2ps` for i32 lanes; for i64
+    /// lanes, which x86 cannot convert without AVX-512, k + 1.5·2^52 read as a float
+    /// minus 1.5·2^52 (exact).
+    fn int_to_float(&mut self, k: Value) -> Value {
+        let p = self.p();
+        if self.ty.lane_type() == types::F32 {
+            return self.b.ins().fcvt_from_sint(self.ty, k);
+        }
+        let mb = self.i(p.magic_bits);
+        let t = self.b.ins().iadd(k, mb);
+        let t = self.as_float(t);
+        let magic = self.f(p.magic);
+        self.b.ins().fsub(t, magic)
+    }
+
+    /// 2^n for integer lanes `n` in [-126, 127] (f64: [-1022, 1023]), as floats.
     fn pow2(&mut self, n: Value) -> Value {
-        let bias = self.i(127);
+        let p = self.p();
+        let bias = self.i(p.bias);
         let e = self.b.ins().iadd(n, bias);
-        let e = self.b.ins().ishl_imm_s(e, 23);
+        let e = self.b.ins().ishl_imm_s(e, p.mant_bits);
         self.as_float(e)
     }
 
@@ -504,7 +700,8 @@ impl Math<'_, '_> {
     fn with_sign_of(&mut self, x: Value, s: Value) -> Value {
         let xb = self.as_int(x);
         let sb = self.as_int(s);
-        let mask = self.i(i32::MIN);
+        let bits = self.ty.lane_type().bits();
+        let mask = self.i(i64::MIN >> (64 - bits));
         let sign = self.b.ins().band(sb, mask);
         let v = self.b.ins().bor(xb, sign);
         self.as_float(v)
@@ -515,20 +712,21 @@ impl Math<'_, '_> {
     /// must lie in [-2^21, 2^21] or be NaN (em is then NaN).
     fn exp_reduce(&mut self, x: Value) -> (Value, Value) {
         // n = round(x/ln2) by adding 1.5·2^23: the sum's low mantissa bits hold n.
-        let magic = self.f(12_582_912.0);
+        let p = self.p();
+        let magic = self.f(p.magic);
         let log2e = self.f(std::f64::consts::LOG2_E);
         let t = self.mul_add(x, log2e, magic);
         // -n, so that the reduction below is two multiply-adds.
         let neg_n = self.b.ins().fsub(magic, t);
         let tb = self.as_int(t);
-        let mb = self.i(0x4B40_0000);
+        let mb = self.i(p.magic_bits);
         let ni = self.b.ins().isub(tb, mb);
-        let hi = self.f(f64::from(LN2_HI));
+        let hi = self.f(p.ln2_hi);
         let r = self.mul_add(neg_n, hi, x);
-        let lo = self.f(f64::from(LN2_LO));
+        let lo = self.f(p.ln2_lo);
         let r = self.mul_add(neg_n, lo, r);
         // em = r + r·(r·Q(r)): the sign of r (and of a zero r) survives.
-        let q = self.horner(r, &EXPM1_Q);
+        let q = self.horner(r, p.expm1_q);
         let rq = self.b.ins().fmul(r, q);
         let em = self.mul_add(r, rq, r);
         (ni, em)
@@ -550,8 +748,9 @@ impl Math<'_, '_> {
 
     fn exp(&mut self, x: Value) -> Value {
         // e^-104 rounds to 0 and e^89 overflows: clamping changes no result.
-        let x = self.max_c(x, -104.0);
-        let x = self.min_c(x, 89.0);
+        let p = self.p();
+        let x = self.max_c(x, p.exp_lo);
+        let x = self.min_c(x, p.exp_hi);
         self.exp_core(x)
     }
 
@@ -560,7 +759,7 @@ impl Math<'_, '_> {
         let (ni, em) = self.exp_reduce(x);
         // 2^n·em + (2^n - 1) with n ≤ 127, then once more for n = 128 (x > 88.38):
         // w·u + (w - 1) with w = 2^(n - 127) in {1, 2}.
-        let cap = self.i(127);
+        let cap = self.i(self.p().bias);
         let over = self.b.ins().icmp(IntCC::SignedGreaterThan, ni, cap);
         let nc = self.isel(over, cap, ni);
         let extra = self.b.ins().isub(ni, nc);
@@ -577,12 +776,13 @@ impl Math<'_, '_> {
 
     fn expm1(&mut self, x: Value) -> Value {
         // Below -20 the result rounds to -1; from 89 on it overflows.
-        let xc = self.max_c(x, -20.0);
-        let xc = self.min_c(xc, 89.0);
+        let p = self.p();
+        let xc = self.max_c(x, p.expm1_lo);
+        let xc = self.min_c(xc, p.exp_hi);
         let v = self.expm1_core(xc);
-        // |x| < 2^-25: e^x - 1 rounds to x (keeps -0 and subnormals exact).
+        // |x| < 2^-25 (f64: 2^-54): e^x - 1 rounds to x (keeps -0 and subnormals exact).
         let ax = self.b.ins().fabs(x);
-        let tiny = self.cmp_c(FloatCC::LessThan, ax, 2.980_232_238_769_531_2e-8);
+        let tiny = self.cmp_c(FloatCC::LessThan, ax, p.expm1_tiny);
         self.sel(tiny, x, v)
     }
 
@@ -590,15 +790,17 @@ impl Math<'_, '_> {
     /// subtracted from the exponent (for prescaled subnormals).
     fn log_core(&mut self, u: Value, c: Option<Value>, k_adj: Option<Value>) -> Value {
         // Exponent counted from √½ so that m = u / 2^k lies in [√½, √2).
+        let pr = self.p();
         let ub = self.as_int(u);
-        let shift = self.i(0x3F80_0000 - 0x3F35_04F3);
+        let shift = self.i(pr.one_bits - pr.sqrt_half_bits);
         let ix = self.b.ins().iadd(ub, shift);
-        let k = self.b.ins().sshr_imm_s(ix, 23);
-        let bias = self.i(127);
+        // u is positive: a logical shift is the arithmetic one (and exists for i64x2).
+        let k = self.b.ins().ushr_imm_s(ix, pr.mant_bits);
+        let bias = self.i(pr.bias);
         let k = self.b.ins().isub(k, bias);
-        let mmask = self.i(0x007F_FFFF);
+        let mmask = self.i(pr.mant_mask);
         let mant = self.b.ins().band(ix, mmask);
-        let base = self.i(0x3F35_04F3);
+        let base = self.i(pr.sqrt_half_bits);
         let mant = self.b.ins().iadd(mant, base);
         let m = self.as_float(mant);
         let one = self.f(1.0);
@@ -607,19 +809,18 @@ impl Math<'_, '_> {
         let den = self.b.ins().fadd(two, f);
         let s = self.b.ins().fdiv(f, den);
         let z = self.b.ins().fmul(s, s);
-        let p = self.horner(z, &LOG_R);
+        let p = self.horner(z, pr.log_r);
         let r = self.b.ins().fmul(z, p);
         let ff = self.b.ins().fmul(f, f);
         let hfsq = self.mul_c(ff, 0.5);
-        let ty = self.ty;
-        let mut kf = self.b.ins().fcvt_from_sint(ty, k);
+        let mut kf = self.int_to_float(k);
         if let Some(adj) = k_adj {
             kf = self.b.ins().fsub(kf, adj);
         }
         // k·ln2_hi - ((hfsq - (s·(hfsq + R) + k·ln2_lo + c)) - f): the small terms
         // first, f and the exact k·ln2_hi last.
         let hr = self.b.ins().fadd(hfsq, r);
-        let kl = self.mul_c(kf, f64::from(LN2_LO));
+        let kl = self.mul_c(kf, pr.ln2_lo);
         let lo = self.mul_add(s, hr, kl);
         let lo = match c {
             Some(c) => self.b.ins().fadd(lo, c),
@@ -627,7 +828,7 @@ impl Math<'_, '_> {
         };
         let t = self.b.ins().fsub(hfsq, lo);
         let t = self.b.ins().fsub(t, f);
-        let kh = self.mul_c(kf, f64::from(LN2_HI));
+        let kh = self.mul_c(kf, pr.ln2_hi);
         self.b.ins().fsub(kh, t)
     }
 
@@ -645,13 +846,14 @@ impl Math<'_, '_> {
     }
 
     fn log(&mut self, x: Value) -> Value {
-        // Subnormals: scale by 2^25 (exact) and take 25 off the exponent.
-        let sub = self.cmp_c(FloatCC::LessThan, x, f64::from(f32::MIN_POSITIVE));
-        let big = self.mul_c(x, 33_554_432.0);
+        // Subnormals: scale by 2^25 (f64: 2^54), exact, and take that off the exponent.
+        let p = self.p();
+        let sub = self.cmp_c(FloatCC::LessThan, x, p.min_normal);
+        let big = self.mul_c(x, 2f64.powi(p.sub_scale_log2));
         let u = self.sel(sub, big, x);
         let zero = self.f(0.0);
-        let twenty_five = self.f(25.0);
-        let adj = self.sel(sub, twenty_five, zero);
+        let scale = self.f(f64::from(p.sub_scale_log2));
+        let adj = self.sel(sub, scale, zero);
         let v = self.log_core(u, None, Some(adj));
         self.log_specials(x, v)
     }
@@ -668,7 +870,7 @@ impl Math<'_, '_> {
         let v = self.log_specials(u, v);
         // |x| < 2^-24: log1p(x) rounds to x (keeps -0 and subnormals exact).
         let ax = self.b.ins().fabs(x);
-        let tiny = self.cmp_c(FloatCC::LessThan, ax, 5.960_464_477_539_063e-8);
+        let tiny = self.cmp_c(FloatCC::LessThan, ax, self.p().log1p_tiny);
         self.sel(tiny, x, v)
     }
 
@@ -678,6 +880,9 @@ impl Math<'_, '_> {
         // gelu's 1 + tanh cancels); from |x| = 9.1 on it rounds to 1 (at 9 it is still
         // 1 - 2^-24). Below 1/2, |x| + |x|³·P(x²). exp rather than expm1 is enough
         // here (e ≥ e^1.0986 = 3) and cheaper.
+        if self.p().mant_bits == 52 {
+            return self.tanh_f64(x);
+        }
         let ax = self.b.ins().fabs(x);
         let a = self.min_c(ax, 9.1);
         let a2 = self.b.ins().fadd(a, a);
@@ -701,12 +906,36 @@ impl Math<'_, '_> {
         self.with_sign_of(t, x)
     }
 
+    /// tanh in f64 from one reduction of 2|x|: with E = e^2|x| - 1 = 2^n·em + (2^n - 1),
+    /// tanh |x| = E/(E + 2) below 0.5493 (E is accurate there, as expm1 is) and
+    /// 1 - 2/(E + 2) above, one division for both; from |x| = 19.1 on it rounds to 1.
+    /// (A polynomial for the small range would need about 17 terms in f64.)
+    fn tanh_f64(&mut self, x: Value) -> Value {
+        let ax = self.b.ins().fabs(x);
+        let a = self.min_c(ax, self.p().tanh_clamp);
+        let a2 = self.b.ins().fadd(a, a);
+        // n ≤ 56: one factor 2^n.
+        let (ni, em) = self.exp_reduce(a2);
+        let s = self.pow2(ni);
+        let one = self.f(1.0);
+        let sm1 = self.b.ins().fsub(s, one);
+        let e = self.mul_add(s, em, sm1);
+        let two = self.f(2.0);
+        let den = self.b.ins().fadd(e, two);
+        let is_small = self.cmp_c(FloatCC::LessThan, a, 0.549_306_144_334_054_8);
+        let num = self.sel(is_small, e, two);
+        let q = self.b.ins().fdiv(num, den);
+        let large = self.b.ins().fsub(one, q);
+        let t = self.sel(is_small, q, large);
+        self.with_sign_of(t, x)
+    }
+
     fn sigmoid(&mut self, x: Value) -> Value {
         // The reference's forms: 1/(1 + e^-x) for x ≥ 0, e^x/(1 + e^x) below, both
         // with e = e^-|x|.
         let ax = self.b.ins().fabs(x);
         let nx = self.b.ins().fneg(ax);
-        let nx = self.max_c(nx, -104.0);
+        let nx = self.max_c(nx, self.p().exp_lo);
         let e = self.exp_core(nx);
         let one = self.f(1.0);
         let den = self.b.ins().fadd(one, e);

@@ -133,14 +133,14 @@ pub(super) fn float_vector(dtype: DType) -> Option<Type> {
 const STORE_UNROLL: i64 = 2;
 
 /// Whether `expr`, an element op of `dtype`, has a vector form here (on float
-/// vectors): the f32 transcendentals of `vmath` do (f16/bf16 compute in f32).
+/// vectors): the transcendentals `vmath` builds do (f16/bf16 compute in f32).
 pub(super) fn vector_op(expr: &Expr, dtype: DType) -> bool {
     match expr {
         Expr::Unary(op, _) => {
             matches!(
                 op,
                 UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Square
-            ) || (dtype.compute_dtype() == DType::F32 && crate::vmath::vectorises(*op))
+            ) || crate::vmath::inline_for(*op, dtype)
         }
         Expr::Binary(op, _, _) => matches!(
             op,
