@@ -503,6 +503,37 @@ impl<M: Module> Lowering<'_, '_, M> {
         Ok(out)
     }
 
+    /// sin or cos of an f32x4: the inline vector code, or, where some lane needs the
+    /// exact function (|x| ≥ 2^24, inf, NaN: rare), a cold block that calls it for the
+    /// four lanes and keeps its result in those lanes only. The other lanes keep the
+    /// inline value, which is the scalar code's to the bit, so every lane gets what the
+    /// scalar loop gives it.
+    fn sin_cos_vector(&mut self, call: Libcall, x: Value, cos: bool) -> Result<Value, String> {
+        let (fast, exact, lanes) = vmath::sin_cos_f32x4(&mut self.b, x, cos);
+        let ty = self.b.func.dfg.value_type(fast);
+        let slow = self.b.create_block();
+        let join = self.b.create_block();
+        let out = self.b.append_block_param(join, ty);
+        self.b.set_cold_block(slow);
+        self.b.ins().brif(exact, slow, &[], join, &[fast.into()]);
+        self.b.switch_to_block(slow);
+        let mut called = fast;
+        for lane in 0..ty.lane_count() as u8 {
+            let xi = self.b.ins().extractlane(x, lane);
+            let yi = self.call(call, types::F32, &[xi])?;
+            called = self.b.ins().insertlane(called, yi, lane);
+        }
+        let mask = self.b.ins().bitcast(
+            ty,
+            MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little),
+            lanes,
+        );
+        let v = self.b.ins().bitselect(mask, called, fast);
+        self.b.ins().jump(join, &[v.into()]);
+        self.b.switch_to_block(join);
+        Ok(out)
+    }
+
     fn unary(&mut self, op: UnaryOp, x: Value, dtype: DType) -> Result<Value, String> {
         let ty = cl_type(dtype);
         // f32 transcendentals are inline code (`vmath`), on scalars and vectors alike;
@@ -522,7 +553,11 @@ impl<M: Module> Lowering<'_, '_, M> {
         }
         if dtype == DType::F32 {
             if let (UnaryOp::Sin | UnaryOp::Cos, Some(call)) = (op, libcalls::unary(op, dtype)) {
-                let (fast, exact) = vmath::sin_cos_f32(&mut self.b, x, op == UnaryOp::Cos);
+                let cos = op == UnaryOp::Cos;
+                if self.b.func.dfg.value_type(x).is_vector() {
+                    return self.sin_cos_vector(call, x, cos);
+                }
+                let (fast, exact) = vmath::sin_cos_f32(&mut self.b, x, cos);
                 return self.exact_unless(exact, fast, call, &[x]);
             }
         }

@@ -184,83 +184,89 @@ pub(crate) fn unary(b: &mut FunctionBuilder<'_>, op: UnaryOp, x: Value) -> Optio
 /// where `exact` (an I8) is 1 when `x` is outside the fast path's domain (|x| ≥ 2^24,
 /// inf, NaN) and the caller must use the exact libcall instead of `value`.
 pub(crate) fn sin_cos_f32(b: &mut FunctionBuilder<'_>, x: Value, cos: bool) -> (Value, Value) {
+    let exact = sin_cos_exact(b, x);
     let mut m = Math {
         b,
         ty: types::F64,
         fma: use_fma(),
     };
-    let ax = m.b.ins().fabs(x);
-    let limit = m.b.ins().f32const(Ieee32::with_float(16_777_216.0));
-    // Not (|x| < 2^24): true for NaN as well.
-    let exact =
-        m.b.ins()
-            .fcmp(FloatCC::UnorderedOrGreaterThanOrEqual, ax, limit);
     let xd = m.b.ins().fpromote(types::F64, x);
-    // n = round(x * 2/π) by adding 1.5 * 2^52; its low bits are the quadrant.
-    let magic = m.f(6_755_399_441_055_744.0);
-    let scaled = m.mul_c(xd, std::f64::consts::FRAC_2_PI);
-    let t = m.b.ins().fadd(scaled, magic);
-    let n = m.b.ins().fsub(t, magic);
-    // π/2 = P1 + P2 (+ 2^-89): P1 has 29 significant bits, so n * P1 is exact for
-    // |n| < 2^24 and x - n * P1 is exact (Sterbenz); the remainder's error is below
-    // 2^-60 where the closest f32 to a multiple of π/2 leaves more than 2^-32.
-    let r = m.mul_c(n, f64::from_bits(0x3FF9_21FB_5400_0000));
-    let r = m.b.ins().fsub(xd, r);
-    let r2 = m.mul_c(n, 9.920_935_796_805_404e-10);
-    let r = m.b.ins().fsub(r, r2);
-    let z = m.b.ins().fmul(r, r);
-    // sin r = r + r·z·S(z), cos r = 1 - z/2 + z²·C(z): Taylor to z^5 (error below
-    // 2^-36 on |r| ≤ π/4).
-    let s = m.horner(
-        z,
-        &[
-            -1.0 / 6.0,
-            1.0 / 120.0,
-            -1.0 / 5040.0,
-            1.0 / 362_880.0,
-            -1.0 / 39_916_800.0,
-        ],
-    );
-    let rz = m.b.ins().fmul(r, z);
-    let rzs = m.b.ins().fmul(rz, s);
-    let sin = m.b.ins().fadd(r, rzs);
-    let c = m.horner(
-        z,
-        &[
-            1.0 / 24.0,
-            -1.0 / 720.0,
-            1.0 / 40320.0,
-            -1.0 / 3_628_800.0,
-            1.0 / 479_001_600.0,
-        ],
-    );
-    let zz = m.b.ins().fmul(z, z);
-    let zzc = m.b.ins().fmul(zz, c);
-    let half_z = m.mul_c(z, 0.5);
-    let one = m.f(1.0);
-    let cos_r = m.b.ins().fsub(one, half_z);
-    let cos_r = m.b.ins().fadd(cos_r, zzc);
-    // Quadrant q = n mod 4 (cos: q + 1): odd quadrants swap sin and cos, quadrants 2
-    // and 3 negate.
-    let bits = m.b.ins().bitcast(types::I64, MemFlagsData::new(), t);
-    let q = if cos {
-        m.b.ins().iadd_imm_s(bits, 1)
-    } else {
-        bits
-    };
-    let swap = m.b.ins().band_imm_s(q, 1);
-    let v = m.b.ins().select(swap, cos_r, sin);
-    let neg = m.b.ins().band_imm_s(q, 2);
-    let minus = m.b.ins().fneg(v);
-    let v = m.b.ins().select(neg, minus, v);
+    let v = m.sin_cos_core(xd, cos);
     let v = m.b.ins().fdemote(types::F32, v);
+    (sin_keeps_zero(m.b, x, v, cos), exact)
+}
+
+/// sin or cos of an `F32X4` `x`, each lane computed exactly as [`sin_cos_f32`] computes
+/// it (the same f64 operations, two lanes at a time): `(value, exact, lanes)`, where
+/// `lanes` (an I32X4 mask) marks the lanes outside the fast path's domain and `exact`
+/// (an I8) is 1 when there is one; the caller then uses the exact function there.
+pub(crate) fn sin_cos_f32x4(
+    b: &mut FunctionBuilder<'_>,
+    x: Value,
+    cos: bool,
+) -> (Value, Value, Value) {
+    let lanes = sin_cos_exact(b, x);
+    let exact = b.ins().vany_true(lanes);
+    let mut m = Math {
+        b,
+        ty: types::F64X2,
+        fma: use_fma(),
+    };
+    let flags = Math::flags();
+    // Lanes 0, 1 and lanes 2, 3 as f64x2 (the second by swapping the halves first).
+    let lo = m.b.ins().fvpromote_low(x);
+    let bytes = m.b.ins().bitcast(types::I8X16, flags, x);
+    let swap: Vec<u8> = (8..16).chain(0..8).collect();
+    let swap = m.b.func.dfg.immediates.push(swap.as_slice().into());
+    let swapped = m.b.ins().shuffle(bytes, bytes, swap);
+    let swapped = m.b.ins().bitcast(types::F32X4, flags, swapped);
+    let hi = m.b.ins().fvpromote_low(swapped);
+    let vlo = m.sin_cos_core(lo, cos);
+    let vhi = m.sin_cos_core(hi, cos);
+    // Back to f32 (each demotion fills lanes 0, 1) and together again.
+    let dlo = m.b.ins().fvdemote(vlo);
+    let dhi = m.b.ins().fvdemote(vhi);
+    let blo = m.b.ins().bitcast(types::I8X16, flags, dlo);
+    let bhi = m.b.ins().bitcast(types::I8X16, flags, dhi);
+    let join: Vec<u8> = (0..8).chain(16..24).collect();
+    let join = m.b.func.dfg.immediates.push(join.as_slice().into());
+    let v = m.b.ins().shuffle(blo, bhi, join);
+    let v = m.b.ins().bitcast(types::F32X4, flags, v);
+    (sin_keeps_zero(m.b, x, v, cos), exact, lanes)
+}
+
+/// Not (|x| < 2^24), lane by lane (true for NaN as well): where sin and cos of f32
+/// leave the fast path.
+fn sin_cos_exact(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
+    let ty = b.func.dfg.value_type(x);
+    let ax = b.ins().fabs(x);
+    let limit = b.ins().f32const(Ieee32::with_float(16_777_216.0));
+    let limit = if ty.is_vector() {
+        b.ins().splat(ty, limit)
+    } else {
+        limit
+    };
+    b.ins()
+        .fcmp(FloatCC::UnorderedOrGreaterThanOrEqual, ax, limit)
+}
+
+/// sin(-0) = -0, which the polynomial's +0 products turn into +0: `x` where it is a
+/// zero, for sin (`cos` false); `v` as it is for cos.
+fn sin_keeps_zero(b: &mut FunctionBuilder<'_>, x: Value, v: Value, cos: bool) -> Value {
     if cos {
-        return (v, exact);
+        return v;
     }
-    // sin(-0) = -0, which the polynomial's +0 products turn into +0.
-    let zero = m.b.ins().f32const(Ieee32::with_float(0.0));
-    let is_zero = m.b.ins().fcmp(FloatCC::Equal, x, zero);
-    (m.b.ins().select(is_zero, x, v), exact)
+    let ty = b.func.dfg.value_type(x);
+    let zero = b.ins().f32const(Ieee32::with_float(0.0));
+    if ty.is_vector() {
+        let zero = b.ins().splat(ty, zero);
+        let is_zero = b.ins().fcmp(FloatCC::Equal, x, zero);
+        let mask = b.ins().bitcast(ty, Math::flags(), is_zero);
+        b.ins().bitselect(mask, x, v)
+    } else {
+        let is_zero = b.ins().fcmp(FloatCC::Equal, x, zero);
+        b.ins().select(is_zero, x, v)
+    }
 }
 
 /// x^y of scalar f32 operands, computed in f64 as 2^(y·log2 x): `(value, exact)` where
@@ -872,6 +878,80 @@ impl Math<'_, '_> {
         let ax = self.b.ins().fabs(x);
         let tiny = self.cmp_c(FloatCC::LessThan, ax, self.p().log1p_tiny);
         self.sel(tiny, x, v)
+    }
+
+    /// sin or cos of `xd` (`F64` or `F64X2`, an f32 widened, |x| < 2^24), in f64.
+    fn sin_cos_core(&mut self, xd: Value, cos: bool) -> Value {
+        // n = round(x * 2/π) by adding 1.5 * 2^52; its low bits are the quadrant.
+        let magic = self.f(6_755_399_441_055_744.0);
+        let scaled = self.mul_c(xd, std::f64::consts::FRAC_2_PI);
+        let t = self.b.ins().fadd(scaled, magic);
+        let n = self.b.ins().fsub(t, magic);
+        // π/2 = P1 + P2 (+ 2^-89): P1 has 29 significant bits, so n * P1 is exact for
+        // |n| < 2^24 and x - n * P1 is exact (Sterbenz); the remainder's error is below
+        // 2^-60 where the closest f32 to a multiple of π/2 leaves more than 2^-32.
+        let r = self.mul_c(n, f64::from_bits(0x3FF9_21FB_5400_0000));
+        let r = self.b.ins().fsub(xd, r);
+        let r2 = self.mul_c(n, 9.920_935_796_805_404e-10);
+        let r = self.b.ins().fsub(r, r2);
+        let z = self.b.ins().fmul(r, r);
+        // sin r = r + r·z·S(z), cos r = 1 - z/2 + z²·C(z): Taylor to z^5 (error below
+        // 2^-36 on |r| ≤ π/4).
+        let s = self.horner(
+            z,
+            &[
+                -1.0 / 6.0,
+                1.0 / 120.0,
+                -1.0 / 5040.0,
+                1.0 / 362_880.0,
+                -1.0 / 39_916_800.0,
+            ],
+        );
+        let rz = self.b.ins().fmul(r, z);
+        let rzs = self.b.ins().fmul(rz, s);
+        let sin = self.b.ins().fadd(r, rzs);
+        let c = self.horner(
+            z,
+            &[
+                1.0 / 24.0,
+                -1.0 / 720.0,
+                1.0 / 40320.0,
+                -1.0 / 3_628_800.0,
+                1.0 / 479_001_600.0,
+            ],
+        );
+        let zz = self.b.ins().fmul(z, z);
+        let zzc = self.b.ins().fmul(zz, c);
+        let half_z = self.mul_c(z, 0.5);
+        let one = self.f(1.0);
+        let cos_r = self.b.ins().fsub(one, half_z);
+        let cos_r = self.b.ins().fadd(cos_r, zzc);
+        // Quadrant q = n mod 4 (cos: q + 1): odd quadrants swap sin and cos, quadrants 2
+        // and 3 negate.
+        let bits = self.as_int(t);
+        let q = if cos {
+            let one = self.i(1);
+            self.b.ins().iadd(bits, one)
+        } else {
+            bits
+        };
+        let swap = self.bit_set(q, 1);
+        let v = self.sel(swap, cos_r, sin);
+        let neg = self.bit_set(q, 2);
+        let minus = self.b.ins().fneg(v);
+        self.sel(neg, minus, v)
+    }
+
+    /// Whether `bit` is set in the integer lanes `q`, as a mask for [`Math::sel`].
+    fn bit_set(&mut self, q: Value, bit: i64) -> Value {
+        let m = self.i(bit);
+        let and = self.b.ins().band(q, m);
+        if self.vector() {
+            let zero = self.i(0);
+            self.b.ins().icmp(IntCC::NotEqual, and, zero)
+        } else {
+            and
+        }
     }
 
     fn tanh(&mut self, x: Value) -> Value {

@@ -61,7 +61,7 @@ pub(super) fn row_loop_type(
             && match &ins.expr {
                 Expr::Load { .. } => along(&load_access[v]).is_some() || load_access[v].is_none(),
                 Expr::Const(_) => true,
-                e => vector_op(e, dtype),
+                e => vector_op(kernel, e, dtype),
             }
     });
     ok.then_some(vt)

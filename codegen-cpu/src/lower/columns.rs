@@ -162,7 +162,7 @@ impl ColumnBand {
         }
         for (v, ins) in kernel.body.iter().enumerate() {
             let load = matches!(ins.expr, Expr::Load { .. });
-            if need[v] && (ins.dtype != dtype || !(load || vector_op(&ins.expr, dtype))) {
+            if need[v] && (ins.dtype != dtype || !(load || vector_op(kernel, &ins.expr, dtype))) {
                 return None;
             }
         }

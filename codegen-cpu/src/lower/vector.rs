@@ -97,7 +97,7 @@ fn values_vectorise(kernel: &Kernel, env: &SweepEnv<'_>, need: &[bool], dtype: D
                     Expr::Load { .. } => {
                         matches!(env.ix.loads[v], Some((_, Access::Contiguous)))
                     }
-                    e => vector_op(e, dtype),
+                    e => vector_op(kernel, e, dtype),
                 })
     })
 }
@@ -134,13 +134,19 @@ const STORE_UNROLL: i64 = 2;
 
 /// Whether `expr`, an element op of `dtype`, has a vector form here (on float
 /// vectors): the transcendentals `vmath` builds do (f16/bf16 compute in f32).
-pub(super) fn vector_op(expr: &Expr, dtype: DType) -> bool {
+pub(super) fn vector_op(kernel: &Kernel, expr: &Expr, dtype: DType) -> bool {
     match expr {
         Expr::Unary(op, _) => {
             matches!(
                 op,
                 UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Square
             ) || crate::vmath::inline_for(*op, dtype)
+                // sin and cos of f32 in f64x2 halves (`vmath::sin_cos_f32x4`), in
+                // kernels large enough to pay for compiling that code (small ones keep
+                // the scalar loop; the same bits either way).
+                || (matches!(op, UnaryOp::Sin | UnaryOp::Cos)
+                    && dtype.compute_dtype() == DType::F32
+                    && !crate::shared_math::applies(kernel))
         }
         Expr::Binary(op, _, _) => matches!(
             op,
@@ -188,7 +194,7 @@ pub(super) fn elementwise_type(
                     load_access[v].is_none() || contiguous_from(plan, &load_access[v]).is_some()
                 }
                 Expr::Const(_) => true,
-                e => vector_op(e, dtype),
+                e => vector_op(kernel, e, dtype),
             }
     });
     ok.then_some(vt)
