@@ -503,13 +503,18 @@ impl<M: Module> Lowering<'_, '_, M> {
         Ok(out)
     }
 
-    /// sin or cos of an f32x4: the inline vector code, or, where some lane needs the
-    /// exact function (|x| ≥ 2^24, inf, NaN: rare), a cold block that calls it for the
-    /// four lanes and keeps its result in those lanes only. The other lanes keep the
-    /// inline value, which is the scalar code's to the bit, so every lane gets what the
-    /// scalar loop gives it.
-    fn sin_cos_vector(&mut self, call: Libcall, x: Value, cos: bool) -> Result<Value, String> {
-        let (fast, exact, lanes) = vmath::sin_cos_f32x4(&mut self.b, x, cos);
+    /// An f32x4 result of inline code that is exact except in `lanes` (an I32X4 mask;
+    /// `exact`, an I8, says whether any is set): a cold block calls `call` on those
+    /// vectors' four lanes (`args`, f32x4 each) and keeps its results in `lanes` only.
+    /// The other lanes keep the inline value, which the vector forms in `vmath` compute
+    /// to the bit as the scalar code does, so every lane gets what the scalar loop
+    /// gives it.
+    fn vector_exact_unless(
+        &mut self,
+        (fast, exact, lanes): (Value, Value, Value),
+        call: Libcall,
+        args: &[Value],
+    ) -> Result<Value, String> {
         let ty = self.b.func.dfg.value_type(fast);
         let slow = self.b.create_block();
         let join = self.b.create_block();
@@ -519,15 +524,15 @@ impl<M: Module> Lowering<'_, '_, M> {
         self.b.switch_to_block(slow);
         let mut called = fast;
         for lane in 0..ty.lane_count() as u8 {
-            let xi = self.b.ins().extractlane(x, lane);
-            let yi = self.call(call, types::F32, &[xi])?;
+            let xs: Vec<Value> = args
+                .iter()
+                .map(|&a| self.b.ins().extractlane(a, lane))
+                .collect();
+            let yi = self.call(call, ty.lane_type(), &xs)?;
             called = self.b.ins().insertlane(called, yi, lane);
         }
-        let mask = self.b.ins().bitcast(
-            ty,
-            MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little),
-            lanes,
-        );
+        let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+        let mask = self.b.ins().bitcast(ty, flags, lanes);
         let v = self.b.ins().bitselect(mask, called, fast);
         self.b.ins().jump(join, &[v.into()]);
         self.b.switch_to_block(join);
@@ -555,7 +560,8 @@ impl<M: Module> Lowering<'_, '_, M> {
             if let (UnaryOp::Sin | UnaryOp::Cos, Some(call)) = (op, libcalls::unary(op, dtype)) {
                 let cos = op == UnaryOp::Cos;
                 if self.b.func.dfg.value_type(x).is_vector() {
-                    return self.sin_cos_vector(call, x, cos);
+                    let fast = vmath::sin_cos_f32x4(&mut self.b, x, cos);
+                    return self.vector_exact_unless(fast, call, &[x]);
                 }
                 let (fast, exact) = vmath::sin_cos_f32(&mut self.b, x, cos);
                 return self.exact_unless(exact, fast, call, &[x]);
@@ -641,6 +647,10 @@ impl<M: Module> Lowering<'_, '_, M> {
         if let Some(call) = libcalls::binary(op, dtype) {
             if dtype == DType::F32 {
                 // Inline for x > 0 and finite operands; the IEEE special cases call.
+                if self.b.func.dfg.value_type(x).is_vector() {
+                    let fast = vmath::pow_f32x4(&mut self.b, x, y);
+                    return self.vector_exact_unless(fast, call, &[x, y]);
+                }
                 let (fast, exact) = vmath::pow_f32(&mut self.b, x, y);
                 return self.exact_unless(exact, fast, call, &[x, y]);
             }

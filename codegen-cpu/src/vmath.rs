@@ -32,11 +32,12 @@
 //! | sigmoid | 2 | 2 | e = exp(-|x|); 1/(1+e) or e/(1+e), the reference's two forms |
 //! | erf | 2 | 2 | |x| < 1: |x|·P(x²) (degree 6 in x²); else 1 - exp(P(|x|-2.5)), P ≈ log erfc (degree 10) |
 //! | rsqrt | 1 | 1 | 1/√x in f32 (two correct roundings) |
-//! | sin | 1 | 1 | in f64: Cody-Waite reduction by π/2 in two parts, Taylor polys; scalar only |
+//! | sin | 1 | 1 | in f64: Cody-Waite reduction by π/2 in two parts, Taylor polys; f32x4 as two f64x2 |
 //! | cos | 1 | 0 | as sin, one quadrant on |
 //! | pow | 1 | 0 | in f64: log2 by the s = f/(2+f) series, exp2 by Taylor; scalar only |
 //!
-//! sin, cos and pow compute in f64 and are scalar only (`vectorises` says no): their
+//! sin, cos and pow compute in f64 (sin and cos of an f32x4 as two f64x2 halves through
+//! the same code, `sin_cos_f32x4`, in kernels of 2^16 elements or more; pow scalar): their
 //! arguments leave the f64-internal fast path, through a branch to the exact libcall,
 //! only where it cannot be accurate or cheap: |x| ≥ 2^24 or non-finite for sin/cos
 //! (that needs Payne-Hanek reduction), and x ≤ 0, non-finite x or y for pow (the IEEE
@@ -212,26 +213,10 @@ pub(crate) fn sin_cos_f32x4(
         ty: types::F64X2,
         fma: use_fma(),
     };
-    let flags = Math::flags();
-    // Lanes 0, 1 and lanes 2, 3 as f64x2 (the second by swapping the halves first).
-    let lo = m.b.ins().fvpromote_low(x);
-    let bytes = m.b.ins().bitcast(types::I8X16, flags, x);
-    let swap: Vec<u8> = (8..16).chain(0..8).collect();
-    let swap = m.b.func.dfg.immediates.push(swap.as_slice().into());
-    let swapped = m.b.ins().shuffle(bytes, bytes, swap);
-    let swapped = m.b.ins().bitcast(types::F32X4, flags, swapped);
-    let hi = m.b.ins().fvpromote_low(swapped);
+    let (lo, hi) = halves_f64x2(m.b, x);
     let vlo = m.sin_cos_core(lo, cos);
     let vhi = m.sin_cos_core(hi, cos);
-    // Back to f32 (each demotion fills lanes 0, 1) and together again.
-    let dlo = m.b.ins().fvdemote(vlo);
-    let dhi = m.b.ins().fvdemote(vhi);
-    let blo = m.b.ins().bitcast(types::I8X16, flags, dlo);
-    let bhi = m.b.ins().bitcast(types::I8X16, flags, dhi);
-    let join: Vec<u8> = (0..8).chain(16..24).collect();
-    let join = m.b.func.dfg.immediates.push(join.as_slice().into());
-    let v = m.b.ins().shuffle(blo, bhi, join);
-    let v = m.b.ins().bitcast(types::F32X4, flags, v);
+    let v = join_f32x4(m.b, vlo, vhi);
     (sin_keeps_zero(m.b, x, v, cos), exact, lanes)
 }
 
@@ -290,69 +275,63 @@ pub(crate) fn pow_f32(b: &mut FunctionBuilder<'_>, x: Value, y: Value) -> (Value
     // x is normal in f64 even when it is an f32 subnormal.
     let xd = m.b.ins().fpromote(types::F64, x);
     let yd = m.b.ins().fpromote(types::F64, y);
-    // x = 2^k · m with m in [√½, √2): shift the bits so that the exponent field counts
-    // from √½.
-    let ix = m.b.ins().bitcast(types::I64, MemFlagsData::new(), xd);
-    let ix =
-        m.b.ins()
-            .iadd_imm_s(ix, 0x3FF0_0000_0000_0000 - 0x3FE6_A09E_667F_3BCD);
-    let k = m.b.ins().sshr_imm_s(ix, 52);
-    let k = m.b.ins().iadd_imm_s(k, -1023);
-    let mant = m.b.ins().band_imm_s(ix, 0x000F_FFFF_FFFF_FFFF);
-    let mant = m.b.ins().iadd_imm_s(mant, 0x3FE6_A09E_667F_3BCD);
-    let mf = m.b.ins().bitcast(types::F64, MemFlagsData::new(), mant);
-    let one = m.f(1.0);
-    let f = m.b.ins().fsub(mf, one);
-    // log m = 2 atanh(s), s = f/(2+f), |s| ≤ 0.1716: 2s(1 + z/3 + z²/5 + ...), z = s²;
-    // the series to z^6 leaves a relative error below 2^-40.
-    let two = m.f(2.0);
-    let den = m.b.ins().fadd(two, f);
-    let s = m.b.ins().fdiv(f, den);
-    let z = m.b.ins().fmul(s, s);
-    let series = m.horner(
-        z,
-        &[
-            1.0,
-            1.0 / 3.0,
-            1.0 / 5.0,
-            1.0 / 7.0,
-            1.0 / 9.0,
-            1.0 / 11.0,
-            1.0 / 13.0,
-        ],
-    );
-    let s2 = m.mul_c(s, 2.0 * std::f64::consts::LOG2_E);
-    let log2m = m.b.ins().fmul(s2, series);
-    let kf = m.b.ins().fcvt_from_sint(types::F64, k);
-    let log2x = m.b.ins().fadd(kf, log2m);
-    let t = m.b.ins().fmul(yd, log2x);
-    // 2^t for t clamped to ±200 (beyond f32's range either way; NaN cannot occur on
-    // the fast path): t = n + r, |r| ≤ 1/2, 2^r = e^(r ln 2) by Taylor to degree 10.
-    let lo = m.f(-200.0);
-    let hi = m.f(200.0);
-    let t = m.b.ins().fmax(t, lo);
-    let t = m.b.ins().fmin(t, hi);
-    let magic = m.f(6_755_399_441_055_744.0);
-    let tm = m.b.ins().fadd(t, magic);
-    let n = m.b.ins().fsub(tm, magic);
-    let r = m.b.ins().fsub(t, n);
-    let w = m.mul_c(r, std::f64::consts::LN_2);
-    let mut coefs = [0.0; 11];
-    let mut fact = 1.0;
-    for (i, c) in coefs.iter_mut().enumerate() {
-        if i > 0 {
-            fact *= i as f64;
-        }
-        *c = 1.0 / fact;
-    }
-    let p = m.horner(w, &coefs);
-    let nb = m.b.ins().bitcast(types::I64, MemFlagsData::new(), tm);
-    let magic_bits = 0x4338_0000_0000_0000_i64;
-    let e = m.b.ins().iadd_imm_s(nb, 1023 - magic_bits);
-    let e = m.b.ins().ishl_imm_s(e, 52);
-    let scale = m.b.ins().bitcast(types::F64, MemFlagsData::new(), e);
-    let v = m.b.ins().fmul(p, scale);
+    let v = m.pow_core(xd, yd);
     (m.b.ins().fdemote(types::F32, v), exact)
+}
+
+/// x^y of `F32X4` operands, each lane computed exactly as [`pow_f32`] computes it (the
+/// same f64 operations, two lanes at a time): `(value, exact, lanes)`, where `lanes`
+/// (an I32X4 mask) marks the lanes that need the exact function (x not positive and
+/// finite, or y not finite) and `exact` (an I8) is 1 when there is one.
+pub(crate) fn pow_f32x4(b: &mut FunctionBuilder<'_>, x: Value, y: Value) -> (Value, Value, Value) {
+    let ty = types::F32X4;
+    let zero = b.ins().f32const(Ieee32::with_float(0.0));
+    let zero = b.ins().splat(ty, zero);
+    let inf = b.ins().f32const(Ieee32::with_float(f32::INFINITY));
+    let inf = b.ins().splat(ty, inf);
+    let pos = b.ins().fcmp(FloatCC::GreaterThan, x, zero);
+    let finite = b.ins().fcmp(FloatCC::LessThan, x, inf);
+    let ay = b.ins().fabs(y);
+    let y_finite = b.ins().fcmp(FloatCC::LessThan, ay, inf);
+    let fast = b.ins().band(pos, finite);
+    let fast = b.ins().band(fast, y_finite);
+    let lanes = b.ins().bnot(fast);
+    let exact = b.ins().vany_true(lanes);
+    let mut m = Math {
+        b,
+        ty: types::F64X2,
+        fma: use_fma(),
+    };
+    let (xlo, xhi) = halves_f64x2(m.b, x);
+    let (ylo, yhi) = halves_f64x2(m.b, y);
+    let vlo = m.pow_core(xlo, ylo);
+    let vhi = m.pow_core(xhi, yhi);
+    (join_f32x4(m.b, vlo, vhi), exact, lanes)
+}
+
+/// Lanes 0, 1 and lanes 2, 3 of an `F32X4` as two `F64X2` (exact).
+fn halves_f64x2(b: &mut FunctionBuilder<'_>, x: Value) -> (Value, Value) {
+    let flags = Math::flags();
+    let lo = b.ins().fvpromote_low(x);
+    let bytes = b.ins().bitcast(types::I8X16, flags, x);
+    let swap: Vec<u8> = (8..16).chain(0..8).collect();
+    let swap = b.func.dfg.immediates.push(swap.as_slice().into());
+    let swapped = b.ins().shuffle(bytes, bytes, swap);
+    let swapped = b.ins().bitcast(types::F32X4, flags, swapped);
+    (lo, b.ins().fvpromote_low(swapped))
+}
+
+/// Two `F64X2` rounded to f32 and put together as one `F32X4` (`lo` in lanes 0, 1).
+fn join_f32x4(b: &mut FunctionBuilder<'_>, lo: Value, hi: Value) -> Value {
+    let flags = Math::flags();
+    let dlo = b.ins().fvdemote(lo);
+    let dhi = b.ins().fvdemote(hi);
+    let blo = b.ins().bitcast(types::I8X16, flags, dlo);
+    let bhi = b.ins().bitcast(types::I8X16, flags, dhi);
+    let join: Vec<u8> = (0..8).chain(16..24).collect();
+    let join = b.func.dfg.immediates.push(join.as_slice().into());
+    let v = b.ins().shuffle(blo, bhi, join);
+    b.ins().bitcast(types::F32X4, flags, v)
 }
 
 // Coefficient tables are kept as fitted (f64) and rounded to f32 when emitted.
@@ -878,6 +857,74 @@ impl Math<'_, '_> {
         let ax = self.b.ins().fabs(x);
         let tiny = self.cmp_c(FloatCC::LessThan, ax, self.p().log1p_tiny);
         self.sel(tiny, x, v)
+    }
+
+    /// x^y for `xd`, `yd` (`F64` or `F64X2`, f32 values widened; x positive and finite,
+    /// y finite) as 2^(y·log2 x), in f64.
+    fn pow_core(&mut self, xd: Value, yd: Value) -> Value {
+        // x = 2^k · m with m in [√½, √2): shift the bits so that the exponent field counts
+        // from √½.
+        let ix = self.as_int(xd);
+        let shift = self.i(0x3FF0_0000_0000_0000 - 0x3FE6_A09E_667F_3BCD);
+        let ix = self.b.ins().iadd(ix, shift);
+        let k = self.b.ins().sshr_imm_s(ix, 52);
+        let bias = self.i(-1023);
+        let k = self.b.ins().iadd(k, bias);
+        let mmask = self.i(0x000F_FFFF_FFFF_FFFF);
+        let mant = self.b.ins().band(ix, mmask);
+        let base = self.i(0x3FE6_A09E_667F_3BCD);
+        let mant = self.b.ins().iadd(mant, base);
+        let mf = self.as_float(mant);
+        let one = self.f(1.0);
+        let f = self.b.ins().fsub(mf, one);
+        // log m = 2 atanh(s), s = f/(2+f), |s| ≤ 0.1716: 2s(1 + z/3 + z²/5 + ...), z = s²;
+        // the series to z^6 leaves a relative error below 2^-40.
+        let two = self.f(2.0);
+        let den = self.b.ins().fadd(two, f);
+        let s = self.b.ins().fdiv(f, den);
+        let z = self.b.ins().fmul(s, s);
+        let series = self.horner(
+            z,
+            &[
+                1.0,
+                1.0 / 3.0,
+                1.0 / 5.0,
+                1.0 / 7.0,
+                1.0 / 9.0,
+                1.0 / 11.0,
+                1.0 / 13.0,
+            ],
+        );
+        let s2 = self.mul_c(s, 2.0 * std::f64::consts::LOG2_E);
+        let log2m = self.b.ins().fmul(s2, series);
+        let kf = self.int_to_float(k);
+        let log2x = self.b.ins().fadd(kf, log2m);
+        let t = self.b.ins().fmul(yd, log2x);
+        // 2^t for t clamped to ±200 (beyond f32's range either way; NaN cannot occur on
+        // the fast path): t = n + r, |r| ≤ 1/2, 2^r = e^(r ln 2) by Taylor to degree 10.
+        let t = self.max_c(t, -200.0);
+        let t = self.min_c(t, 200.0);
+        let magic = self.f(6_755_399_441_055_744.0);
+        let tm = self.b.ins().fadd(t, magic);
+        let n = self.b.ins().fsub(tm, magic);
+        let r = self.b.ins().fsub(t, n);
+        let w = self.mul_c(r, std::f64::consts::LN_2);
+        let mut coefs = [0.0; 11];
+        let mut fact = 1.0;
+        for (i, c) in coefs.iter_mut().enumerate() {
+            if i > 0 {
+                fact *= i as f64;
+            }
+            *c = 1.0 / fact;
+        }
+        let p = self.horner(w, &coefs);
+        let nb = self.as_int(tm);
+        let magic_bits = 0x4338_0000_0000_0000_i64;
+        let off = self.i(1023 - magic_bits);
+        let e = self.b.ins().iadd(nb, off);
+        let e = self.b.ins().ishl_imm_s(e, 52);
+        let scale = self.as_float(e);
+        self.b.ins().fmul(p, scale)
     }
 
     /// sin or cos of `xd` (`F64` or `F64X2`, an f32 widened, |x| < 2^24), in f64.

@@ -148,15 +148,20 @@ pub(super) fn vector_op(kernel: &Kernel, expr: &Expr, dtype: DType) -> bool {
                     && dtype.compute_dtype() == DType::F32
                     && !crate::shared_math::applies(kernel))
         }
-        Expr::Binary(op, _, _) => matches!(
-            op,
-            BinaryOp::Add
-                | BinaryOp::Sub
-                | BinaryOp::Mul
-                | BinaryOp::Div
-                | BinaryOp::Max
-                | BinaryOp::Min
-        ),
+        Expr::Binary(op, _, _) => {
+            matches!(
+                op,
+                BinaryOp::Add
+                    | BinaryOp::Sub
+                    | BinaryOp::Mul
+                    | BinaryOp::Div
+                    | BinaryOp::Max
+                    | BinaryOp::Min
+            ) || (*op == BinaryOp::Pow
+                // pow of f32 in f64x2 halves (`vmath::pow_f32x4`), as sin and cos.
+                && dtype.compute_dtype() == DType::F32
+                && !crate::shared_math::applies(kernel))
+        }
         _ => false,
     }
 }
