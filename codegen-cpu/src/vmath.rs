@@ -34,10 +34,10 @@
 //! | rsqrt | 1 | 1 | 1/√x in f32 (two correct roundings) |
 //! | sin | 1 | 1 | in f64: Cody-Waite reduction by π/2 in two parts, Taylor polys; f32x4 as two f64x2 |
 //! | cos | 1 | 0 | as sin, one quadrant on |
-//! | pow | 1 | 0 | in f64: log2 by the s = f/(2+f) series, exp2 by Taylor; scalar only |
+//! | pow | 1 | 0 | in f64: log2 by the s = f/(2+f) series, exp2 by Taylor; f32x4 as two f64x2 |
 //!
-//! sin, cos and pow compute in f64 (sin and cos of an f32x4 as two f64x2 halves through
-//! the same code, `sin_cos_f32x4`, in kernels of 2^16 elements or more; pow scalar): their
+//! sin, cos and pow compute in f64 (an f32x4 as two f64x2 halves through the same code,
+//! `sin_cos_f32x4` and `pow_f32x4`, in kernels of 2^16 elements or more): their
 //! arguments leave the f64-internal fast path, through a branch to the exact libcall,
 //! only where it cannot be accurate or cheap: |x| ≥ 2^24 or non-finite for sin/cos
 //! (that needs Payne-Hanek reduction), and x ≤ 0, non-finite x or y for pow (the IEEE
