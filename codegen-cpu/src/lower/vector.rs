@@ -4,7 +4,7 @@
 //! of adds.
 //!
 //! ```text
-//! before:    row values splatted to vectors; ACCUMULATORS vector accumulators per
+//! before:    row values splatted to vectors; STREAMS*PER_STREAM vector accumulators per
 //!            reduction, each the operation's identity in every lane; the vector part
 //!            of the range cut into STREAMS parts of h elements, read side by side
 //! vhead(j):  for s in 0..STREAMS, p in 0..PER_STREAM: the W elements from
@@ -40,8 +40,8 @@
 //!
 //! A sweep is vectorised only when every element value it computes is a float of the
 //! reductions' one dtype, loaded contiguously along the row or computed by an op that
-//! has a vector form here (`+ - * / max min`, `neg abs sqrt square`), and every
-//! reduction is a plain one (arg reductions keep the scalar loop).
+//! has a vector form here (`+ - * / max min`, `neg abs sqrt square`, the inline math),
+//! and every reduction is a plain one (arg reductions keep the scalar loop).
 
 use super::rows::{Acc, AccInfo, Bound, Range, SweepEnv};
 use super::{Lowering, Offset};
@@ -52,10 +52,6 @@ use cranelift_codegen::ir::{types, Endianness, InstBuilder, Type, Value};
 use cranelift_module::Module;
 use ndfuse_ir::{Accumulate, BinaryOp, DType, Expr, Kernel, Level, UnaryOp};
 
-/// Independent vector accumulators per reduction: enough to hide the latency of a
-/// vector add (about 4 cycles, one issued per cycle) behind loads.
-const ACCUMULATORS: i64 = STREAMS * PER_STREAM;
-
 /// Parts of a sweep's vector range read side by side: a core keeps more misses in
 /// flight over two streams of memory than one (a full sum of 64M f32 on one thread of
 /// the development VM: 8.7 GB/s with one stream, 9.8-10.7 GB/s with two).
@@ -65,7 +61,10 @@ const _: () = assert!(
     "stream_bounds shifts by log2(STREAMS)"
 );
 
-/// Vectors read from each stream per iteration, each into its own accumulator.
+/// Vectors read from each stream per iteration, each into its own accumulator: with
+/// the streams, four independent accumulators per reduction, enough to hide the latency
+/// of a vector add (about 4 cycles, one issued per cycle) behind loads. A sweep that
+/// computes a transcendental per element takes one (see `heavy`).
 const PER_STREAM: i64 = 2;
 
 /// The vector type of a sweep over `need` for `accs`, or `None` when it stays scalar
@@ -293,16 +292,22 @@ impl<M: Module> Lowering<'_, '_, M> {
         scalar: impl FnOnce(&mut Self, Value, &[Value]) -> Result<Vec<Value>, String>,
     ) -> Result<Vec<Value>, String> {
         let width = i64::from(vt.lane_count());
+        // A sweep that computes a transcendental per element is bound by that code, not
+        // by the latency of its adds: one vector per stream and iteration, which keeps
+        // its constants and temporaries in registers (sum(exp(x)) over rows of
+        // [4096, 4096] on the development VM: 16.9 ms with two, 11.2 ms with one).
+        let per_stream = if heavy(kernel, need) { 1 } else { PER_STREAM };
+        let accumulators = STREAMS * per_stream;
         // Each iteration reads PER_STREAM vectors from each of STREAMS streams, one
         // accumulator per vector: the vector part is cut into STREAMS equal parts of
         // `h` elements read side by side.
-        let step = width * PER_STREAM;
+        let step = width * per_stream;
         let vvals = self.row_splats(kernel, env, need, values, vt);
         let (lo, h, hi, guard) = self.stream_bounds(range, step * STREAMS);
-        let mut vcarried = Vec::with_capacity(carried.len() * ACCUMULATORS as usize);
+        let mut vcarried = Vec::with_capacity(carried.len() * accumulators as usize);
         for &(_, init) in carried {
             let splat = self.b.ins().splat(vt, init);
-            for _ in 0..ACCUMULATORS {
+            for _ in 0..accumulators {
                 vcarried.push((vt, splat));
             }
         }
@@ -339,16 +344,16 @@ impl<M: Module> Lowering<'_, '_, M> {
                         (lw.b.ins().iadd(j, far), 0)
                     }
                 };
-                for p in 0..PER_STREAM {
+                for p in 0..per_stream {
                     let lane = skip + p * width;
                     let vals = lw.element_vectors(kernel, env, need, (js, lane), &vvals, vt)?;
-                    let a = (s * PER_STREAM + p) as usize;
+                    let a = (s * per_stream + p) as usize;
                     for (k, &(acc, x, xd)) in accs.iter().enumerate() {
                         let Acc::Plain(op) = acc else {
                             panic!("arg reductions are never vectorised (a bug)")
                         };
                         let xv = vals[x].expect("the operand is computed in the sweep");
-                        let at = k * ACCUMULATORS as usize + a;
+                        let at = k * accumulators as usize + a;
                         match (pseudo_min_max(acc, xd), flags[k]) {
                             (Some(max), Some(f)) => {
                                 next[at] = lw.pseudo_min_max(max, state[at], xv);
@@ -377,8 +382,8 @@ impl<M: Module> Lowering<'_, '_, M> {
             let Acc::Plain(op) = acc else {
                 panic!("arg reductions are never vectorised (a bug)")
             };
-            let at = k * ACCUMULATORS as usize;
-            let mut level: Vec<Value> = vfinals[at..at + ACCUMULATORS as usize].to_vec();
+            let at = k * accumulators as usize;
+            let mut level: Vec<Value> = vfinals[at..at + accumulators as usize].to_vec();
             while level.len() > 1 {
                 level = level
                     .chunks(2)
@@ -654,4 +659,20 @@ fn pseudo_min_max(acc: Acc, dtype: DType) -> Option<bool> {
 /// Flags of the bitcasts between float and integer lanes.
 fn lane_flags() -> MemFlagsData {
     MemFlagsData::new().with_endianness(Endianness::Little)
+}
+
+/// Whether the values a sweep computes (`need`) include a transcendental: inline math
+/// (or a call to its shared copy), sin, cos or pow.
+fn heavy(kernel: &Kernel, need: &[bool]) -> bool {
+    kernel.body.iter().enumerate().any(|(v, ins)| {
+        need[v]
+            && match ins.expr {
+                Expr::Unary(op, _) => {
+                    crate::vmath::inline_for(op, ins.dtype)
+                        || matches!(op, UnaryOp::Sin | UnaryOp::Cos)
+                }
+                Expr::Binary(op, _, _) => op == BinaryOp::Pow,
+                _ => false,
+            }
+    })
 }
