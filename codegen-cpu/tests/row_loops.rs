@@ -294,3 +294,50 @@ fn vector_max_and_min_keep_nan_and_the_sign_of_zero() {
         }
     }
 }
+
+#[test]
+fn vector_argmax_and_argmin_give_the_first_best_index() {
+    // 203 columns: the vector loop's streams and a scalar tail; the rows of the max/min
+    // test plus ties of the best value in other lanes, accumulators, streams and the
+    // tail, and NaN twice (the first counts).
+    let cols = 203;
+    let mut rows = min_max_rows(cols);
+    let plain = values(cols, 7);
+    let peak = |at: &[usize], v: f64| {
+        let mut r = plain.clone();
+        for &i in at {
+            r[i] = v;
+        }
+        r
+    };
+    for v in [100.0, -100.0] {
+        rows.push(peak(&[150, 3, 9, 120, 200], v));
+        rows.push(peak(&[200, 150], v));
+        rows.push(peak(&[8, 0], v));
+        rows.push(peak(&[102, 101], v));
+    }
+    rows.push(peak(&[77, 12], f64::NAN));
+    rows.push(peak(&[201, 190], f64::NAN));
+    let flat: Vec<f64> = rows.iter().flatten().copied().collect();
+    for dtype in [DType::F32, DType::F64, DType::F16] {
+        for op in [
+            ndfuse_ir::ArgReduceOp::ArgMax,
+            ndfuse_ir::ArgReduceOp::ArgMin,
+        ] {
+            let mut kb = KernelBuilder::new("k0_arg", &[rows.len(), cols]);
+            kb.reduce_over(&[1]);
+            let x = kb.load(dtype);
+            let m = kb.arg_reduce(op, x);
+            kb.store_rows(m);
+            let k = kb.build();
+            let a = array(dtype, &[rows.len(), cols], &flat);
+            let got = run(&k, &[&a]);
+            let want = ndfuse_ir::interp::eval_kernel(&k, &[&a]).expect("reference");
+            assert_eq!(
+                got[0].to_f64s(),
+                want[0].to_f64s(),
+                "{dtype:?} {op:?}: the indices"
+            );
+        }
+    }
+}

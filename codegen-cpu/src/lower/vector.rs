@@ -40,8 +40,14 @@
 //!
 //! A sweep is vectorised only when every element value it computes is a float of the
 //! reductions' one dtype, loaded contiguously along the row or computed by an op that
-//! has a vector form here (`+ - * / max min`, `neg abs sqrt square`, the inline math),
-//! and every reduction is a plain one (arg reductions keep the scalar loop).
+//! has a vector form here (`+ - * / max min`, `neg abs sqrt square`, the inline math).
+//!
+//! Arg reductions carry, per accumulator, the best values and their indices (lanes of
+//! the values' width: i32 for f32 rows, which must be shorter than 2^31). A lane
+//! takes an element where it is strictly better or the first NaN, as the scalar loop
+//! does, so each lane holds the first best of the elements it saw; after the loop the
+//! candidates combine pairwise, the better value or on a tie (equal values, two NaNs)
+//! the smaller index: the row's first best element, as the reference's.
 
 use super::rows::{Acc, AccInfo, Bound, Range, SweepEnv};
 use super::{Lowering, Offset};
@@ -50,7 +56,7 @@ use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::MemFlagsData;
 use cranelift_codegen::ir::{types, Endianness, InstBuilder, Type, Value};
 use cranelift_module::Module;
-use ndfuse_ir::{Accumulate, BinaryOp, DType, Expr, Kernel, Level, UnaryOp};
+use ndfuse_ir::{Accumulate, ArgReduceOp, BinaryOp, DType, Expr, Kernel, Level, UnaryOp};
 
 /// Parts of a sweep's vector range read side by side: a core keeps more misses in
 /// flight over two streams of memory than one (a full sum of 64M f32 on one thread of
@@ -77,10 +83,18 @@ pub(super) fn sweep_type(
 ) -> Option<Type> {
     let dtype = accs.first()?.2;
     let vt = float_vector(dtype)?;
-    if accs
+    if accs.iter().any(|&(_, _, xd)| xd != dtype) {
+        return None;
+    }
+    // An arg reduction's indices are held in lanes as wide as the values: i32 lanes
+    // for f32 rows, which must then be shorter than 2^31.
+    let row: u64 = kernel
+        .reduce_axes
         .iter()
-        .any(|&(acc, _, xd)| xd != dtype || matches!(acc, Acc::Arg(_)))
-    {
+        .map(|&a| kernel.domain.dims()[a] as u64)
+        .product();
+    let arg = accs.iter().any(|&(acc, _, _)| matches!(acc, Acc::Arg(_)));
+    if arg && vt.lane_bits() == 32 && row >= 1 << 31 {
         return None;
     }
     values_vectorise(kernel, env, need, dtype).then_some(vt)
@@ -304,16 +318,45 @@ impl<M: Module> Lowering<'_, '_, M> {
         let step = width * per_stream;
         let vvals = self.row_splats(kernel, env, need, values, vt);
         let (lo, h, hi, guard) = self.stream_bounds(range, step * STREAMS);
+        // Reduction k's accumulators start at slots[k]: one vector each for a plain
+        // reduction, two (best values, their indices) for an arg one.
+        let ivt = vt.as_int();
         let mut vcarried = Vec::with_capacity(carried.len() * accumulators as usize);
-        for &(_, init) in carried {
-            let splat = self.b.ins().splat(vt, init);
+        let mut slots = Vec::with_capacity(accs.len());
+        let mut c = 0;
+        for &(acc, _, _) in accs {
+            slots.push(vcarried.len());
+            let splat = self.b.ins().splat(vt, carried[c].1);
+            c += 1;
+            // An arg reduction's indices start at 0 (any: the first element wins).
+            let zero = matches!(acc, Acc::Arg(_)).then(|| {
+                let zero = self.b.ins().iconst(ivt.lane_type(), 0);
+                self.b.ins().splat(ivt, zero)
+            });
             for _ in 0..accumulators {
                 vcarried.push((vt, splat));
+                if let Some(zero) = zero {
+                    vcarried.push((ivt, zero));
+                }
+            }
+            if zero.is_some() {
+                c += 1;
             }
         }
+        // The lane numbers 0..W, for the indices of an arg reduction.
+        let iota = if accs.iter().any(|&(acc, _, _)| matches!(acc, Acc::Arg(_))) {
+            let zero = self.b.ins().iconst(ivt.lane_type(), 0);
+            let mut v = self.b.ins().splat(ivt, zero);
+            for l in 1..vt.lane_count() {
+                let n = self.b.ins().iconst(ivt.lane_type(), i64::from(l));
+                v = self.b.ins().insertlane(v, n, l as u8);
+            }
+            Some(v)
+        } else {
+            None
+        };
         // The NaN and zero flags of each float max or min (see the module docs), after
         // the accumulators: flags[k] is the index of reduction k's pair.
-        let ivt = vt.as_int();
         let mut flags = vec![None; accs.len()];
         for (k, &(acc, _, xd)) in accs.iter().enumerate() {
             if pseudo_min_max(acc, xd).is_some() {
@@ -349,11 +392,28 @@ impl<M: Module> Lowering<'_, '_, M> {
                     let vals = lw.element_vectors(kernel, env, need, (js, lane), &vvals, vt)?;
                     let a = (s * per_stream + p) as usize;
                     for (k, &(acc, x, xd)) in accs.iter().enumerate() {
-                        let Acc::Plain(op) = acc else {
-                            panic!("arg reductions are never vectorised (a bug)")
-                        };
                         let xv = vals[x].expect("the operand is computed in the sweep");
-                        let at = k * accumulators as usize + a;
+                        let op = match acc {
+                            Acc::Plain(op) => op,
+                            Acc::Arg(op) => {
+                                // Lane l holds the element at js + lane + l.
+                                let at = slots[k] + 2 * a;
+                                let base = lw.b.ins().iadd_imm_s(js, lane);
+                                let base = if ivt.lane_type() == types::I64 {
+                                    base
+                                } else {
+                                    lw.b.ins().ireduce(ivt.lane_type(), base)
+                                };
+                                let base = lw.b.ins().splat(ivt, base);
+                                let idx = lw.b.ins().iadd(base, iota.expect("made for args"));
+                                let better = lw.arg_better(op, xd, xv, state[at]);
+                                let mask = lw.b.ins().bitcast(vt, lane_flags(), better);
+                                next[at] = lw.b.ins().bitselect(mask, xv, state[at]);
+                                next[at + 1] = lw.b.ins().bitselect(better, idx, state[at + 1]);
+                                continue;
+                            }
+                        };
+                        let at = slots[k] + a;
                         match (pseudo_min_max(acc, xd), flags[k]) {
                             (Some(max), Some(f)) => {
                                 next[at] = lw.pseudo_min_max(max, state[at], xv);
@@ -378,11 +438,41 @@ impl<M: Module> Lowering<'_, '_, M> {
         };
         // Accumulators, then lanes, combined pairwise in a fixed order.
         let mut scalars = Vec::with_capacity(carried.len());
+        let mut c = 0;
         for (k, &(acc, _, xd)) in accs.iter().enumerate() {
-            let Acc::Plain(op) = acc else {
-                panic!("arg reductions are never vectorised (a bug)")
+            let op = match acc {
+                Acc::Plain(op) => op,
+                Acc::Arg(op) => {
+                    // Every (value, index) of every accumulator's lanes, combined
+                    // pairwise: the better value, or on a tie (equal, or both NaN) the
+                    // smaller index, which is the reference's first best element.
+                    let mut cands = Vec::new();
+                    for a in 0..accumulators as usize {
+                        let at = slots[k] + 2 * a;
+                        for l in 0..vt.lane_count() as u8 {
+                            let v = self.b.ins().extractlane(vfinals[at], l);
+                            let i = self.b.ins().extractlane(vfinals[at + 1], l);
+                            let i = if ivt.lane_type() == types::I64 {
+                                i
+                            } else {
+                                self.b.ins().sextend(types::I64, i)
+                            };
+                            cands.push((v, i));
+                        }
+                    }
+                    while cands.len() > 1 {
+                        cands = cands
+                            .chunks(2)
+                            .map(|p| self.arg_combine(op, xd, p[0], p[1]))
+                            .collect();
+                    }
+                    scalars.push((carried[c].0, cands[0].0));
+                    scalars.push((carried[c + 1].0, cands[0].1));
+                    c += 2;
+                    continue;
+                }
             };
-            let at = k * accumulators as usize;
+            let at = slots[k];
             let mut level: Vec<Value> = vfinals[at..at + accumulators as usize].to_vec();
             while level.len() > 1 {
                 level = level
@@ -403,9 +493,32 @@ impl<M: Module> Lowering<'_, '_, M> {
             if let (Some(max), Some(f)) = (pseudo_min_max(acc, xd), flags[k]) {
                 result = self.settle_min_max(max, result, vfinals[f], vfinals[f + 1]);
             }
-            scalars.push((carried[k].0, result));
+            scalars.push((carried[c].0, result));
+            c += 1;
         }
         self.scalar_tail(range, (vend, hi), &scalars, scalar)
+    }
+
+    /// The better of two (value, index) candidates of an arg reduction: `b` where its
+    /// value is better (strictly, or the first NaN), or where neither is better (equal
+    /// values, or two NaNs) and its index is smaller.
+    fn arg_combine(
+        &mut self,
+        op: ArgReduceOp,
+        dtype: DType,
+        a: (Value, Value),
+        b: (Value, Value),
+    ) -> (Value, Value) {
+        let b_better = self.arg_better(op, dtype, b.0, a.0);
+        let a_better = self.arg_better(op, dtype, a.0, b.0);
+        let either = self.b.ins().bor(a_better, b_better);
+        let earlier = self.b.ins().icmp(IntCC::SignedLessThan, b.1, a.1);
+        let tie_b = self.b.ins().band_not(earlier, either);
+        let take_b = self.b.ins().bor(b_better, tie_b);
+        (
+            self.b.ins().select(take_b, b.0, a.0),
+            self.b.ins().select(take_b, b.1, a.1),
+        )
     }
 
     /// One step of the x86-form max (`max`) or min of the vector loop: `acc < x ? x :
