@@ -341,3 +341,64 @@ fn vector_argmax_and_argmin_give_the_first_best_index() {
         }
     }
 }
+
+#[test]
+fn integer_vector_loops_wrap_like_the_reference() {
+    // Rows of 203 (vector streams and a scalar tail) with the extremes, so sums and
+    // products wrap, and max/min meet MIN and MAX in every lane position.
+    let (rows, cols) = (6, 203);
+    for dtype in [DType::I32, DType::I64] {
+        let (lo, hi) = if dtype == DType::I32 {
+            (f64::from(i32::MIN), f64::from(i32::MAX))
+        } else {
+            // i64 extremes exactly representable in f64.
+            (-(2f64.powi(63)), 2f64.powi(62))
+        };
+        let vals: Vec<f64> = (0..rows * cols)
+            .map(|i| match i % 29 {
+                0 => lo,
+                7 => hi,
+                k => ((i * 7919) % 2001) as f64 - 1000.0 + k as f64,
+            })
+            .collect();
+        let a = array(dtype, &[rows, cols], &vals);
+        for op in [
+            Accumulate::Sum,
+            Accumulate::Prod,
+            Accumulate::Max,
+            Accumulate::Min,
+        ] {
+            let mut kb = KernelBuilder::new("k0_int_reduce", &[rows, cols]);
+            kb.reduce_over(&[1]);
+            let x = kb.load(dtype);
+            let r = kb.reduce(op, x);
+            kb.store_rows(r);
+            let k = kb.build();
+            let got = run(&k, &[&a]);
+            let want = ndfuse_ir::interp::eval_kernel(&k, &[&a]).expect("reference");
+            assert_eq!(got[0].storage(), want[0].storage(), "{dtype:?} {op:?}");
+        }
+        // Element-wise: x * x - (-x) + max(x, 3) - min(x, -3), wrapping.
+        let mut kb = KernelBuilder::new("k0_int_elementwise", &[rows * cols]);
+        let x = kb.load(dtype);
+        let sq = kb.binary(BinaryOp::Mul, x, x);
+        let nx = kb.unary(UnaryOp::Neg, x);
+        let d = kb.binary(BinaryOp::Sub, sq, nx);
+        let three = kb.constant(dtype, ndfuse_ir::Scalar::I(3));
+        let m = kb.binary(BinaryOp::Max, x, three);
+        let minus_three = kb.constant(dtype, ndfuse_ir::Scalar::I(-3));
+        let n = kb.binary(BinaryOp::Min, x, minus_three);
+        let s = kb.binary(BinaryOp::Add, d, m);
+        let out = kb.binary(BinaryOp::Sub, s, n);
+        kb.store(out);
+        let k = kb.build();
+        let flat = array(dtype, &[rows * cols], &vals);
+        let got = run(&k, &[&flat]);
+        let want = ndfuse_ir::interp::eval_kernel(&k, &[&flat]).expect("reference");
+        assert_eq!(
+            got[0].storage(),
+            want[0].storage(),
+            "{dtype:?} element-wise"
+        );
+    }
+}

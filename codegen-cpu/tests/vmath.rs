@@ -347,7 +347,11 @@ fn pow_within_bound() {
     kb.store(p);
     let got = run_f32(&kb.build(), &[&a, &b]);
     // The scalar loop (both operands read transposed) gives the vector loop's bits.
-    assert_eq!(n % 2, 0, "an even count of pow inputs, for the transposed run");
+    assert_eq!(
+        n % 2,
+        0,
+        "an even count of pow inputs, for the transposed run"
+    );
     {
         let h = n / 2;
         let mut kb = KernelBuilder::new("k0_pow_strided", &[2, h]);

@@ -42,6 +42,10 @@
 //! reductions' one dtype, loaded contiguously along the row or computed by an op that
 //! has a vector form here (`+ - * / max min`, `neg abs sqrt square`, the inline math).
 //!
+//! Integer sweeps and element-wise loops (i32x4, i64x2) vectorise too where every op is
+//! one whose vector form wraps exactly as the scalar one (`+ - * max min neg`): the
+//! same bits in any order, so integer sums need no ordering argument.
+//!
 //! Arg reductions carry, per accumulator, the best values and their indices (lanes of
 //! the values' width: i32 for f32 rows, which must be shorter than 2^31). A lane
 //! takes an element where it is strictly better or the first NaN, as the scalar loop
@@ -133,11 +137,14 @@ pub(super) fn store_sweep_type(
     (same && contiguous && values_vectorise(kernel, env, need, dtype)).then_some(vt)
 }
 
-/// The 128-bit vector holding values of a float dtype (half values in f32 lanes).
+/// The 128-bit vector holding values of `dtype` (half values in f32 lanes; i32 and
+/// i64 in their own lanes, for the integer ops `vector_op` admits).
 pub(super) fn float_vector(dtype: DType) -> Option<Type> {
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => Some(types::F32X4),
         DType::F64 => Some(types::F64X2),
+        DType::I32 => Some(types::I32X4),
+        DType::I64 => Some(types::I64X2),
         _ => None,
     }
 }
@@ -148,6 +155,17 @@ const STORE_UNROLL: i64 = 2;
 /// Whether `expr`, an element op of `dtype`, has a vector form here (on float
 /// vectors): the transcendentals `vmath` builds do (f16/bf16 compute in f32).
 pub(super) fn vector_op(kernel: &Kernel, expr: &Expr, dtype: DType) -> bool {
+    if !dtype.is_float() {
+        // Integers: the wrapping ops whose vector forms are exactly the scalar ones.
+        return match expr {
+            Expr::Unary(op, _) => matches!(op, UnaryOp::Neg),
+            Expr::Binary(op, _, _) => matches!(
+                op,
+                BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min
+            ),
+            _ => false,
+        };
+    }
     match expr {
         Expr::Unary(op, _) => {
             matches!(
