@@ -556,6 +556,16 @@ impl<M: Module> Lowering<'_, '_, M> {
                 return Ok(v);
             }
         }
+        if dtype == DType::F64 {
+            if let (UnaryOp::Sin | UnaryOp::Cos, Some(call)) = (op, libcalls::unary(op, dtype)) {
+                let cos = op == UnaryOp::Cos;
+                let (fast, exact, lanes) = vmath::sin_cos_f64(&mut self.b, x, cos);
+                if self.b.func.dfg.value_type(x).is_vector() {
+                    return self.vector_exact_unless((fast, exact, lanes), call, &[x]);
+                }
+                return self.exact_unless(exact, fast, call, &[x]);
+            }
+        }
         if dtype == DType::F32 {
             if let (UnaryOp::Sin | UnaryOp::Cos, Some(call)) = (op, libcalls::unary(op, dtype)) {
                 let cos = op == UnaryOp::Cos;

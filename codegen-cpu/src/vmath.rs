@@ -58,11 +58,13 @@
 //! | log1p | 2 | 1 | as f32 |
 //! | tanh | 3 | 3 | E = 2^n·em + 2^n - 1 of 2|x|: E/(E+2) below 0.5493, else 1 - 2/(E+2) |
 //! | sigmoid | 2 | 2 | as f32 |
+//! | sin | 2 | 2 | r = x - n·π/2 with π/2 in three parts (33, 33, 53 bits), Taylor to r^17; exact libcall from |x| ≥ 2^20 |
+//! | cos | 2 | 2 | as sin, Taylor to r^16 with 1 - r²/2 split |
 //!
-//! The other f64 transcendentals (erf, sin, cos, pow) call the exact libm functions
-//! (`libcalls`), as the reference does: their bound is 0. An inline f64 erf or sin
-//! needs its own fitted polynomials and, for sin, a double-word reduction; left for
-//! later.
+//! The other f64 transcendentals (erf, pow) call the exact libm functions (`libcalls`),
+//! as the reference does: their bound is 0. An inline f64 erf needs its own fitted
+//! polynomials and pow a double-word log; sin and cos would reach 1 ulp with a
+//! double-word remainder. Left for later.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::immediates::{Ieee32, Ieee64};
@@ -86,7 +88,7 @@ pub fn f32_ulp_bound(op: UnaryOp) -> Option<u32> {
 pub fn f64_ulp_bound(op: UnaryOp) -> Option<u32> {
     Some(match op {
         UnaryOp::Exp | UnaryOp::Log => 1,
-        UnaryOp::Expm1 | UnaryOp::Log1p | UnaryOp::Sigmoid => 2,
+        UnaryOp::Expm1 | UnaryOp::Log1p | UnaryOp::Sigmoid | UnaryOp::Sin | UnaryOp::Cos => 2,
         UnaryOp::Tanh => 3,
         _ => return None,
     })
@@ -235,6 +237,32 @@ fn sin_cos_exact(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
         .fcmp(FloatCC::UnorderedOrGreaterThanOrEqual, ax, limit)
 }
 
+/// sin (`cos` false) or cos of the `F64` or `F64X2` value `x`, to f64 accuracy:
+/// `(value, exact, lanes)` where `lanes` marks the lanes outside the fast path's domain
+/// (|x| ≥ 2^20, inf, NaN; an I8 for a scalar, an I64X2 mask for a vector) and `exact`
+/// (an I8) says whether there is one: the caller uses the exact function there.
+pub(crate) fn sin_cos_f64(
+    b: &mut FunctionBuilder<'_>,
+    x: Value,
+    cos: bool,
+) -> (Value, Value, Value) {
+    let ty = b.func.dfg.value_type(x);
+    let mut m = Math {
+        b,
+        ty,
+        fma: use_fma(),
+    };
+    let ax = m.b.ins().fabs(x);
+    let lanes = m.cmp_c(FloatCC::UnorderedOrGreaterThanOrEqual, ax, 1_048_576.0);
+    let exact = if ty.is_vector() {
+        m.b.ins().vany_true(lanes)
+    } else {
+        lanes
+    };
+    let v = m.sin_cos_f64_core(x, cos);
+    (sin_keeps_zero(m.b, x, v, cos), exact, lanes)
+}
+
 /// sin(-0) = -0, which the polynomial's +0 products turn into +0: `x` where it is a
 /// zero, for sin (`cos` false); `v` as it is for cos.
 fn sin_keeps_zero(b: &mut FunctionBuilder<'_>, x: Value, v: Value, cos: bool) -> Value {
@@ -242,7 +270,11 @@ fn sin_keeps_zero(b: &mut FunctionBuilder<'_>, x: Value, v: Value, cos: bool) ->
         return v;
     }
     let ty = b.func.dfg.value_type(x);
-    let zero = b.ins().f32const(Ieee32::with_float(0.0));
+    let zero = if ty.lane_type() == types::F64 {
+        b.ins().f64const(Ieee64::with_float(0.0))
+    } else {
+        b.ins().f32const(Ieee32::with_float(0.0))
+    };
     if ty.is_vector() {
         let zero = b.ins().splat(ty, zero);
         let is_zero = b.ins().fcmp(FloatCC::Equal, x, zero);
@@ -925,6 +957,62 @@ impl Math<'_, '_> {
         let e = self.b.ins().ishl_imm_s(e, 52);
         let scale = self.as_float(e);
         self.b.ins().fmul(p, scale)
+    }
+
+    /// sin or cos of `x` (`F64` or `F64X2`, |x| < 2^20) to f64 accuracy: n = round(x·2/π),
+    /// r = x - n·π/2 with π/2 in three parts of 33, 33 and 53 bits (fdlibm's; n·P1 and
+    /// n·P2 are exact for |n| < 2^20), then Taylor series on |r| ≤ π/4 to r^17 for sin
+    /// and r^16 for cos (truncation below 2^-60), and the quadrant.
+    fn sin_cos_f64_core(&mut self, x: Value, cos: bool) -> Value {
+        let magic = self.f(6_755_399_441_055_744.0);
+        let two_over_pi = self.f(std::f64::consts::FRAC_2_PI);
+        let t = self.mul_add(x, two_over_pi, magic);
+        let neg_n = self.b.ins().fsub(magic, t);
+        let p1 = self.f(f64::from_bits(0x3FF9_21FB_5440_0000));
+        let r = self.mul_add(neg_n, p1, x);
+        let p2 = self.f(f64::from_bits(0x3DD0_B461_1A60_0000));
+        let r = self.mul_add(neg_n, p2, r);
+        let p3 = self.f(f64::from_bits(0x3BA3_198A_2E03_7073));
+        let r = self.mul_add(neg_n, p3, r);
+        let z = self.b.ins().fmul(r, r);
+        let mut sin_c = [0.0f64; 8];
+        let mut cos_c = [0.0f64; 7];
+        let mut fact = 1.0f64;
+        for k in 2..=17u32 {
+            fact *= f64::from(k);
+            let sign = if (k / 2) % 2 == 1 { -1.0 } else { 1.0 };
+            if k % 2 == 1 {
+                sin_c[(k as usize - 3) / 2] = sign / fact;
+            } else if k >= 4 {
+                cos_c[(k as usize - 4) / 2] = sign / fact;
+            }
+        }
+        // sin r = r + r·z·S(z); cos r = 1 - z/2 + z²·C(z), with 1 - z/2 split so that
+        // its rounding error is kept: w = 1 - z/2, (1 - w) - z/2 is exact.
+        let s = self.horner(z, &sin_c);
+        let rz = self.b.ins().fmul(r, z);
+        let sin = self.mul_add(rz, s, r);
+        let c = self.horner(z, &cos_c);
+        let hz = self.mul_c(z, 0.5);
+        let one = self.f(1.0);
+        let w = self.b.ins().fsub(one, hz);
+        let lost = self.b.ins().fsub(one, w);
+        let lost = self.b.ins().fsub(lost, hz);
+        let zz = self.b.ins().fmul(z, z);
+        let tail = self.mul_add(zz, c, lost);
+        let cos_r = self.b.ins().fadd(w, tail);
+        let bits = self.as_int(t);
+        let q = if cos {
+            let one = self.i(1);
+            self.b.ins().iadd(bits, one)
+        } else {
+            bits
+        };
+        let swap = self.bit_set(q, 1);
+        let v = self.sel(swap, cos_r, sin);
+        let neg = self.bit_set(q, 2);
+        let minus = self.b.ins().fneg(v);
+        self.sel(neg, minus, v)
     }
 
     /// sin or cos of `xd` (`F64` or `F64X2`, an f32 widened, |x| < 2^24), in f64.

@@ -60,7 +60,7 @@ fn edge_cases() -> Vec<f64> {
         f64::MAX,
         1.0,
     ];
-    let thresholds: [f64; 15] = [
+    let thresholds: [f64; 19] = [
         709.782_712_893_384,         // exp overflows above
         -708.396_418_532_264_1,      // exp becomes subnormal below
         -744.440_071_921_381_3,      // exp reaches the smallest subnormal
@@ -73,7 +73,11 @@ fn edge_cases() -> Vec<f64> {
         19.1,                        // tanh's clamp
         0.549_306_144_334_054_8,     // tanh changes form
         0.346_573_590_279_972_6,     // ln2/2: exp's reduction boundary
-        -1.0,                        // log1p(-1) = -inf
+        1_048_576.0,                 // 2^20: sin and cos call the exact function from here
+        std::f64::consts::FRAC_PI_2, // sin, cos near a multiple of π/2
+        std::f64::consts::PI,
+        355.0, // close to 113·π
+        -1.0,  // log1p(-1) = -inf
         0.5,
         2.0,
     ];
@@ -256,6 +260,16 @@ fn sigmoid_f64_within_bound() {
     check(UnaryOp::Sigmoid, 16, (-60, 10));
 }
 
+#[test]
+fn sin_f64_within_bound() {
+    check(UnaryOp::Sin, 17, (-30, 19));
+}
+
+#[test]
+fn cos_f64_within_bound() {
+    check(UnaryOp::Cos, 18, (-30, 19));
+}
+
 /// The unfused forms (no FMA) are held to the same bounds, in a child process.
 #[test]
 fn the_unfused_f64_math_is_held_to_the_same_bounds() {
@@ -274,7 +288,9 @@ fn the_unfused_f64_math_is_held_to_the_same_bounds() {
         "the unfused run failed:\n{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for op in ["exp", "expm1", "log", "log1p", "tanh", "sigmoid"] {
+    for op in [
+        "exp", "expm1", "log", "log1p", "tanh", "sigmoid", "sin", "cos",
+    ] {
         assert!(
             text.contains(&format!("{op} f64 (unfused)")),
             "the child did not run {op} unfused:\n{text}"

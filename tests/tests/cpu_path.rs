@@ -104,11 +104,12 @@ fn elementwise_chain_f64_with_every_unary_is_one_jit_kernel() {
     ] {
         acc = &acc + &t;
     }
-    // exp, log, log1p, expm1, tanh and sigmoid (inside gelu too) are inline f64 code
-    // within 1-3 ulp (`ndfuse_codegen_cpu::f64_ulp_bound`); the rest is exact. Their
-    // terms are at most e^3 (exp), 19 (expm1), 3 (log, gelu) and 1.4 in magnitude, so
-    // the sum errs by at most (20·1 + 19·2 + 3·1 + 1.4·2 + 1·3 + 1·2 + 3·3)·2^-52 <
-    // 2e-14 absolute, plus up to an ulp of the running sum in each of the 23 additions.
+    // exp, log, log1p, expm1, tanh, sigmoid (inside gelu too), sin and cos are inline
+    // f64 code within 1-3 ulp (`ndfuse_codegen_cpu::f64_ulp_bound`); the rest is exact.
+    // Their terms are at most e^3 (exp), 19 (expm1), 3 (log, gelu) and 1.4 in magnitude,
+    // so the sum errs by at most (20·1 + 19·2 + 3·1 + 1.4·2 + 1·3 + 1·2 + 3·3 + 1·2 +
+    // 1·2)·2^-52 < 2e-14 absolute, plus up to an ulp of the running sum in each of the
+    // 23 additions.
     let r = check_within(&ctx, &[&acc], 23.0 * f64::EPSILON, 2e-14);
     assert_eq!(
         (r.kernel_count(), jit_kernels(&r)),

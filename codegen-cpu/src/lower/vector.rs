@@ -172,11 +172,12 @@ pub(super) fn vector_op(kernel: &Kernel, expr: &Expr, dtype: DType) -> bool {
                 op,
                 UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Square
             ) || crate::vmath::inline_for(*op, dtype)
-                // sin and cos of f32 in f64x2 halves (`vmath::sin_cos_f32x4`), in
+                // sin and cos (f32 in f64x2 halves, `vmath::sin_cos_f32x4`; f64 by
+                // `vmath::sin_cos_f64`), in
                 // kernels large enough to pay for compiling that code (small ones keep
                 // the scalar loop; the same bits either way).
                 || (matches!(op, UnaryOp::Sin | UnaryOp::Cos)
-                    && dtype.compute_dtype() == DType::F32
+                    && matches!(dtype.compute_dtype(), DType::F32 | DType::F64)
                     && !crate::shared_math::applies(kernel))
         }
         Expr::Binary(op, _, _) => {
