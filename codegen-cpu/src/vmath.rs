@@ -1001,18 +1001,7 @@ impl Math<'_, '_> {
         let zz = self.b.ins().fmul(z, z);
         let tail = self.mul_add(zz, c, lost);
         let cos_r = self.b.ins().fadd(w, tail);
-        let bits = self.as_int(t);
-        let q = if cos {
-            let one = self.i(1);
-            self.b.ins().iadd(bits, one)
-        } else {
-            bits
-        };
-        let swap = self.bit_set(q, 1);
-        let v = self.sel(swap, cos_r, sin);
-        let neg = self.bit_set(q, 2);
-        let minus = self.b.ins().fneg(v);
-        self.sel(neg, minus, v)
+        self.quadrant(t, cos, sin, cos_r)
     }
 
     /// sin or cos of `xd` (`F64` or `F64X2`, an f32 widened, |x| < 2^24), in f64.
@@ -1061,8 +1050,13 @@ impl Math<'_, '_> {
         let one = self.f(1.0);
         let cos_r = self.b.ins().fsub(one, half_z);
         let cos_r = self.b.ins().fadd(cos_r, zzc);
-        // Quadrant q = n mod 4 (cos: q + 1): odd quadrants swap sin and cos, quadrants 2
-        // and 3 negate.
+        self.quadrant(t, cos, sin, cos_r)
+    }
+
+    /// sin (or cos, `cos`) of x from sin r and cos r, where x = n·π/2 + r and `t` is
+    /// n + 1.5·2^52 (its low bits hold n): quadrant q = n mod 4 (cos: q + 1), odd
+    /// quadrants swap sin and cos, quadrants 2 and 3 negate.
+    fn quadrant(&mut self, t: Value, cos: bool, sin: Value, cos_r: Value) -> Value {
         let bits = self.as_int(t);
         let q = if cos {
             let one = self.i(1);
