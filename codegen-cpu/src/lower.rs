@@ -503,9 +503,10 @@ impl<M: Module> Lowering<'_, '_, M> {
         Ok(out)
     }
 
-    /// An f32x4 result of inline code that is exact except in `lanes` (an I32X4 mask;
-    /// `exact`, an I8, says whether any is set): a cold block calls `call` on those
-    /// vectors' four lanes (`args`, f32x4 each) and keeps its results in `lanes` only.
+    /// A vector result of inline code (f32x4 or f64x2) that is exact except in `lanes`
+    /// (an integer mask of the same shape; `exact`, an I8, says whether any is set): a
+    /// cold block calls `call` on every lane of `args` (vectors of the same type) and
+    /// keeps its results in `lanes` only.
     /// The other lanes keep the inline value, which the vector forms in `vmath` compute
     /// to the bit as the scalar code does, so every lane gets what the scalar loop
     /// gives it.
@@ -541,8 +542,9 @@ impl<M: Module> Lowering<'_, '_, M> {
 
     fn unary(&mut self, op: UnaryOp, x: Value, dtype: DType) -> Result<Value, String> {
         let ty = cl_type(dtype);
-        // f32 transcendentals are inline code (`vmath`), on scalars and vectors alike;
-        // sin and cos (scalar only) call the exact function only outside their domain.
+        // Transcendentals are inline code (`vmath`), on scalars and vectors alike: the
+        // f32 ones and f64 exp, log, tanh, ...; sin and cos (and pow, below) call the
+        // exact function only outside their domain, from a cold block.
         if matches!(dtype, DType::F32 | DType::F64) && vmath::inline_for(op, dtype) {
             let vty = self.b.func.dfg.value_type(x);
             if self.shared_math {
