@@ -18,7 +18,7 @@
 //! unchanged; only the index arithmetic moves out of the inner loop.
 
 use super::rows::Bound;
-use super::vector::{float_vector, vector_op};
+use super::vector::{lane_vector, vector_op};
 use super::{cl_type, Lowering, Offset};
 use crate::index::{Access, IndexPlan};
 use cranelift_codegen::ir::condcodes::IntCC;
@@ -51,7 +51,7 @@ pub(super) fn row_loop_type(
     load_access: &[Option<Access>],
 ) -> Option<Type> {
     let dtype = kernel.body.first()?.dtype;
-    let vt = float_vector(dtype)?;
+    let vt = lane_vector(dtype)?;
     let inner = *plan.extents.last()?;
     if plan.extents.len() < 2 || inner < i64::from(vt.lane_count()) * UNROLL {
         return None;

@@ -86,7 +86,7 @@ pub(super) fn sweep_type(
     accs: &[AccInfo],
 ) -> Option<Type> {
     let dtype = accs.first()?.2;
-    let vt = float_vector(dtype)?;
+    let vt = lane_vector(dtype)?;
     if accs.iter().any(|&(_, _, xd)| xd != dtype) {
         return None;
     }
@@ -129,7 +129,7 @@ pub(super) fn store_sweep_type(
     stores: &[&ndfuse_ir::Store],
 ) -> Option<Type> {
     let dtype = kernel.body[stores.first()?.value.index()].dtype;
-    let vt = float_vector(dtype)?;
+    let vt = lane_vector(dtype)?;
     let same = stores
         .iter()
         .all(|st| kernel.body[st.value.index()].dtype == dtype);
@@ -139,7 +139,7 @@ pub(super) fn store_sweep_type(
 
 /// The 128-bit vector holding values of `dtype` (half values in f32 lanes; i32 and
 /// i64 in their own lanes, for the integer ops `vector_op` admits).
-pub(super) fn float_vector(dtype: DType) -> Option<Type> {
+pub(super) fn lane_vector(dtype: DType) -> Option<Type> {
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => Some(types::F32X4),
         DType::F64 => Some(types::F64X2),
@@ -223,7 +223,7 @@ pub(super) fn elementwise_type(
     load_access: &[Option<Access>],
 ) -> Option<Type> {
     let dtype = kernel.body.first()?.dtype;
-    let vt = float_vector(dtype)?;
+    let vt = lane_vector(dtype)?;
     let ok = kernel.body.iter().enumerate().all(|(v, ins)| {
         ins.dtype == dtype
             && match &ins.expr {
