@@ -7,10 +7,10 @@
 //! the storage type:
 //!
 //! - a load reads the 16 bits zero-extended into an I32 (`uload16`, or `uload16x4` for
-//!   four lanes) and widens them exactly: bf16 is the top half of an f32; f16 re-biases
-//!   its exponent, and a subnormal f16 becomes normal through one exact f32
-//!   subtraction. NaNs come back quiet with their payload, like the `half` crate's
-//!   conversions the reference uses;
+//!   four lanes) and widens them exactly: bf16 is the top half of an f32; an f16's
+//!   bits shifted into an f32's place are re-biased by one exact multiplication by
+//!   2^112, subnormals included. NaNs come back quiet with their payload, like the
+//!   `half` crate's conversions the reference uses;
 //! - a store, or an explicit cast to a half type, rounds the f32 to nearest, ties to
 //!   even, in integer arithmetic (a subnormal f16 through one f32 addition, rounded by
 //!   the hardware): overflow gives infinity, a NaN stays a NaN (quiet, the payload's
@@ -31,9 +31,9 @@ use cranelift_codegen::ir::{types, Endianness, InstBuilder, MemFlagsData, Type, 
 use cranelift_module::Module;
 use ndfuse_ir::DType;
 
-/// 2^-14, the smallest normal f16: the implicit bit a subnormal f16 is given, then
-/// subtracted.
-const F16_MIN_NORMAL: f32 = f32::from_bits((127 - 14) << 23);
+/// 2^112 = 2^(127 - 15): an f16's bits shifted into an f32's place, times this, are
+/// its value.
+const F16_REBIAS: f32 = f32::from_bits((127 + 112) << 23);
 
 impl<M: Module> Lowering<'_, '_, M> {
     /// A value of storage type `dtype` read from `addr + imm` into a register of type
@@ -137,28 +137,21 @@ impl<M: Module> Lowering<'_, '_, M> {
                 let em = self.b.ins().band(h, mag);
                 let thirteen = self.b.ins().iconst(types::I32, 13);
                 let o = self.b.ins().ishl(em, thirteen);
-                // Normal: exponent re-biased from 15 to 127.
-                let rebias = self.kconst(ity, (127 - 15) << 23);
-                let normal = self.b.ins().iadd(o, rebias);
-                // Subnormal or zero: give it exponent -14 and the implicit bit, then
-                // subtract that bit as the f32 2^-14 (exact: both are multiples of 2^-24).
-                let biased = self.kconst(ity, (127 - 14) << 23);
-                let with_bit = self.b.ins().iadd(o, biased);
-                let as_float = self.b.ins().bitcast(fty, plain, with_bit);
-                let min_normal = self.fconst32(fty, F16_MIN_NORMAL);
-                let sub = self.b.ins().fsub(as_float, min_normal);
-                let sub = self.b.ins().bitcast(ity, plain, sub);
-                // Infinity or NaN: exponent all ones (re-biased by 255 - 31 in all).
-                let top = self.kconst(ity, (255 - 31) << 23);
-                let inf_nan = self.b.ins().iadd(o, top);
+                // Finite: the bits shifted into place read as an f32 2^112 times too
+                // small (exponent bias 127 against 15), subnormals included (an f32
+                // subnormal then); one exact multiplication by 2^112 re-biases both.
+                let as_float = self.b.ins().bitcast(fty, plain, o);
+                let rebias = self.fconst32(fty, F16_REBIAS);
+                let finite = self.b.ins().fmul(as_float, rebias);
+                let finite = self.b.ins().bitcast(ity, plain, finite);
+                // Infinity or NaN: the exponent all ones, the payload kept (quieted).
+                let exp_ones = self.kconst(ity, 0x7F80_0000);
+                let inf_nan = self.b.ins().bor(o, exp_ones);
                 let quiet = self.kconst(ity, 0x0040_0000);
                 let quieted = self.b.ins().bor(inf_nan, quiet);
                 let inf = self.kconst(ity, 0x7C00);
                 let nan = self.b.ins().icmp(IntCC::SignedGreaterThan, em, inf);
                 let special = self.pick(nan, quieted, inf_nan);
-                let min_exp = self.kconst(ity, 0x0400);
-                let tiny = self.b.ins().icmp(IntCC::SignedLessThan, em, min_exp);
-                let finite = self.pick(tiny, sub, normal);
                 let not_finite = self.b.ins().icmp(IntCC::SignedGreaterThanOrEqual, em, inf);
                 let unsigned = self.pick(not_finite, special, finite);
                 let sign_mask = self.kconst(ity, 0x8000);
