@@ -139,7 +139,9 @@ impl<M: Module> Lowering<'_, '_, M> {
                 let o = self.b.ins().ishl(em, thirteen);
                 // Finite: the bits shifted into place read as an f32 2^112 times too
                 // small (exponent bias 127 against 15), subnormals included (an f32
-                // subnormal then); one exact multiplication by 2^112 re-biases both.
+                // subnormal then); one exact multiplication by 2^112 re-biases both
+                // (in the default floating-point environment, as every kernel assumes:
+                // no denormals-are-zero).
                 let as_float = self.b.ins().bitcast(fty, plain, o);
                 let rebias = self.fconst32(fty, F16_REBIAS);
                 let finite = self.b.ins().fmul(as_float, rebias);
