@@ -483,34 +483,14 @@ impl<M: Module> Lowering<'_, '_, M> {
 
     /// `fast`, or `call` on `args` where `exact` (an I8) is non-zero: a branch to a
     /// cold block for the arguments that inline code leaves to the exact function.
+    ///
+    /// For a vector `fast` (f32x4 or f64x2), `lanes` (an integer mask of the same shape)
+    /// marks the lanes that need the call and `exact` says whether any does: the cold
+    /// block calls `call` on every lane of `args` and keeps its results in `lanes`
+    /// only. The other lanes keep the inline value, which the vector forms in `vmath`
+    /// compute to the bit as the scalar code does, so every lane gets what the scalar
+    /// loop gives it.
     fn exact_unless(
-        &mut self,
-        exact: Value,
-        fast: Value,
-        call: Libcall,
-        args: &[Value],
-    ) -> Result<Value, String> {
-        let ty = self.b.func.dfg.value_type(fast);
-        let slow = self.b.create_block();
-        let join = self.b.create_block();
-        let out = self.b.append_block_param(join, ty);
-        self.b.set_cold_block(slow);
-        self.b.ins().brif(exact, slow, &[], join, &[fast.into()]);
-        self.b.switch_to_block(slow);
-        let v = self.call(call, ty, args)?;
-        self.b.ins().jump(join, &[v.into()]);
-        self.b.switch_to_block(join);
-        Ok(out)
-    }
-
-    /// A vector result of inline code (f32x4 or f64x2) that is exact except in `lanes`
-    /// (an integer mask of the same shape; `exact`, an I8, says whether any is set): a
-    /// cold block calls `call` on every lane of `args` (vectors of the same type) and
-    /// keeps its results in `lanes` only.
-    /// The other lanes keep the inline value, which the vector forms in `vmath` compute
-    /// to the bit as the scalar code does, so every lane gets what the scalar loop
-    /// gives it.
-    fn vector_exact_unless(
         &mut self,
         (fast, exact, lanes): (Value, Value, Value),
         call: Libcall,
@@ -523,18 +503,23 @@ impl<M: Module> Lowering<'_, '_, M> {
         self.b.set_cold_block(slow);
         self.b.ins().brif(exact, slow, &[], join, &[fast.into()]);
         self.b.switch_to_block(slow);
-        let mut called = fast;
-        for lane in 0..ty.lane_count() as u8 {
-            let xs: Vec<Value> = args
-                .iter()
-                .map(|&a| self.b.ins().extractlane(a, lane))
-                .collect();
-            let yi = self.call(call, ty.lane_type(), &xs)?;
-            called = self.b.ins().insertlane(called, yi, lane);
-        }
-        let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
-        let mask = self.b.ins().bitcast(ty, flags, lanes);
-        let v = self.b.ins().bitselect(mask, called, fast);
+        let v = if ty.is_vector() {
+            let mut called = fast;
+            for lane in 0..ty.lane_count() as u8 {
+                let xs: Vec<Value> = args
+                    .iter()
+                    .map(|&a| self.b.ins().extractlane(a, lane))
+                    .collect();
+                let yi = self.call(call, ty.lane_type(), &xs)?;
+                called = self.b.ins().insertlane(called, yi, lane);
+            }
+            let flags =
+                MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+            let mask = self.b.ins().bitcast(ty, flags, lanes);
+            self.b.ins().bitselect(mask, called, fast)
+        } else {
+            self.call(call, ty, args)?
+        };
         self.b.ins().jump(join, &[v.into()]);
         self.b.switch_to_block(join);
         Ok(out)
@@ -561,11 +546,8 @@ impl<M: Module> Lowering<'_, '_, M> {
         if dtype == DType::F64 {
             if let (UnaryOp::Sin | UnaryOp::Cos, Some(call)) = (op, libcalls::unary(op, dtype)) {
                 let cos = op == UnaryOp::Cos;
-                let (fast, exact, lanes) = vmath::sin_cos_f64(&mut self.b, x, cos);
-                if self.b.func.dfg.value_type(x).is_vector() {
-                    return self.vector_exact_unless((fast, exact, lanes), call, &[x]);
-                }
-                return self.exact_unless(exact, fast, call, &[x]);
+                let fast = vmath::sin_cos_f64(&mut self.b, x, cos);
+                return self.exact_unless(fast, call, &[x]);
             }
         }
         if dtype == DType::F32 {
@@ -573,10 +555,10 @@ impl<M: Module> Lowering<'_, '_, M> {
                 let cos = op == UnaryOp::Cos;
                 if self.b.func.dfg.value_type(x).is_vector() {
                     let fast = vmath::sin_cos_f32x4(&mut self.b, x, cos);
-                    return self.vector_exact_unless(fast, call, &[x]);
+                    return self.exact_unless(fast, call, &[x]);
                 }
                 let (fast, exact) = vmath::sin_cos_f32(&mut self.b, x, cos);
-                return self.exact_unless(exact, fast, call, &[x]);
+                return self.exact_unless((fast, exact, exact), call, &[x]);
             }
         }
         if let Some(call) = libcalls::unary(op, dtype) {
@@ -661,10 +643,10 @@ impl<M: Module> Lowering<'_, '_, M> {
                 // Inline for x > 0 and finite operands; the IEEE special cases call.
                 if self.b.func.dfg.value_type(x).is_vector() {
                     let fast = vmath::pow_f32x4(&mut self.b, x, y);
-                    return self.vector_exact_unless(fast, call, &[x, y]);
+                    return self.exact_unless(fast, call, &[x, y]);
                 }
                 let (fast, exact) = vmath::pow_f32(&mut self.b, x, y);
-                return self.exact_unless(exact, fast, call, &[x, y]);
+                return self.exact_unless((fast, exact, exact), call, &[x, y]);
             }
             return self.call(call, ty, &[x, y]);
         }

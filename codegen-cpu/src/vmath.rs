@@ -1130,13 +1130,8 @@ impl Math<'_, '_> {
         if self.p().mant_bits == 52 {
             return self.tanh_f64(x);
         }
-        let ax = self.b.ins().fabs(x);
-        let a = self.min_c(ax, 9.1);
-        let a2 = self.b.ins().fadd(a, a);
-        // e^2a + 1 = 2^n·(1 + em) + 1 = 2^n·em + (2^n + 1), one factor 2^n being
-        // enough for n ≤ 27.
-        let (ni, em) = self.exp_reduce(a2);
-        let s = self.pow2(ni);
+        // e^2a + 1 = 2^n·(1 + em) + 1 = 2^n·em + (2^n + 1).
+        let (a, s, em) = self.tanh_reduce(x);
         let one = self.f(1.0);
         let s1 = self.b.ins().fadd(s, one);
         let den = self.mul_add(s, em, s1);
@@ -1153,17 +1148,23 @@ impl Math<'_, '_> {
         self.with_sign_of(t, x)
     }
 
+    /// tanh's reduction of 2|x|: `(a, s, em)` with a = |x| clamped where tanh rounds to
+    /// 1, and e^2a = s·(1 + em), s = 2^n (one factor is enough: n ≤ 27 in f32, 56 in
+    /// f64).
+    fn tanh_reduce(&mut self, x: Value) -> (Value, Value, Value) {
+        let ax = self.b.ins().fabs(x);
+        let a = self.min_c(ax, self.p().tanh_clamp);
+        let a2 = self.b.ins().fadd(a, a);
+        let (ni, em) = self.exp_reduce(a2);
+        (a, self.pow2(ni), em)
+    }
+
     /// tanh in f64 from one reduction of 2|x|: with E = e^2|x| - 1 = 2^n·em + (2^n - 1),
     /// tanh |x| = E/(E + 2) below 0.5493 (E is accurate there, as expm1 is) and
     /// 1 - 2/(E + 2) above, one division for both; from |x| = 19.1 on it rounds to 1.
     /// (A polynomial for the small range would need about 17 terms in f64.)
     fn tanh_f64(&mut self, x: Value) -> Value {
-        let ax = self.b.ins().fabs(x);
-        let a = self.min_c(ax, self.p().tanh_clamp);
-        let a2 = self.b.ins().fadd(a, a);
-        // n ≤ 56: one factor 2^n.
-        let (ni, em) = self.exp_reduce(a2);
-        let s = self.pow2(ni);
+        let (a, s, em) = self.tanh_reduce(x);
         let one = self.f(1.0);
         let sm1 = self.b.ins().fsub(s, one);
         let e = self.mul_add(s, em, sm1);
