@@ -38,7 +38,8 @@ mod index;
 mod nvrtc;
 mod scalar;
 
-pub use emit::{emit, CudaKernel, CudaOptions, Launch};
+pub use emit::emit;
+pub use emit::launch::{CudaKernel, CudaOptions, Launch};
 pub use error::CudaError;
 #[cfg(feature = "nvrtc")]
 pub use nvrtc::{
