@@ -198,31 +198,6 @@ impl Scalar {
             Scalar::B(v) => f64::from(u8::from(v)),
         }
     }
-
-    /// This value converted to `dtype` with the same rules as [`crate::Op::Cast`]
-    /// and rounded to the dtype's precision.
-    pub fn cast(self, dtype: DType) -> Scalar {
-        match dtype.kind() {
-            DKind::Float => Scalar::F(match self {
-                // Through f64 first would round twice for |v| > 2^53.
-                Scalar::I(v) => crate::round::int_to_float(v, dtype),
-                _ => crate::round::round_f64(self.to_f64(), dtype),
-            }),
-            DKind::Int => {
-                let wide = match self {
-                    Scalar::F(v) => v as i64, // saturating, NaN -> 0 (documented cast rule)
-                    Scalar::I(v) => v,
-                    Scalar::B(v) => i64::from(v),
-                };
-                Scalar::I(crate::round::wrap_int(wide, dtype))
-            }
-            DKind::Bool => Scalar::B(match self {
-                Scalar::F(v) => v != 0.0,
-                Scalar::I(v) => v != 0,
-                Scalar::B(v) => v,
-            }),
-        }
-    }
 }
 
 impl PartialEq for Scalar {

@@ -1,8 +1,8 @@
 //! Rounding of f64 values to a float dtype and wrapping of integers to an int dtype:
 //! the one definition of "round to the node's dtype" that the interpreter, constant
-//! folding and host arrays share.
+//! folding ([`Scalar::cast`]) and host arrays share.
 
-use crate::dtype::{DKind, DType};
+use crate::dtype::{DKind, DType, Scalar};
 use half::{bf16, f16};
 
 /// `v` rounded (to nearest, ties to even) to `dtype`'s precision and returned as f64.
@@ -92,4 +92,33 @@ pub fn int_to_float(v: i64, dtype: DType) -> f64 {
     // and round_f64 only has the dtype's range left to apply (f16 overflows to inf).
     let exact = rounded as f64;
     round_f64(if v < 0 { -exact } else { exact }, dtype)
+}
+
+/// The rounding of constants: a [`Scalar`] cast follows the same rules as the values of
+/// a node.
+impl Scalar {
+    /// This value converted to `dtype` with the same rules as [`crate::Op::Cast`]
+    /// and rounded to the dtype's precision.
+    pub fn cast(self, dtype: DType) -> Scalar {
+        match dtype.kind() {
+            DKind::Float => Scalar::F(match self {
+                // Through f64 first would round twice for |v| > 2^53.
+                Scalar::I(v) => int_to_float(v, dtype),
+                _ => round_f64(self.to_f64(), dtype),
+            }),
+            DKind::Int => {
+                let wide = match self {
+                    Scalar::F(v) => v as i64, // saturating, NaN -> 0 (documented cast rule)
+                    Scalar::I(v) => v,
+                    Scalar::B(v) => i64::from(v),
+                };
+                Scalar::I(wrap_int(wide, dtype))
+            }
+            DKind::Bool => Scalar::B(match self {
+                Scalar::F(v) => v != 0.0,
+                Scalar::I(v) => v != 0,
+                Scalar::B(v) => v,
+            }),
+        }
+    }
 }
