@@ -2,11 +2,10 @@
 //! and is the only place that turns it into a callable function and calls it.
 
 use crate::error::CodegenError;
+use crate::isa::host_isa;
 use crate::libcalls;
 use crate::lower::{self, Phase};
 use crate::support::supports;
-use cranelift_codegen::isa::OwnedTargetIsa;
-use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module, ModuleError};
@@ -41,26 +40,6 @@ fn chunk_units(unit: Unit, unit_len: usize) -> usize {
         Unit::Positions => CHUNK_WORK,
         Unit::Rows | Unit::RowChunks => CHUNK_WORK.div_ceil(unit_len.max(1)),
     }
-}
-
-/// The host ISA, built once: detecting CPU features and building the backend costs
-/// more than compiling a small kernel.
-pub(crate) fn host_isa() -> Result<OwnedTargetIsa, String> {
-    static ISA: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
-    ISA.get_or_init(|| {
-        let mut flags = settings::builder();
-        let set = |flags: &mut settings::Builder, k: &str, v: &str| {
-            flags.set(k, v).map_err(|e| format!("setting {k}={v}: {e}"))
-        };
-        set(&mut flags, "opt_level", "speed")?;
-        // cranelift-jit requires these: libcalls may be anywhere in the address space.
-        set(&mut flags, "use_colocated_libcalls", "false")?;
-        set(&mut flags, "is_pic", "false")?;
-        let isa = cranelift_native::builder().map_err(|e| format!("host not supported: {e}"))?;
-        isa.finish(settings::Flags::new(flags))
-            .map_err(|e| format!("building the host ISA: {e}"))
-    })
-    .clone()
 }
 
 /// A kernel compiled to machine code, ready to run on host arrays.

@@ -61,6 +61,7 @@
 mod cost;
 mod error;
 mod index;
+mod isa;
 mod jit;
 mod libcalls;
 mod lower;
@@ -71,4 +72,5 @@ mod vmath;
 pub use error::CodegenError;
 pub use jit::{compile, CompiledKernel};
 pub use support::supports;
-pub use vmath::{f32_ulp_bound, f64_ulp_bound, use_fma, POW_F32_ULP};
+pub use vmath::builder::use_fma;
+pub use vmath::{f32_ulp_bound, f64_ulp_bound, POW_F32_ULP};

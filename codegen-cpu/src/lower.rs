@@ -546,7 +546,7 @@ impl<M: Module> Lowering<'_, '_, M> {
         if dtype == DType::F64 {
             if let (UnaryOp::Sin | UnaryOp::Cos, Some(call)) = (op, libcalls::unary(op, dtype)) {
                 let cos = op == UnaryOp::Cos;
-                let fast = vmath::sin_cos_f64(&mut self.b, x, cos);
+                let fast = vmath::trig::sin_cos_f64(&mut self.b, x, cos);
                 return self.exact_unless(fast, call, &[x]);
             }
         }
@@ -554,10 +554,10 @@ impl<M: Module> Lowering<'_, '_, M> {
             if let (UnaryOp::Sin | UnaryOp::Cos, Some(call)) = (op, libcalls::unary(op, dtype)) {
                 let cos = op == UnaryOp::Cos;
                 if self.b.func.dfg.value_type(x).is_vector() {
-                    let fast = vmath::sin_cos_f32x4(&mut self.b, x, cos);
+                    let fast = vmath::trig::sin_cos_f32x4(&mut self.b, x, cos);
                     return self.exact_unless(fast, call, &[x]);
                 }
-                let (fast, exact) = vmath::sin_cos_f32(&mut self.b, x, cos);
+                let (fast, exact) = vmath::trig::sin_cos_f32(&mut self.b, x, cos);
                 return self.exact_unless((fast, exact, exact), call, &[x]);
             }
         }
@@ -642,10 +642,10 @@ impl<M: Module> Lowering<'_, '_, M> {
             if dtype == DType::F32 {
                 // Inline for x > 0 and finite operands; the IEEE special cases call.
                 if self.b.func.dfg.value_type(x).is_vector() {
-                    let fast = vmath::pow_f32x4(&mut self.b, x, y);
+                    let fast = vmath::pow::pow_f32x4(&mut self.b, x, y);
                     return self.exact_unless(fast, call, &[x, y]);
                 }
-                let (fast, exact) = vmath::pow_f32(&mut self.b, x, y);
+                let (fast, exact) = vmath::pow::pow_f32(&mut self.b, x, y);
                 return self.exact_unless((fast, exact, exact), call, &[x, y]);
             }
             return self.call(call, ty, &[x, y]);

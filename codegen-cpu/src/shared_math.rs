@@ -105,7 +105,7 @@ fn function(op: UnaryOp, ty: Type) -> Result<(&'static str, usize), String> {
     if let Some(hit) = t.get(&(op, ty)) {
         return Ok((hit.name, hit.addr));
     }
-    let isa = crate::jit::host_isa()?;
+    let isa = crate::isa::host_isa()?;
     let mut module = JITModule::new(JITBuilder::with_isa(isa, default_libcall_names()));
     let mut sig = module.make_signature();
     sig.params.push(AbiParam::new(ty));

@@ -172,8 +172,8 @@ pub(super) fn vector_op(kernel: &Kernel, expr: &Expr, dtype: DType) -> bool {
                 op,
                 UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Square
             ) || crate::vmath::inline_for(*op, dtype)
-                // sin and cos (f32 in f64x2 halves, `vmath::sin_cos_f32x4`; f64 by
-                // `vmath::sin_cos_f64`), in
+                // sin and cos (f32 in f64x2 halves, `vmath::trig::sin_cos_f32x4`; f64 by
+                // `vmath::trig::sin_cos_f64`), in
                 // kernels large enough to pay for compiling that code (small ones keep
                 // the scalar loop; the same bits either way).
                 || (matches!(op, UnaryOp::Sin | UnaryOp::Cos)
@@ -190,7 +190,7 @@ pub(super) fn vector_op(kernel: &Kernel, expr: &Expr, dtype: DType) -> bool {
                     | BinaryOp::Max
                     | BinaryOp::Min
             ) || (*op == BinaryOp::Pow
-                // pow of f32 in f64x2 halves (`vmath::pow_f32x4`), as sin and cos.
+                // pow of f32 in f64x2 halves (`vmath::pow::pow_f32x4`), as sin and cos.
                 && dtype.compute_dtype() == DType::F32
                 && !crate::shared_math::applies(kernel))
         }

@@ -1,0 +1,26 @@
+//! The host's instruction set: the one target every JIT module of this crate compiles
+//! for (the kernels' code, the shared math, and the FMA question of the inline math).
+
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use std::sync::OnceLock;
+
+/// The host ISA, built once: detecting CPU features and building the backend costs
+/// more than compiling a small kernel.
+pub(crate) fn host_isa() -> Result<OwnedTargetIsa, String> {
+    static ISA: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
+    ISA.get_or_init(|| {
+        let mut flags = settings::builder();
+        let set = |flags: &mut settings::Builder, k: &str, v: &str| {
+            flags.set(k, v).map_err(|e| format!("setting {k}={v}: {e}"))
+        };
+        set(&mut flags, "opt_level", "speed")?;
+        // cranelift-jit requires these: libcalls may be anywhere in the address space.
+        set(&mut flags, "use_colocated_libcalls", "false")?;
+        set(&mut flags, "is_pic", "false")?;
+        let isa = cranelift_native::builder().map_err(|e| format!("host not supported: {e}"))?;
+        isa.finish(settings::Flags::new(flags))
+            .map_err(|e| format!("building the host ISA: {e}"))
+    })
+    .clone()
+}
