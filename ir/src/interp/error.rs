@@ -26,10 +26,10 @@ pub enum InterpError {
         /// The bound array's type.
         got: TensorType,
     },
-    /// The graph (or, for [`eval_node`](crate::interp::eval_node), the node with its operands) fails verification.
+    /// The graph (or, for `eval_node`, the node with its operands) fails verification.
     #[error(transparent)]
     Invalid(#[from] VerifyErrors),
-    /// The arrays passed to [`eval_kernel`](crate::interp::eval_kernel) do not fit the kernel, or the kernel
+    /// The arrays passed to `eval_kernel` do not fit the kernel, or the kernel
     /// description is malformed.
     #[error("kernel {kernel}: {detail}")]
     KernelArgs {
