@@ -22,9 +22,9 @@
 //! assert!(reg.get(BackendKind::Cpu).is_some_and(|e| e.is_available()));
 //! ```
 
+use crate::backend_kind::BackendKind;
 use crate::config::Config;
 use crate::error::RuntimeError;
-use crate::executor::BackendKind;
 use std::fmt;
 
 /// One device a backend can run on.

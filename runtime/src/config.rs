@@ -58,7 +58,7 @@
 //! assert!(cfg.explain().contains("max_grid_size"));
 //! ```
 
-use crate::executor::BackendKind;
+use crate::backend_kind::BackendKind;
 use ndfuse_ir::DType;
 use std::fmt;
 use std::path::{Path, PathBuf};

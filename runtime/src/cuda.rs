@@ -22,7 +22,7 @@
 use crate::alloc::{AllocError, Cache, Limits, Pooled, RawAlloc};
 use crate::config::Config;
 use crate::error::RuntimeError;
-use crate::executor::StepPath;
+use crate::step_path::StepPath;
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
     PinnedHostSlice, PushKernelArg,

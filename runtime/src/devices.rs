@@ -46,9 +46,12 @@
 
 use crate::alloc::AllocError;
 use crate::backend::Registry;
+use crate::backend_kind::BackendKind;
 use crate::config::Config;
-use crate::error::RuntimeError;
-use crate::executor::{execute_on, Evaluation, Target};
+use crate::device_id::{DeviceId, DeviceMove};
+use crate::error::{DeviceError, RuntimeError};
+use crate::evaluation::Evaluation;
+use crate::target::{execute_on, Target};
 use ndfuse_ir::{Graph, HostArray, NodeId};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -56,111 +59,6 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::ThreadId;
-
-/// What kind of device an id names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DeviceKind {
-    /// The host CPU, or one part of it when the set splits it.
-    Cpu,
-    /// A CUDA GPU; the index is the driver's ordinal.
-    Cuda,
-    /// A device from outside ndfuse (an embedder's, a test's), by its kind name.
-    Other(&'static str),
-}
-
-/// A device's identity: `cpu:0`, `cuda:1`. Outside a device set, `cpu:0` is the whole
-/// host.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct DeviceId {
-    /// The kind.
-    pub kind: DeviceKind,
-    /// The index among devices of its kind.
-    pub index: usize,
-}
-
-impl DeviceId {
-    /// CPU device `index`.
-    pub fn cpu(index: usize) -> DeviceId {
-        DeviceId {
-            kind: DeviceKind::Cpu,
-            index,
-        }
-    }
-
-    /// CUDA device with driver ordinal `ordinal`.
-    pub fn cuda(ordinal: usize) -> DeviceId {
-        DeviceId {
-            kind: DeviceKind::Cuda,
-            index: ordinal,
-        }
-    }
-}
-
-impl fmt::Display for DeviceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.kind {
-            DeviceKind::Cpu => "cpu",
-            DeviceKind::Cuda => "cuda",
-            DeviceKind::Other(name) => name,
-        };
-        write!(f, "{kind}:{}", self.index)
-    }
-}
-
-/// An evaluation that left a device, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceMove {
-    /// The device that could not run it.
-    pub from: DeviceId,
-    /// The device it went to next.
-    pub to: DeviceId,
-    /// The error `from` reported.
-    pub reason: String,
-}
-
-impl fmt::Display for DeviceMove {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} -> {}: {}", self.from, self.to, self.reason)
-    }
-}
-
-/// Mistakes in building or using a device set.
-#[derive(Debug, thiserror::Error)]
-pub enum DeviceError {
-    /// A device set with no device.
-    #[error("a device set needs at least one device")]
-    Empty,
-    /// Two devices with the same id.
-    #[error("device {device} appears twice in the device set")]
-    Duplicate {
-        /// The repeated id.
-        device: DeviceId,
-    },
-    /// A device asked for (bound to the thread, or named in a call) that the set lacks.
-    #[error("device {device} is not in the device set (it has {available})")]
-    NotInSet {
-        /// The id asked for.
-        device: DeviceId,
-        /// The set's devices, `, `-separated.
-        available: String,
-    },
-    /// The CPU cannot be split as asked.
-    #[error("cannot make {devices} CPU devices from {threads} threads: {reason}")]
-    CpuSplit {
-        /// Devices asked for.
-        devices: usize,
-        /// Threads to share among them.
-        threads: usize,
-        /// What is wrong.
-        reason: String,
-    },
-    /// Every device of the set ran out of memory for one evaluation.
-    #[error("out of memory on every device: {}", .attempts.join("; "))]
-    OutOfMemoryEverywhere {
-        /// `device: error` for each device tried, in the order tried.
-        attempts: Vec<String>,
-    },
-}
 
 /// The inputs of an evaluation: data bound to each input node.
 pub type Inputs = HashMap<NodeId, Arc<HostArray>>;
@@ -425,10 +323,7 @@ impl DeviceSet {
     pub fn discover(cfg: &Config, cpu_devices: usize) -> Result<DeviceSet, DeviceError> {
         let mut devices: Vec<Arc<dyn Device>> = Vec::new();
         let registry = Registry::discover(cfg);
-        if let Some(Ok(gpus)) = registry
-            .get(crate::executor::BackendKind::Cuda)
-            .map(|e| &e.status)
-        {
+        if let Some(Ok(gpus)) = registry.get(BackendKind::Cuda).map(|e| &e.status) {
             for (ordinal, info) in gpus.iter().enumerate() {
                 devices.push(Arc::new(GpuDevice::new(ordinal, info.name.clone())));
             }

@@ -13,13 +13,20 @@
 
 mod alloc;
 mod backend;
+mod backend_kind;
+mod compile;
 mod config;
+mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod device_id;
 mod devices;
 mod env;
 mod error;
+mod evaluation;
 mod executor;
+mod step_path;
+mod target;
 
 pub use alloc::{
     host_cache, host_cache_stats, minor_page_faults, size_class, AllocError, Cache, CacheStats,
@@ -28,16 +35,18 @@ pub use alloc::{
 pub use backend::{
     choose, Backend, CpuBackend, CudaBackend, DeviceInfo, InterpBackend, Registry, RegistryEntry,
 };
+pub use backend_kind::BackendKind;
 pub use config::{
     Config, ConfigBuilder, ConfigError, ConfigSource, KeyInfo, CONFIG_FILE, CONFIG_VAR, KEYS,
 };
+pub use cpu::jit_ops_per_element;
 #[cfg(feature = "cuda")]
 pub use cuda::{device as cuda_device, device_count as cuda_device_count, CudaDevice, DeviceAlloc};
+pub use device_id::{DeviceId, DeviceKind, DeviceMove};
 pub use devices::{
-    bind_thread, bound_device, unbind_thread, CpuDevice, Device, DeviceError, DeviceId, DeviceKind,
-    DeviceMove, DeviceSet, GpuDevice, Inputs,
+    bind_thread, bound_device, unbind_thread, CpuDevice, Device, DeviceSet, GpuDevice, Inputs,
 };
-pub use error::RuntimeError;
-pub use executor::{
-    execute, explain, jit_ops_per_element, BackendKind, Evaluation, Explanation, StepPath,
-};
+pub use error::{DeviceError, RuntimeError};
+pub use evaluation::Evaluation;
+pub use executor::{execute, explain, Explanation};
+pub use step_path::StepPath;

@@ -1,0 +1,297 @@
+//! The CPU backend's evaluation: runs a schedule step by step on host buffers and
+//! reports which path (JIT or interpreter) every step took and how long compiling and
+//! running took. Compiled kernels are kept in a cache by kernel description.
+//!
+//! Kernel outputs are written into buffers of the host cache ([`crate::host_cache`]):
+//! an intermediate goes back to the cache as soon as its last reader ran (so a later
+//! step of the same eval may write into it), an output when the caller drops it, and
+//! the next eval of the same graph finds its buffers there, already mapped.
+
+use crate::alloc::{host_cache, Limits};
+use crate::backend_kind::BackendKind;
+use crate::compile::{compile, Compiled};
+use crate::config::Config;
+use crate::device_id::DeviceId;
+use crate::error::RuntimeError;
+use crate::evaluation::Evaluation;
+use crate::step_path::StepPath;
+use ndfuse_codegen_cpu::CompiledKernel;
+use ndfuse_ir::interp;
+use ndfuse_ir::{Graph, HostArray, Kernel, NodeId};
+use ndfuse_passes::Step;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Compiled kernels by description: a hit skips Cranelift entirely. Descriptions carry
+/// shapes, strides and dtypes, so equal descriptions compile to identical code.
+fn kernel_cache() -> &'static Mutex<HashMap<Kernel, Arc<CompiledKernel>>> {
+    static CACHE: OnceLock<Mutex<HashMap<Kernel, Arc<CompiledKernel>>>> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+/// Operations per element of the CPU JIT's compiled code for `kernel`
+/// ([`CompiledKernel::ops_per_element`]), when the kernel cache holds it (any
+/// evaluation that ran it compiled it); `None` otherwise.
+pub fn jit_ops_per_element(kernel: &Kernel) -> Option<f64> {
+    kernel_cache()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(kernel)
+        .and_then(|c| c.ops_per_element())
+}
+
+/// A buffer of the evaluation: borrowed from the caller or produced by a step.
+enum Buf<'a> {
+    Borrowed(&'a HostArray),
+    Owned(HostArray),
+}
+
+impl Buf<'_> {
+    fn get(&self) -> &HostArray {
+        match self {
+            Buf::Borrowed(a) => a,
+            Buf::Owned(a) => a,
+        }
+    }
+}
+
+/// Runs `g` with the CPU JIT; kernels split their work on `pool`, or, when `None`, on
+/// `cpu_threads` workers (0: the current rayon pool).
+pub(crate) fn run_cpu(
+    g: &Graph,
+    inputs: &HashMap<NodeId, Arc<HostArray>>,
+    cfg: &Config,
+    pool: Option<&rayon::ThreadPool>,
+) -> Result<Evaluation, RuntimeError> {
+    let own_pool = match pool {
+        Some(_) => None,
+        None => worker_pool(cfg.cpu_threads()),
+    };
+    let pool = pool.or(own_pool.as_deref());
+    // The limits follow the configuration of this eval (a no-op when unchanged).
+    let cache = host_cache();
+    cache.set_limits(Limits::host(cfg));
+    let (compiled_graph, compile_cached) =
+        compile(g, false, cfg, &ndfuse_passes::TargetDesc::cpu())?;
+    let Compiled {
+        graph: optimized,
+        log: passes,
+        schedule,
+        debug,
+        last_read,
+        jit,
+    } = &*compiled_graph;
+    let debug = *debug;
+    let g = &**optimized;
+    let mut bufs: rustc_hash::FxHashMap<NodeId, Buf<'_>> =
+        inputs.iter().map(|(&n, a)| (n, Buf::Borrowed(a))).collect();
+    let mut paths = Vec::with_capacity(schedule.steps.len());
+    let (mut compile_time, mut run_time) = (Duration::ZERO, Duration::ZERO);
+    for (i, step) in schedule.steps.iter().enumerate() {
+        let read = |n: &NodeId| -> &HostArray {
+            bufs.get(n)
+                .unwrap_or_else(|| {
+                    panic!("step {i} reads {n} before it is written (a scheduling bug)")
+                })
+                .get()
+        };
+        let (results, path) = match step {
+            Step::Kernel {
+                kernel,
+                inputs: ins,
+                outputs: outs,
+            } => {
+                let args: Vec<&HostArray> = ins.iter().map(read).collect();
+                let start = Instant::now();
+                let lock = || {
+                    jit.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                };
+                let known = lock()[i].clone();
+                let (results, path, compiled_in, code) =
+                    run_kernel(kernel, known, &args, debug, pool)?;
+                if let Some(code) = code {
+                    lock()[i].get_or_insert(code);
+                }
+                compile_time += compiled_in;
+                let ran = start.elapsed().saturating_sub(compiled_in);
+                run_time += ran;
+                if debug >= 1 {
+                    let bytes = kernel.bytes_in() + kernel.bytes_out();
+                    let secs = ran.as_secs_f64();
+                    let gbps = if secs > 0.0 {
+                        bytes as f64 / secs / 1e9
+                    } else {
+                        0.0
+                    };
+                    eprintln!(
+                        "ndfuse: {} [{path}] {:.3} ms, {bytes} B, {gbps:.2} GB/s",
+                        kernel.name,
+                        secs * 1e3
+                    );
+                }
+                // A kernel writes flat buffers; each takes its node's shape.
+                let shaped = outs.iter().zip(results).map(|(&n, a)| {
+                    let shape = g.node(n).shape.clone();
+                    let a = a
+                        .reshaped(shape)
+                        .expect("a kernel output holds its node's element count (a scheduling bug otherwise)");
+                    (n, a)
+                });
+                (shaped.collect::<Vec<_>>(), path)
+            }
+            Step::Interp { node, operands, .. } => {
+                let args: Vec<&HostArray> = operands.iter().map(read).collect();
+                let start = Instant::now();
+                let out = interp::eval_node(g.node(*node), &args)?;
+                run_time += start.elapsed();
+                (vec![(*node, out)], StepPath::Interp)
+            }
+        };
+        for (n, a) in results {
+            bufs.insert(n, Buf::Owned(a));
+        }
+        paths.push(path);
+        for &r in step.reads() {
+            if last_read.get(&r) == Some(&i) && !g.is_output(r) {
+                bufs.remove(&r);
+            }
+        }
+    }
+    // Outputs move out of the buffer table (their memory goes back to the cache when the
+    // caller drops them); an input returned as an output, or an output listed twice
+    // before its last mention, is copied.
+    let outs = g.outputs();
+    let outputs = outs
+        .iter()
+        .enumerate()
+        .map(|(k, o)| {
+            let last_mention = !outs[k + 1..].contains(o);
+            match bufs.remove(o) {
+                Some(Buf::Owned(a)) if last_mention => a,
+                Some(b) => {
+                    let copy = b.get().clone();
+                    bufs.insert(*o, b);
+                    copy
+                }
+                None => panic!("output {o} was never computed (a scheduling bug)"),
+            }
+        })
+        .collect();
+    Ok(Evaluation {
+        outputs,
+        backend: BackendKind::Cpu,
+        graph: Arc::clone(optimized),
+        passes: Some(Arc::clone(passes)),
+        schedule: Some(Arc::clone(schedule)),
+        compile_cached,
+        paths,
+        compile_time,
+        run_time,
+        device: DeviceId::cpu(0),
+        moves: Vec::new(),
+    })
+}
+
+/// A compiled kernel from the cache, or freshly compiled and cached; `None` with the
+/// reason when the codegen cannot compile it yet. The one place that decides which path
+/// a kernel takes, for `execute` and `explain` alike.
+pub(crate) fn compiled(
+    kernel: &Kernel,
+) -> Result<(Option<Arc<CompiledKernel>>, StepPath, Duration), RuntimeError> {
+    if let Err(reason) = ndfuse_codegen_cpu::supports(kernel) {
+        return Ok((None, StepPath::KernelInterp { reason }, Duration::ZERO));
+    }
+    let cached = kernel_cache()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(kernel)
+        .cloned();
+    Ok(match cached {
+        Some(c) => (Some(c), StepPath::Jit { cached: true }, Duration::ZERO),
+        None => {
+            let c = Arc::new(ndfuse_codegen_cpu::compile(kernel)?);
+            let took = c.compile_time();
+            kernel_cache()
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(kernel.clone(), Arc::clone(&c));
+            (Some(c), StepPath::Jit { cached: false }, took)
+        }
+    })
+}
+
+/// What [`run_kernel`] returns: the outputs, the path, the compile time, and the
+/// compiled kernel that ran (`None` when the interpreter ran it).
+type KernelRun = (
+    Vec<HostArray>,
+    StepPath,
+    Duration,
+    Option<Arc<CompiledKernel>>,
+);
+
+/// Runs one kernel: `known` (the compiled kernel an earlier run of the same compiled
+/// graph used), else JIT-compiled (see [`compiled`]), or in the interpreter when the
+/// codegen cannot compile it yet.
+fn run_kernel(
+    kernel: &Kernel,
+    known: Option<Arc<CompiledKernel>>,
+    args: &[&HostArray],
+    debug: u8,
+    pool: Option<&rayon::ThreadPool>,
+) -> Result<KernelRun, RuntimeError> {
+    let (compiled, path, took) = match known {
+        Some(c) => (Some(c), StepPath::Jit { cached: true }, Duration::ZERO),
+        None => compiled(kernel)?,
+    };
+    if let (Some(c), StepPath::Jit { cached: false }, 4..) = (&compiled, &path, debug) {
+        eprintln!("ndfuse: Cranelift IR of {}\n{}", kernel.name, c.clif());
+    }
+    let Some(compiled) = compiled else {
+        return Ok((interp::eval_kernel(kernel, args)?, path, took, None));
+    };
+    // Every element of every output is written by the kernel (`CompiledKernel::run`
+    // covers the whole domain), so a recycled buffer's old contents never show.
+    let cache = host_cache();
+    let mut outs: Vec<HostArray> = kernel
+        .outputs
+        .iter()
+        .map(|b| cache.array(b.dtype, ndfuse_ir::Shape::new([b.len])))
+        .collect::<Result<_, _>>()?;
+    let mut out_refs: Vec<&mut HostArray> = outs.iter_mut().collect();
+    // The parallel entry: chunks fixed by the kernel's shape run on the current rayon
+    // pool (the global one, or the caller's inside `install`), or on the given pool (a
+    // CPU device's, or `cpu_threads` workers); outputs are the same bits either way.
+    match pool {
+        Some(pool) => pool.install(|| compiled.run(args, &mut out_refs))?,
+        None => compiled.run(args, &mut out_refs)?,
+    }
+    Ok((outs, path, took, Some(compiled)))
+}
+
+/// The pool for `cpu_threads` workers, `None` for 0 (use the current pool). One pool per
+/// size, built on first use and kept: building threads per eval would dominate it.
+fn worker_pool(cpu_threads: usize) -> Option<Arc<rayon::ThreadPool>> {
+    if cpu_threads == 0 {
+        return None;
+    }
+    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
+    let mut pools = POOLS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(p) = pools.get(&cpu_threads) {
+        return Some(Arc::clone(p));
+    }
+    // A pool that cannot be built (the OS refused threads) falls back to the current one.
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(cpu_threads)
+            .thread_name(|i| format!("ndfuse-cpu-{i}"))
+            .build()
+            .ok()?,
+    );
+    pools.insert(cpu_threads, Arc::clone(&pool));
+    Some(pool)
+}
