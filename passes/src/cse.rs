@@ -3,7 +3,7 @@
 //! Constants are included (a `2.0` fill written twice by the user, or made twice by
 //! folding, becomes one), which lets `simplify` see `maximum(x, x)` and `where(c, x, x)`.
 
-use crate::manager::{live_order, Pass, PassCx, PassError};
+use crate::pass::{live_order, Pass, PassCx, PassError};
 use ndfuse_ir::{DType, Graph, NodeId, Op, Shape};
 use std::collections::HashMap;
 

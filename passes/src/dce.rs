@@ -1,7 +1,7 @@
 //! Dead code elimination: removes the nodes no output needs. The rewriting passes only
 //! redirect uses and leave the old nodes behind; this pass sweeps them all at once.
 
-use crate::manager::{live_order, Pass, PassCx, PassError};
+use crate::pass::{live_order, Pass, PassCx, PassError};
 use ndfuse_ir::Graph;
 use std::collections::HashSet;
 

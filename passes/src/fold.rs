@@ -8,7 +8,7 @@
 //! is the fill's value whatever the order are folded (max, min, exact means, arg
 //! reductions).
 
-use crate::manager::{Pass, PassCx, PassError};
+use crate::pass::{Pass, PassCx, PassError};
 use crate::rewrite::{const_value, run_to_fixed_point, Rewrite};
 use ndfuse_ir::interp::{binary_f64, compare_f64, compare_i64, unary_f64, unary_i64};
 use ndfuse_ir::round::{round_f64, wrap_int};

@@ -11,6 +11,7 @@ pub mod dce;
 pub mod fold;
 pub mod fusion;
 pub mod manager;
+pub mod pass;
 pub mod pipeline;
 mod rewrite;
 pub mod schedule;
@@ -22,11 +23,9 @@ pub use dce::Dce;
 pub use fold::Fold;
 pub use fusion::{schedule, schedule_for, schedule_with};
 pub mod plan;
-pub use manager::{
-    optimize, Pass, PassCx, PassError, PassLog, PassManager, PassOptions, PassRecord, PassStatus,
-    LATER_STAGES,
-};
-pub use pipeline::pipeline;
+pub use manager::{PassLog, PassManager, PassOptions, PassRecord, PassStatus, LATER_STAGES};
+pub use pass::{Pass, PassCx, PassError};
+pub use pipeline::{optimize, pipeline};
 pub use plan::TargetDesc;
 pub use schedule::{Placement, Schedule, Step};
 pub use simplify::Simplify;

@@ -9,137 +9,11 @@
 //! the list having to guess how often to repeat each pass. A pipeline that never
 //! settles is a bug in a rule and ends in [`PassError::LapLimit`].
 
-use ndfuse_ir::{verify, Graph, IrError, NodeId, TensorType, VerifyErrors};
+use crate::pass::{Pass, PassCx, PassError};
+use ndfuse_ir::{verify, Graph};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-/// One graph-to-graph transformation. Implementations are unit structs, one per file,
-/// that leave the shared work (verify, time, log, dump) to [`PassManager`].
-///
-/// A pass must report `Ok(true)` exactly when it changed the graph: the manager stops
-/// at the first full lap of unchanged passes and logs "(unchanged)" from the flag.
-pub trait Pass: fmt::Debug + Send + Sync {
-    /// The name used in logs, dump file names and `NDFUSE_DISABLE_PASSES`.
-    fn name(&self) -> &'static str;
-
-    /// Rewrites `g` in place; `Ok(changed)`.
-    fn run(&self, g: &mut Graph, cx: &PassCx) -> Result<bool, PassError>;
-}
-
-/// What a pass may consult besides the graph. Small on purpose; later passes (plans)
-/// add their target description here rather than reaching for a backend.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PassCx {
-    /// How many sweeps over the graph a rule-table pass may make before giving up with
-    /// [`PassError::SweepLimit`]. Rules only ever shrink or canonicalise the graph, so
-    /// real graphs settle in a few sweeps; hitting the limit means two rules undo each
-    /// other.
-    pub max_sweeps: usize,
-}
-
-impl Default for PassCx {
-    fn default() -> PassCx {
-        PassCx { max_sweeps: 64 }
-    }
-}
-
-/// Why the pipeline stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum PassError {
-    /// The graph handed to the manager does not verify (no pass ran).
-    #[error("the input graph is invalid, before any pass ran: {errors}\nIR:\n{ir}")]
-    InvalidInput {
-        /// Every problem found.
-        errors: VerifyErrors,
-        /// The input IR.
-        ir: String,
-    },
-    /// A pass left a graph that does not verify: a bug in that pass.
-    #[error("pass `{pass}` left an invalid graph (a bug in the pass): {errors}\nIR after `{pass}`:\n{ir}")]
-    Verify {
-        /// The pass that ran last.
-        pass: &'static str,
-        /// Every problem found.
-        errors: VerifyErrors,
-        /// The IR after the pass.
-        ir: String,
-    },
-    /// A pass said "unchanged" but the IR text differs (checked when verifying).
-    #[error("pass `{pass}` reported no change but changed the graph (a bug in the pass)\nIR before:\n{before}\nIR after:\n{after}")]
-    ChangedFlag {
-        /// The pass.
-        pass: &'static str,
-        /// IR before the pass.
-        before: String,
-        /// IR after the pass.
-        after: String,
-    },
-    /// A pass built a node that shape/dtype inference rejects: a bug in a rewrite rule.
-    #[error("pass `{pass}` built an illegal node (a bug in the pass): {source}")]
-    Ir {
-        /// The pass.
-        pass: &'static str,
-        /// What inference said.
-        #[source]
-        source: IrError,
-    },
-    /// A rewrite would replace a node by one of another dtype or shape: a bug in a rule
-    /// (the verifier cannot see it when the node is an output).
-    #[error("pass `{pass}` tried to replace a {op} of type {from} by a node of type {to} (a bug in the rule)")]
-    Retype {
-        /// The pass.
-        pass: &'static str,
-        /// The replaced node's op.
-        op: &'static str,
-        /// The replaced node's type.
-        from: TensorType,
-        /// The replacement's type.
-        to: TensorType,
-    },
-    /// The graph has a cycle (only possible when the input was not verified).
-    #[error("pass `{pass}`: the graph has a cycle through {node}")]
-    Cycle {
-        /// The pass that found it.
-        pass: &'static str,
-        /// A node on the cycle.
-        node: NodeId,
-    },
-    /// A rule-table pass did not reach its fixed point within [`PassCx::max_sweeps`].
-    #[error("pass `{pass}` still rewrote the graph after {sweeps} sweeps (two rules undo each other: a bug)")]
-    SweepLimit {
-        /// The pass.
-        pass: &'static str,
-        /// The limit.
-        sweeps: usize,
-    },
-    /// The pipeline did not settle within [`PassOptions::max_laps`] laps.
-    #[error("the pass pipeline still changed the graph after {laps} laps (passes undo each other: a bug); last lap changed: {changed:?}")]
-    LapLimit {
-        /// The limit.
-        laps: usize,
-        /// The passes that changed the graph in the last lap.
-        changed: Vec<&'static str>,
-    },
-    /// A name in [`PassOptions::disabled`] is no pass of the pipeline.
-    #[error("cannot disable pass {name:?}: no such pass (known: {known})")]
-    UnknownPass {
-        /// The name given.
-        name: String,
-        /// The names that exist, comma-separated.
-        known: String,
-    },
-    /// A dump file could not be written.
-    #[error("cannot write the IR dump {path}: {source}")]
-    Dump {
-        /// The file or directory.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-}
 
 /// Names that `disabled` may hold for stages run after this pipeline by its caller
 /// (fusion turns the optimised graph into kernels); the manager accepts and ignores
@@ -325,7 +199,7 @@ pub struct PassManager {
 }
 
 impl PassManager {
-    /// A manager for `passes`, run in this order (see [`crate::pipeline()`]).
+    /// A manager for `passes`, run in this order (see `pipeline()`).
     pub fn new(passes: Vec<Box<dyn Pass>>) -> PassManager {
         PassManager { passes }
     }
@@ -521,39 +395,4 @@ impl<'a> Dumper<'a> {
         self.next += 1;
         std::fs::write(&path, text).map_err(|source| PassError::Dump { path, source })
     }
-}
-
-/// Runs the clean-up [`crate::pipeline()`] over `g`.
-///
-/// ```
-/// use ndfuse_ir::{DType, Graph, Op, Scalar, Shape, UnaryOp};
-/// use ndfuse_passes::{optimize, PassOptions};
-/// let mut g = Graph::new();
-/// let x = g.add_input("x", DType::F32, Shape::new([4]));
-/// let n = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
-/// let nn = g.add(Op::Unary(UnaryOp::Neg), &[n]).unwrap();
-/// g.add_output(nn);
-/// let log = optimize(&mut g, &PassOptions::default()).unwrap();
-/// assert!(log.changed());
-/// assert_eq!(g.to_string(), "%0 = input \"x\" : f32[4]\nreturn %0\n");
-/// ```
-pub fn optimize(g: &mut Graph, opts: &PassOptions) -> Result<PassLog, PassError> {
-    PassManager::new(crate::pipeline()).run(g, opts)
-}
-
-/// The nodes the outputs need, in topological order: what a clean-up pass looks at.
-/// Dead nodes are skipped so that a pass never rewrites them again and again (they
-/// stay until DCE, which may be disabled).
-pub(crate) fn live_order(g: &Graph, pass: &'static str) -> Result<Vec<NodeId>, PassError> {
-    let order = g
-        .topo_order()
-        .map_err(|node| PassError::Cycle { pass, node })?;
-    let mut live = std::collections::HashSet::new();
-    let mut stack: Vec<NodeId> = g.outputs().to_vec();
-    while let Some(n) = stack.pop() {
-        if live.insert(n) {
-            stack.extend(g.operands(n));
-        }
-    }
-    Ok(order.into_iter().filter(|n| live.contains(n)).collect())
 }

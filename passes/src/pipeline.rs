@@ -1,12 +1,14 @@
 //! The clean-up pipeline: the one list of graph passes run before fusion, with the
-//! reason for every position.
+//! reason for every position, and [`optimize`], which runs it under the manager.
 
 use crate::cse::Cse;
 use crate::dce::Dce;
 use crate::fold::Fold;
-use crate::manager::Pass;
+use crate::manager::{PassLog, PassManager, PassOptions};
+use crate::pass::{Pass, PassError};
 use crate::simplify::Simplify;
 use crate::views::Views;
+use ndfuse_ir::Graph;
 
 /// The clean-up passes in the order [`crate::PassManager`] runs them. The manager
 /// repeats the list until one full lap changes nothing, so a pass that enables an
@@ -35,4 +37,22 @@ pub fn pipeline() -> Vec<Box<dyn Pass>> {
         // with no dead nodes.
         Box::new(Dce),
     ]
+}
+
+/// Runs the clean-up [`pipeline()`] over `g`.
+///
+/// ```
+/// use ndfuse_ir::{DType, Graph, Op, Scalar, Shape, UnaryOp};
+/// use ndfuse_passes::{optimize, PassOptions};
+/// let mut g = Graph::new();
+/// let x = g.add_input("x", DType::F32, Shape::new([4]));
+/// let n = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
+/// let nn = g.add(Op::Unary(UnaryOp::Neg), &[n]).unwrap();
+/// g.add_output(nn);
+/// let log = optimize(&mut g, &PassOptions::default()).unwrap();
+/// assert!(log.changed());
+/// assert_eq!(g.to_string(), "%0 = input \"x\" : f32[4]\nreturn %0\n");
+/// ```
+pub fn optimize(g: &mut Graph, opts: &PassOptions) -> Result<PassLog, PassError> {
+    PassManager::new(pipeline()).run(g, opts)
 }

@@ -3,7 +3,7 @@
 //! redirects the node's uses to the replacement, and repeats until a sweep rewrites
 //! nothing. Replaced nodes are left for DCE.
 
-use crate::manager::{live_order, PassCx, PassError};
+use crate::pass::{live_order, PassCx, PassError};
 use ndfuse_ir::{Graph, NodeId, Op, Scalar};
 
 /// What a rule replaces a node with. Every replacement has the node's exact dtype and

@@ -5,7 +5,7 @@
 //! Every rule is checked by a test that evaluates the graph before and after on inputs
 //! including NaN, ±inf and ±0.
 
-use crate::manager::{Pass, PassCx, PassError};
+use crate::pass::{Pass, PassCx, PassError};
 use crate::rewrite::{const_value, run_to_fixed_point, sole_operand, Rewrite};
 use ndfuse_ir::{BinaryOp as B, DType, Graph, NodeId, Op, Scalar, UnaryOp as U};
 

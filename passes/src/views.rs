@@ -7,7 +7,7 @@
 //! Every view is exact (it moves elements, never computes), so each rule only has to
 //! select the same elements in the same order.
 
-use crate::manager::{Pass, PassCx, PassError};
+use crate::pass::{Pass, PassCx, PassError};
 use crate::rewrite::{run_to_fixed_point, sole_operand, Rewrite};
 use ndfuse_ir::{AxisSlice, Graph, NodeId, Op, ViewOp};
 
