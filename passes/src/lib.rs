@@ -3,7 +3,7 @@
 //! Turns a verified graph into a [`Schedule`]: the fewest kernels the fusion rules
 //! allow, each a [`ndfuse_ir::Kernel`] description (with its parallel plan) that every
 //! codegen consumes as is. Clean-up passes run first under the pass manager
-//! ([`optimize`]); fusion (`fusion.rs`, with its rules) and plan choice (`plan.rs`) then
+//! ([`optimize`]); fusion (`fusion/`, with its rules) and plan choice (`plan.rs`) then
 //! lower the graph.
 
 pub mod cse;

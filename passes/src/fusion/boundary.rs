@@ -1,0 +1,162 @@
+//! Kernel boundaries (rules 5-7): which values must be stored and why, where each value
+//! a kernel reads comes from once views fold into index maps, and the copies made when a
+//! view cannot be folded or must itself be stored.
+
+use super::group::{Fuser, Group, Role};
+use ndfuse_ir::{Level, NodeId, Op, Scalar, View, ViewOp};
+
+/// Where a value read by a kernel comes from after folding views.
+#[derive(Clone, Debug)]
+pub(super) enum Source {
+    Const(Scalar),
+    Buffer { base: NodeId, view: View },
+}
+
+/// Applies one view op to an index map, `None` for a reshape the strides cannot express.
+fn apply_view(view: &View, op: &ViewOp) -> Option<View> {
+    Some(match op {
+        ViewOp::Reshape(s) => return view.reshape(s),
+        ViewOp::Permute(p) => view.permute(p),
+        ViewOp::Slice(s) => view.slice(s),
+        ViewOp::BroadcastTo(s) => view.broadcast_to(s),
+        ViewOp::ExpandDims(a) => view.expand_dims(*a),
+        ViewOp::Squeeze(a) => view.squeeze(a),
+    })
+}
+
+impl Fuser<'_> {
+    fn store(&mut self, n: NodeId, why: String) {
+        self.stored.entry(n).or_insert(why);
+    }
+
+    /// Rule 7 (and rule 6's copies): decides which nodes need buffers. Runs to a fixed
+    /// point because resolving a view may ask for a copy below it.
+    pub(super) fn mark_stores(&mut self) {
+        for &o in self.g.outputs() {
+            self.store(o, "output of the graph".into());
+        }
+        for n in self.order.clone() {
+            let Some(gi) = self.group_of(n) else { continue };
+            for u in self.g.users(n) {
+                match self.role[&u] {
+                    Role::Member(ug) if ug == gi => {}
+                    Role::View => self.store(n, "read through a view".into()),
+                    _ => {
+                        let why = format!("read by {} in another kernel", self.g.node(u).op.name());
+                        self.store(n, why);
+                    }
+                }
+            }
+        }
+        // Stored views and constants are copies; resolving every read may add more.
+        loop {
+            let before = (self.stored.len(), self.copies.len());
+            let stored: Vec<NodeId> = self.stored.keys().copied().collect();
+            for n in stored {
+                if matches!(self.role[&n], Role::View | Role::Const) {
+                    self.copies.insert(n);
+                    self.resolve_below(n);
+                }
+            }
+            for n in self.order.clone() {
+                if self.group_of(n).is_some() && !self.alias.contains_key(&n) {
+                    for o in self.g.operands(n) {
+                        if self.group_of(o) != self.group_of(n) {
+                            self.resolve(o);
+                        }
+                    }
+                }
+            }
+            if (self.stored.len(), self.copies.len()) == before {
+                break;
+            }
+        }
+    }
+
+    /// Makes every copy (a stored view or constant) a member: of a same-domain group when
+    /// that stays convex and the group does not write the buffer the copy reads (a kernel
+    /// cannot read its own output), else of a group of its own. One launch then writes
+    /// both, say, `x.T` and `c - x.T`.
+    pub(super) fn absorb_copies(&mut self) {
+        for c in self.copies.clone() {
+            let domain = self.g.node(c).shape.clone();
+            let base = match self.resolve_below(c) {
+                Source::Buffer { base, .. } => Some(base),
+                Source::Const(_) => None,
+            };
+            self.role.insert(c, Role::Member(usize::MAX));
+            let target = (0..self.groups.len()).find(|&gi| {
+                let grp = &self.groups[gi];
+                self.fuse
+                    && !grp.members.is_empty()
+                    && grp.domain == domain
+                    && base.is_none_or(|b| self.group_of(b) != Some(gi))
+                    && self.convex_union(&[gi], Some(c))
+            });
+            match target {
+                Some(gi) => self.merge(&[gi], Some(c)),
+                None => {
+                    self.groups.push(Group {
+                        domain,
+                        ..Group::default()
+                    });
+                    self.merge(&[self.groups.len() - 1], Some(c));
+                }
+            }
+            self.level.insert(c, Level::Element);
+        }
+    }
+
+    /// Where the value of `n` is read from by a kernel that does not compute it.
+    pub(super) fn resolve(&mut self, n: NodeId) -> Source {
+        if self.copies.contains(&n) {
+            return self.buffer(n);
+        }
+        self.resolve_below(n)
+    }
+
+    /// Like [`Fuser::resolve`], but looks through `n` even when `n` is copied (to
+    /// build the copy itself).
+    pub(super) fn resolve_below(&mut self, n: NodeId) -> Source {
+        match (&self.g.node(n).op, self.role[&n]) {
+            (Op::Const { value }, _) => Source::Const(*value),
+            (Op::View(v), role) if role == Role::View || self.copies.contains(&n) => {
+                let operand = self.g.operands(n)[0];
+                match self.resolve(operand) {
+                    Source::Const(c) => Source::Const(c),
+                    Source::Buffer { base, view } => match apply_view(&view, v) {
+                        Some(view) => Source::Buffer { base, view },
+                        None => {
+                            // Rule 6: the reshape needs its operand contiguous.
+                            self.store(
+                                operand,
+                                "reshaped in a way its strides cannot express".into(),
+                            );
+                            self.copies.insert(operand);
+                            let view = apply_view(
+                                &View::contiguous(self.g.node(operand).shape.clone()),
+                                v,
+                            )
+                            .expect("any view of a contiguous buffer is expressible");
+                            Source::Buffer {
+                                base: operand,
+                                view,
+                            }
+                        }
+                    },
+                }
+            }
+            _ => self.buffer(n),
+        }
+    }
+
+    fn buffer(&mut self, n: NodeId) -> Source {
+        if self.role[&n] != Role::Input {
+            self.store(n, "read by another kernel".into());
+        }
+        Source::Buffer {
+            base: n,
+            view: View::contiguous(self.g.node(n).shape.clone()),
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! Fusion groups under construction: the [`Fuser`] state (each live node's role, the
+//! groups and their members) and the bookkeeping every rule shares: creating a group,
+//! merging groups, dropping the emptied ones.
+
+use crate::plan::TargetDesc;
+use ndfuse_ir::{reduced_shape, Graph, Level, NodeId, Op, Shape};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// What role a live node plays before lowering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Role {
+    Input,
+    /// A member of group `.0` (`usize::MAX` while not yet placed).
+    Member(usize),
+    /// A constant: an immediate wherever it is read.
+    Const,
+    /// A view folded into loads (or copied, when it must be stored).
+    View,
+}
+
+/// A fusion group under construction.
+#[derive(Debug, Default)]
+pub(super) struct Group {
+    pub(super) members: Vec<NodeId>,
+    /// Smallest topological position of a member: nothing placed before it can descend
+    /// from the group.
+    pub(super) min_pos: usize,
+    /// Largest topological position of a member: a group whose members all come before
+    /// another set cannot depend on it.
+    pub(super) max_pos: usize,
+    /// Operands outside the group that have operands themselves: the only places a path
+    /// that left the group could come back through.
+    pub(super) ext: Vec<NodeId>,
+    /// Shape of the group's element values.
+    pub(super) domain: Shape,
+    /// Axes of `domain` reduced in the group, once it holds a reduction.
+    pub(super) reduce: Option<Vec<usize>>,
+}
+
+impl Group {
+    /// Number of rows (kept positions) for `reduce` axes.
+    pub(super) fn rows(&self, reduce: &[usize]) -> usize {
+        reduced_shape(&self.domain, reduce, false).numel()
+    }
+}
+
+/// Groups the live nodes of one graph into kernels and lowers them (see the `fusion`
+/// module docs for the rules).
+pub(super) struct Fuser<'g> {
+    pub(super) g: &'g Graph,
+    pub(super) order: Vec<NodeId>,
+    /// Topological position of every live node.
+    pub(super) pos: HashMap<NodeId, usize>,
+    pub(super) role: HashMap<NodeId, Role>,
+    /// The level of every group member.
+    pub(super) level: HashMap<NodeId, Level>,
+    /// Members that are views of another member: the same value inside the kernel.
+    pub(super) alias: HashMap<NodeId, NodeId>,
+    pub(super) groups: Vec<Group>,
+    /// Nodes that must live in memory, with the first reason found.
+    pub(super) stored: BTreeMap<NodeId, String>,
+    /// Views (and constants) copied into a buffer of their own.
+    pub(super) copies: BTreeSet<NodeId>,
+    pub(super) target: TargetDesc,
+    /// Whether nodes may share kernels at all.
+    pub(super) fuse: bool,
+}
+
+impl<'g> Fuser<'g> {
+    pub(super) fn new(g: &'g Graph, target: TargetDesc) -> Fuser<'g> {
+        let order = g.live_nodes();
+        let pos = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+        let role = order
+            .iter()
+            .map(|&n| {
+                let r = match &g.node(n).op {
+                    Op::Input { .. } => Role::Input,
+                    Op::Const { .. } => Role::Const,
+                    Op::View(_) => Role::View,
+                    Op::Unary(_)
+                    | Op::Binary(_)
+                    | Op::Where
+                    | Op::Cast { .. }
+                    | Op::Reduce { .. }
+                    | Op::ArgReduce { .. } => Role::Member(usize::MAX),
+                };
+                (n, r)
+            })
+            .collect();
+        Fuser {
+            g,
+            order,
+            pos,
+            role,
+            level: HashMap::new(),
+            alias: HashMap::new(),
+            groups: Vec::new(),
+            stored: BTreeMap::new(),
+            copies: BTreeSet::new(),
+            target,
+            fuse: true,
+        }
+    }
+
+    pub(super) fn group_of(&self, n: NodeId) -> Option<usize> {
+        match self.role.get(&n) {
+            Some(Role::Member(gi)) if *gi != usize::MAX => Some(*gi),
+            _ => None,
+        }
+    }
+
+    pub(super) fn new_group(
+        &mut self,
+        n: NodeId,
+        domain: Shape,
+        reduce: Option<Vec<usize>>,
+        level: Level,
+    ) {
+        self.groups.push(Group {
+            domain,
+            reduce,
+            ..Group::default()
+        });
+        self.merge(&[self.groups.len() - 1], Some(n));
+        self.level.insert(n, level);
+    }
+
+    /// Drops groups emptied by merges and renumbers the rest.
+    pub(super) fn compact_groups(&mut self) {
+        let mut renumber = HashMap::new();
+        let groups = std::mem::take(&mut self.groups);
+        for (old, grp) in groups.into_iter().enumerate() {
+            if !grp.members.is_empty() {
+                renumber.insert(old, self.groups.len());
+                self.groups.push(grp);
+            }
+        }
+        for r in self.role.values_mut() {
+            if let Role::Member(gi) = r {
+                if let Some(&new) = renumber.get(gi) {
+                    *gi = new;
+                }
+            }
+        }
+    }
+
+    /// Moves groups `gs[1..]` and the node `extra` into group `gs[0]`.
+    pub(super) fn merge(&mut self, gs: &[usize], extra: Option<NodeId>) {
+        let target = gs[0];
+        if self.groups[target].members.is_empty() {
+            self.groups[target].min_pos = usize::MAX;
+        }
+        for &c in &gs[1..] {
+            let moved = std::mem::take(&mut self.groups[c]);
+            for &m in &moved.members {
+                self.role.insert(m, Role::Member(target));
+            }
+            let t = &mut self.groups[target];
+            t.members.extend(moved.members);
+            t.ext.extend(moved.ext);
+            t.min_pos = t.min_pos.min(moved.min_pos);
+            t.max_pos = t.max_pos.max(moved.max_pos);
+        }
+        if let Some(n) = extra {
+            self.role.insert(n, Role::Member(target));
+            let outside: Vec<NodeId> = self
+                .g
+                .operands(n)
+                .into_iter()
+                .filter(|&o| self.g.node(o).op.arity() > 0)
+                .collect();
+            let t = &mut self.groups[target];
+            t.members.push(n);
+            t.ext.extend(outside);
+            t.min_pos = t.min_pos.min(self.pos[&n]);
+            t.max_pos = t.max_pos.max(self.pos[&n]);
+        }
+        let mut ext = std::mem::take(&mut self.groups[target].ext);
+        ext.retain(|&o| self.group_of(o) != Some(target));
+        ext.sort_unstable();
+        ext.dedup();
+        self.groups[target].ext = ext;
+    }
+}

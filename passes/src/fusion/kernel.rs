@@ -1,0 +1,254 @@
+//! The kernel builder: accumulates one fused group as a [`Kernel`] (deduplicated buffers
+//! and loads, an SSA body with levels, stores) and lowers composite reductions to
+//! primitives on the way.
+
+use super::boundary::Source;
+use super::rows::keepdims_shape;
+use crate::plan::{self, TargetDesc};
+use crate::schedule::Step;
+use ndfuse_ir::{
+    reduced_shape, Accumulate, ArgReduceOp, BinaryOp, Buffer, DType, Expr, Graph, Instr, Kernel,
+    Level, NodeId, ReduceOp, Scalar, Shape, Store, UnaryOp, ValueId,
+};
+use std::collections::HashMap;
+
+/// Accumulates one kernel: deduplicated buffers and loads, SSA body with levels, stores.
+pub(super) struct KernelBuilder {
+    pub(super) domain: Shape,
+    pub(super) reduce_axes: Vec<usize>,
+    pub(super) inputs: Vec<NodeId>,
+    pub(super) buffers: Vec<Buffer>,
+    pub(super) body: Vec<Instr>,
+    pub(super) levels: Vec<Level>,
+    pub(super) memo: HashMap<Instr, ValueId>,
+    pub(super) outputs: Vec<Buffer>,
+    pub(super) stores: Vec<Store>,
+}
+
+impl KernelBuilder {
+    pub(super) fn new(domain: Shape, reduce_axes: Vec<usize>) -> KernelBuilder {
+        KernelBuilder {
+            domain,
+            reduce_axes,
+            inputs: Vec::new(),
+            buffers: Vec::new(),
+            body: Vec::new(),
+            levels: Vec::new(),
+            memo: HashMap::new(),
+            outputs: Vec::new(),
+            stores: Vec::new(),
+        }
+    }
+
+    fn row_len(&self) -> usize {
+        self.reduce_axes
+            .iter()
+            .map(|&a| self.domain.dims()[a])
+            .product()
+    }
+
+    fn rows(&self) -> usize {
+        reduced_shape(&self.domain, &self.reduce_axes, false).numel()
+    }
+
+    pub(super) fn push(&mut self, dtype: DType, expr: Expr) -> ValueId {
+        let ins = Instr { dtype, expr };
+        if let Some(&v) = self.memo.get(&ins) {
+            return v;
+        }
+        // Same rule as Kernel::levels, kept as the body grows.
+        let level = match &ins.expr {
+            Expr::Const(_) | Expr::Reduce(..) | Expr::ArgReduce(..) => Level::Row,
+            Expr::Load { view, .. } => {
+                let still = !self.reduce_axes.is_empty()
+                    && self
+                        .reduce_axes
+                        .iter()
+                        .all(|&a| view.shape.dims()[a] == 1 || view.strides[a] == 0);
+                if still {
+                    Level::Row
+                } else {
+                    Level::Element
+                }
+            }
+            e => {
+                if Kernel::operands(e)
+                    .iter()
+                    .any(|v| self.levels[v.index()] == Level::Element)
+                {
+                    Level::Element
+                } else {
+                    Level::Row
+                }
+            }
+        };
+        let v = ValueId(
+            u32::try_from(self.body.len()).expect("kernels have fewer than 2^32 instructions"),
+        );
+        self.memo.insert(ins.clone(), v);
+        self.body.push(ins);
+        self.levels.push(level);
+        v
+    }
+
+    /// A value read from outside the kernel at `level`: a row value's source has the
+    /// row shape, so its index map is stretched over the domain (stride 0 along the
+    /// reduced axes).
+    pub(super) fn source(&mut self, src: Source, dtype: DType, level: Level, g: &Graph) -> ValueId {
+        match src {
+            Source::Const(c) => self.push(dtype, Expr::Const(c)),
+            Source::Buffer { base, view } => {
+                let view = if level == Level::Row && !self.reduce_axes.is_empty() {
+                    view.reshape(&keepdims_shape(&self.domain, &self.reduce_axes))
+                        .expect("a row shape differs from the keepdims shape only by size-1 axes")
+                        .broadcast_to(&self.domain)
+                } else {
+                    view
+                };
+                let input = match self.inputs.iter().position(|&b| b == base) {
+                    Some(i) => i,
+                    None => {
+                        self.inputs.push(base);
+                        self.buffers.push(Buffer {
+                            dtype,
+                            len: g.node(base).shape.numel(),
+                        });
+                        self.inputs.len() - 1
+                    }
+                };
+                self.push(dtype, Expr::Load { input, view })
+            }
+        }
+    }
+
+    /// `x * n` or `x / n` (n = the row length) computed in `x`'s compute dtype, so a
+    /// count too large for a half type stays exact.
+    fn by_count(&mut self, x: ValueId, dtype: DType, op: BinaryOp) -> ValueId {
+        let n = self.row_len();
+        if dtype.is_int() {
+            let c = self.push(dtype, Expr::Const(Scalar::I(n as i64)));
+            return self.push(dtype, Expr::Binary(op, x, c));
+        }
+        let cd = dtype.compute_dtype();
+        let x = if cd == dtype {
+            x
+        } else {
+            self.push(cd, Expr::Cast(x))
+        };
+        let c = self.push(cd, Expr::Const(Scalar::F(n as f64).cast(cd)));
+        let r = self.push(cd, Expr::Binary(op, x, c));
+        if cd == dtype {
+            r
+        } else {
+            self.push(dtype, Expr::Cast(r))
+        }
+    }
+
+    /// A primitive reduction of `x`; a row value (the same along the row) folds to what
+    /// combining `n` copies gives.
+    fn accumulate(&mut self, acc: Accumulate, x: ValueId, dtype: DType) -> ValueId {
+        if self.levels[x.index()] == Level::Element {
+            return self.push(dtype, Expr::Reduce(acc, x));
+        }
+        match acc {
+            Accumulate::Sum => self.by_count(x, dtype, BinaryOp::Mul),
+            Accumulate::Prod => self.by_count(x, dtype, BinaryOp::Pow),
+            Accumulate::Max | Accumulate::Min => x,
+        }
+    }
+
+    /// The graph reduction `op` of `x` (of dtype `from`) giving dtype `to`, lowered to
+    /// primitives (see the `fusion` module docs).
+    pub(super) fn reduce(&mut self, op: ReduceOp, x: ValueId, from: DType, to: DType) -> ValueId {
+        let x = if from == to {
+            x
+        } else {
+            self.push(to, Expr::Cast(x))
+        };
+        let d = to;
+        match op {
+            ReduceOp::Sum => self.accumulate(Accumulate::Sum, x, d),
+            ReduceOp::Prod => self.accumulate(Accumulate::Prod, x, d),
+            ReduceOp::Max => self.accumulate(Accumulate::Max, x, d),
+            ReduceOp::Min => self.accumulate(Accumulate::Min, x, d),
+            ReduceOp::Mean => {
+                let s = self.accumulate(Accumulate::Sum, x, d);
+                self.by_count(s, d, BinaryOp::Div)
+            }
+            ReduceOp::Norm1 => {
+                let a = self.push(d, Expr::Unary(UnaryOp::Abs, x));
+                self.accumulate(Accumulate::Sum, a, d)
+            }
+            ReduceOp::Norm2 => {
+                let sq = self.push(d, Expr::Unary(UnaryOp::Square, x));
+                let s = self.accumulate(Accumulate::Sum, sq, d);
+                self.push(d, Expr::Unary(UnaryOp::Sqrt, s))
+            }
+            ReduceOp::Var | ReduceOp::Std => {
+                let mean = self.reduce(ReduceOp::Mean, x, d, d);
+                let dev = self.push(d, Expr::Binary(BinaryOp::Sub, x, mean));
+                let sq = self.push(d, Expr::Unary(UnaryOp::Square, dev));
+                let s = self.accumulate(Accumulate::Sum, sq, d);
+                let var = self.by_count(s, d, BinaryOp::Div);
+                if op == ReduceOp::Std {
+                    self.push(d, Expr::Unary(UnaryOp::Sqrt, var))
+                } else {
+                    var
+                }
+            }
+        }
+    }
+
+    /// argmax/argmin of `x`; the first position (0) for a row value.
+    pub(super) fn arg_reduce(&mut self, op: ArgReduceOp, x: ValueId) -> ValueId {
+        if self.levels[x.index()] == Level::Row {
+            return self.push(DType::I64, Expr::Const(Scalar::I(0)));
+        }
+        self.push(DType::I64, Expr::ArgReduce(op, x))
+    }
+
+    /// Stores `value` for a node of `level`: an element node gets every position (a
+    /// broadcast row value included), a row node one element per row.
+    pub(super) fn store(&mut self, value: ValueId, dtype: DType, level: Level) {
+        let len = match level {
+            Level::Element => self.domain.numel(),
+            Level::Row => self.rows(),
+        };
+        self.outputs.push(Buffer { dtype, len });
+        self.stores.push(Store {
+            value,
+            output: self.outputs.len() - 1,
+        });
+    }
+
+    pub(super) fn finish(self, names: &[&str], outputs: Vec<NodeId>, target: &TargetDesc) -> Step {
+        // Readable, stable names: the first few ops, then how many more (`mul_add_exp_etc3`).
+        const SHOWN: usize = 4;
+        let mut name = names
+            .iter()
+            .take(SHOWN)
+            .copied()
+            .collect::<Vec<_>>()
+            .join("_");
+        if names.len() > SHOWN {
+            name.push_str(&format!("_etc{}", names.len() - SHOWN));
+        }
+        let (plan, plan_reason) = plan::choose(&self.domain, &self.reduce_axes, target);
+        let kernel = Kernel {
+            name,
+            domain: self.domain,
+            reduce_axes: self.reduce_axes,
+            inputs: self.buffers,
+            outputs: self.outputs,
+            body: self.body,
+            stores: self.stores,
+            plan,
+            plan_reason,
+        };
+        Step::Kernel {
+            kernel,
+            inputs: self.inputs,
+            outputs,
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Lowering: turns the final groups into [`Step`]s, one kernel each, in an order that
+//! respects what each reads, and records where every node of the graph ended up.
+
+use super::group::{Fuser, Role};
+use super::kernel::KernelBuilder;
+use crate::schedule::{Placement, Schedule, Step};
+use ndfuse_ir::{Expr, Graph, Level, NodeId, Op, ValueId};
+use std::collections::HashMap;
+
+impl Fuser<'_> {
+    /// Builds the steps in dependency order.
+    pub(super) fn lower(mut self) -> Schedule {
+        // Units: groups and copies, each keyed by its first node in topological order so
+        // that the schedule follows the graph.
+        let mut lowered: Vec<(usize, Step)> = Vec::new();
+        for gi in 0..self.groups.len() {
+            let first = self.groups[gi].min_pos;
+            lowered.push((first, self.lower_group(gi)));
+        }
+        let mut steps = order_steps(lowered, self.g);
+        let mut placement: HashMap<NodeId, Placement> = self
+            .g
+            .node_ids()
+            .into_iter()
+            .map(|n| (n, Placement::Dead))
+            .collect();
+        for &n in &self.order {
+            let p = match self.role[&n] {
+                Role::Input => Placement::Input,
+                Role::Const | Role::View => Placement::Folded,
+                Role::Member(_) => continue,
+            };
+            placement.insert(n, p);
+        }
+        // Every member lives in the step of its group; stored ones say why.
+        let mut group_step: HashMap<usize, usize> = HashMap::new();
+        for (si, step) in steps.iter().enumerate() {
+            if let Step::Kernel { outputs, .. } = step {
+                for &o in outputs {
+                    if let Some(gi) = self.group_of(o) {
+                        group_step.insert(gi, si);
+                    }
+                    placement.insert(
+                        o,
+                        Placement::InKernel {
+                            step: si,
+                            stored: self.stored.get(&o).cloned(),
+                        },
+                    );
+                }
+            }
+        }
+        for &n in &self.order {
+            if let Some(gi) = self.group_of(n) {
+                if !self.stored.contains_key(&n) {
+                    let si = *group_step
+                        .get(&gi)
+                        .expect("every group stores at least one value");
+                    placement.insert(
+                        n,
+                        Placement::InKernel {
+                            step: si,
+                            stored: None,
+                        },
+                    );
+                }
+            }
+        }
+        // Kernel names carry their final position.
+        let mut k = 0;
+        for s in &mut steps {
+            if let Step::Kernel { kernel, .. } = s {
+                kernel.name = format!("k{k}_{}", kernel.name);
+                k += 1;
+            }
+        }
+        Schedule { steps, placement }
+    }
+
+    fn lower_group(&mut self, gi: usize) -> Step {
+        let mut ordered = self.groups[gi].members.clone();
+        ordered.sort_by_key(|m| self.pos[m]);
+        let domain = self.groups[gi].domain.clone();
+        let reduce = self.groups[gi].reduce.clone().unwrap_or_default();
+        let mut kb = KernelBuilder::new(domain.clone(), reduce.clone());
+        let mut value: HashMap<NodeId, ValueId> = HashMap::new();
+        let mut names: Vec<&'static str> = Vec::new();
+        for &m in &ordered {
+            if let Some(o) = self.alias.get(&m) {
+                value.insert(m, value[o]);
+                continue;
+            }
+            if self.copies.contains(&m) {
+                // A copy: the view (or constant) read through to its source.
+                let src = self.resolve_below(m);
+                let node = self.g.node(m);
+                value.insert(m, kb.source(src, node.dtype, Level::Element, self.g));
+                names.push(if matches!(node.op, Op::Const { .. }) {
+                    "fill"
+                } else {
+                    "copy"
+                });
+                continue;
+            }
+            let node = self.g.node(m);
+            let level = self.level[&m];
+            // A reduction reads element values; anything else reads at its own level.
+            let operand_level = if node.op.is_reduce() {
+                Level::Element
+            } else {
+                level
+            };
+            let args: Vec<ValueId> = self
+                .g
+                .operands(m)
+                .into_iter()
+                .map(|o| match value.get(&o) {
+                    Some(&v) => v,
+                    None => {
+                        let src = self.resolve(o);
+                        kb.source(src, self.g.node(o).dtype, operand_level, self.g)
+                    }
+                })
+                .collect();
+            let v = match &node.op {
+                Op::Unary(u) => kb.push(node.dtype, Expr::Unary(*u, args[0])),
+                Op::Binary(b) => kb.push(node.dtype, Expr::Binary(*b, args[0], args[1])),
+                Op::Where => kb.push(node.dtype, Expr::Where(args[0], args[1], args[2])),
+                Op::Cast { .. } => kb.push(node.dtype, Expr::Cast(args[0])),
+                Op::Reduce { op, .. } => {
+                    let from = self.g.node(self.g.operands(m)[0]).dtype;
+                    kb.reduce(*op, args[0], from, node.dtype)
+                }
+                Op::ArgReduce { op, .. } => kb.arg_reduce(*op, args[0]),
+                other => unreachable!("group member {} is fusible (a bug otherwise)", other.name()),
+            };
+            if !matches!(node.op, Op::Cast { .. }) {
+                names.push(node.op.name());
+            }
+            value.insert(m, v);
+        }
+        let mut outputs = Vec::new();
+        for &m in &ordered {
+            if self.stored.contains_key(&m) {
+                kb.store(value[&m], self.g.node(m).dtype, self.level[&m]);
+                outputs.push(m);
+            }
+        }
+        if names.is_empty() {
+            names.push("copy");
+        }
+        kb.finish(&names, outputs, &self.target)
+    }
+}
+
+/// Steps sorted so that each comes after the steps writing what it reads; ties keep
+/// graph order. Units of a convex grouping always admit such an order.
+fn order_steps(mut lowered: Vec<(usize, Step)>, g: &Graph) -> Vec<Step> {
+    lowered.sort_by_key(|(first, _)| *first);
+    let writer: HashMap<NodeId, usize> = lowered
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, s))| s.writes().into_iter().map(move |n| (n, i)))
+        .collect();
+    let mut done = vec![false; lowered.len()];
+    let mut out = Vec::with_capacity(lowered.len());
+    while out.len() < lowered.len() {
+        let next = (0..lowered.len())
+            .find(|&i| {
+                !done[i]
+                    && lowered[i]
+                        .1
+                        .reads()
+                        .iter()
+                        .all(|r| writer.get(r).is_none_or(|&w| done[w]))
+            })
+            .unwrap_or_else(|| panic!("fusion produced a dependency cycle (a bug):\n{g}"));
+        done[next] = true;
+        out.push(next);
+    }
+    let mut slots: Vec<Option<Step>> = lowered.into_iter().map(|(_, s)| Some(s)).collect();
+    out.into_iter()
+        .map(|i| slots[i].take().expect("each step is taken once"))
+        .collect()
+}

@@ -1,0 +1,146 @@
+//! The grouping rules (1, 2 and 4 of the `fusion` docs): which ops join which group as the
+//! graph is walked in topological order, and which sibling groups merge afterwards.
+
+use super::group::Fuser;
+use ndfuse_ir::{Level, NodeId, Op, Shape};
+
+impl Fuser<'_> {
+    /// Rules 1-3: grow groups in topological order.
+    pub(super) fn form_groups(&mut self) {
+        for n in self.order.clone() {
+            let node = self.g.node(n);
+            match &node.op {
+                Op::Input { .. } | Op::Const { .. } => {}
+                Op::View(v) => self.try_alias(n, v),
+                Op::Reduce { axes, .. } => self.place_reduction(n, axes.clone()),
+                Op::ArgReduce { axis, .. } => self.place_reduction(n, vec![*axis]),
+                Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } => {
+                    self.place_elementwise(n)
+                }
+            }
+        }
+        self.compact_groups();
+    }
+
+    /// Rule 1 for one element-wise node.
+    fn place_elementwise(&mut self, n: NodeId) {
+        let mut cands: Vec<usize> = self
+            .g
+            .operands(n)
+            .into_iter()
+            .filter_map(|o| self.group_of(o))
+            .collect();
+        cands.sort_unstable();
+        cands.dedup();
+        if !self.fuse {
+            cands.clear();
+        }
+        let fit = |f: &Self, gs: &[usize]| -> Option<(Level, Option<Vec<usize>>)> {
+            f.elementwise_fit(n, gs)
+                .filter(|_| f.convex_union(gs, Some(n)))
+        };
+        let choice = fit(self, &cands).map(|lv| (cands.clone(), lv)).or_else(|| {
+            cands
+                .iter()
+                .find_map(|&c| fit(self, &[c]).map(|lv| (vec![c], lv)))
+        });
+        match choice {
+            Some((gs, (level, reduce))) => {
+                self.merge(&gs, Some(n));
+                self.groups[gs[0]].reduce = reduce;
+                self.level.insert(n, level);
+            }
+            None => self.new_group(n, self.g.node(n).shape.clone(), None, Level::Element),
+        }
+    }
+
+    /// The level `n` would have in the union of groups `gs`, and the union's reduce
+    /// axes, when they are compatible (one domain, agreeing reduce axes) and `n` fits.
+    fn elementwise_fit(&self, n: NodeId, gs: &[usize]) -> Option<(Level, Option<Vec<usize>>)> {
+        let first = self.groups.get(*gs.first()?)?;
+        let mut reduce: Option<Vec<usize>> = None;
+        for &gi in gs {
+            let grp = &self.groups[gi];
+            if grp.domain != first.domain {
+                return None;
+            }
+            match (&reduce, &grp.reduce) {
+                (Some(a), Some(b)) if a != b => return None,
+                (None, Some(b)) => reduce = Some(b.clone()),
+                _ => {}
+            }
+        }
+        let shape = &self.g.node(n).shape;
+        let in_group: Vec<Level> = self
+            .g
+            .operands(n)
+            .into_iter()
+            .filter(|o| self.group_of(*o).is_some_and(|g| gs.contains(&g)))
+            .map(|o| self.level[&o])
+            .collect();
+        if in_group.contains(&Level::Element) {
+            (shape == &first.domain).then_some((Level::Element, reduce))
+        } else {
+            let rows = first.rows(reduce.as_deref()?);
+            (shape.numel() == rows).then_some((Level::Row, reduce))
+        }
+    }
+
+    /// Rule 2 for a reduction (or argmax/argmin) over `axes` of its operand.
+    fn place_reduction(&mut self, n: NodeId, axes: Vec<usize>) {
+        let o = self.g.operands(n)[0];
+        let joins = self.group_of(o).filter(|_| self.fuse).filter(|&gi| {
+            let grp = &self.groups[gi];
+            self.level[&o] == Level::Element
+                && grp.domain == self.g.node(o).shape
+                && grp.reduce.as_ref().is_none_or(|r| *r == axes)
+                && self.convex_union(&[gi], Some(n))
+        });
+        match joins {
+            Some(gi) => {
+                self.merge(&[gi], Some(n));
+                self.groups[gi].reduce = Some(axes);
+                self.level.insert(n, Level::Row);
+            }
+            None => {
+                let domain = self.g.node(o).shape.clone();
+                self.new_group(n, domain, Some(axes), Level::Row);
+            }
+        }
+    }
+
+    /// Rule 4: merges groups of one domain and compatible reduce axes, in graph order,
+    /// whenever convex.
+    pub(super) fn merge_siblings(&mut self) {
+        let mut buckets: Vec<(Shape, Vec<usize>)> = Vec::new();
+        for gi in 0..self.groups.len() {
+            let domain = &self.groups[gi].domain;
+            match buckets.iter_mut().find(|(s, _)| s == domain) {
+                Some((_, v)) => v.push(gi),
+                None => buckets.push((domain.clone(), vec![gi])),
+            }
+        }
+        for (_, bucket) in buckets {
+            let mut kept: Vec<usize> = Vec::new();
+            for gi in bucket {
+                let target = kept.iter().copied().find(|&k| {
+                    let (a, b) = (&self.groups[k].reduce, &self.groups[gi].reduce);
+                    let compatible = a.is_none() || b.is_none() || a == b;
+                    compatible && self.convex_union(&[k, gi], None)
+                });
+                match target {
+                    Some(k) => {
+                        let reduce = self.groups[k]
+                            .reduce
+                            .clone()
+                            .or_else(|| self.groups[gi].reduce.clone());
+                        self.merge(&[k, gi], None);
+                        self.groups[k].reduce = reduce;
+                    }
+                    None => kept.push(gi),
+                }
+            }
+        }
+        self.compact_groups();
+    }
+}
