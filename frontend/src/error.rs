@@ -72,6 +72,16 @@ pub enum Error {
         /// What is wrong, in one line (`corrupt .npy: truncated: ...`).
         why: String,
     },
+    /// An expression of the expression language ([`crate::Expr`]) that does not parse,
+    /// names an unknown input or function, or builds an op that is not legal.
+    #[error("at column {column}: {message}")]
+    Expr {
+        /// 1-based column, in characters, of the expression's text (0: not tied to
+        /// one place, such as an input given twice).
+        column: usize,
+        /// What is wrong.
+        message: String,
+    },
     /// Evaluation failed in a backend.
     #[error(transparent)]
     Runtime(Arc<ndfuse_runtime::RuntimeError>),
@@ -80,6 +90,23 @@ pub enum Error {
 impl From<ndfuse_runtime::RuntimeError> for Error {
     fn from(e: ndfuse_runtime::RuntimeError) -> Error {
         Error::Runtime(Arc::new(e))
+    }
+}
+
+impl Error {
+    /// The message without the Rust call site that op errors end with: for a tool whose
+    /// user wrote no Rust (the CLI names the column of the expression instead).
+    pub fn reason(&self) -> String {
+        match self {
+            Error::Op { source, .. } => source.to_string(),
+            other => {
+                let s = other.to_string();
+                match s.rfind(" (at ") {
+                    Some(i) if s.ends_with(')') => s[..i].to_string(),
+                    _ => s,
+                }
+            }
+        }
     }
 }
 

@@ -10,7 +10,6 @@
 //! entry keeps no data alive: its leaves are held weakly too (the outputs hold them
 //! strongly through their expressions as long as the caller holds the outputs).
 
-use crate::context::build_graph;
 use crate::error::Result;
 use crate::tensor::{Inner, Tensor};
 use ndfuse_ir::{Graph, HostArray, NodeId};
@@ -93,6 +92,58 @@ pub(crate) fn graph_of(outputs: &[&Tensor]) -> Result<(Arc<Graph>, Bindings)> {
         });
     }
     Ok((graph, inputs))
+}
+
+/// Lowers the expression DAG under `outputs` into an IR graph plus the data of its
+/// leaves. Shared subexpressions become one node. Leaves are named `in0, in1, ...` in
+/// the order they are first reached, so equal expressions print identically.
+pub(crate) fn build_graph(outputs: &[&Tensor]) -> Result<(Graph, HashMap<NodeId, Arc<HostArray>>)> {
+    let mut g = Graph::new();
+    let mut ids: HashMap<*const Inner, NodeId> = HashMap::new();
+    let mut data = HashMap::new();
+    for &t in outputs {
+        t.expr()?;
+    }
+    for &out in outputs {
+        // Iterative post-order: deep expression chains must not overflow the stack.
+        let mut stack: Vec<(&Tensor, bool)> = vec![(out, false)];
+        while let Some((t, expanded)) = stack.pop() {
+            let key = Arc::as_ptr(&t.inner);
+            if ids.contains_key(&key) {
+                continue;
+            }
+            let e = t.expr()?;
+            if !expanded {
+                stack.push((t, true));
+                for s in e.src.iter().rev() {
+                    stack.push((s, false));
+                }
+                continue;
+            }
+            let id = match &e.data {
+                Some(arr) => {
+                    let id = g.add_input(format!("in{}", data.len()), e.dtype, e.shape.clone());
+                    data.insert(id, Arc::clone(arr));
+                    id
+                }
+                None => {
+                    let srcs: Vec<NodeId> =
+                        e.src.iter().map(|s| ids[&Arc::as_ptr(&s.inner)]).collect();
+                    g.add_node(
+                        ndfuse_ir::Node {
+                            op: e.op.clone(),
+                            dtype: e.dtype,
+                            shape: e.shape.clone(),
+                        },
+                        &srcs,
+                    )
+                }
+            };
+            ids.insert(key, id);
+        }
+        g.add_output(ids[&Arc::as_ptr(&out.inner)]);
+    }
+    Ok((g, data))
 }
 
 #[cfg(test)]

@@ -23,27 +23,31 @@
 
 mod array;
 mod composite;
+mod constructors;
 mod context;
 mod error;
+mod eval;
+pub mod expr;
 mod graph_cache;
 #[cfg(feature = "ndarray")]
 mod interop;
 pub mod npy;
 mod ops;
 mod random;
+mod report;
 mod tensor;
 
-pub mod bench;
-
 pub use array::Array;
-pub use context::{Context, ContextBuilder, DeviceArray, Report};
+pub use context::{Context, ContextBuilder};
 pub use error::{Error, Result};
+pub use expr::{Expr, ExprError};
 pub use ndfuse_ir::{DType, ReduceOp};
 pub use ndfuse_runtime::{
     bind_thread, bound_device, unbind_thread, BackendKind, CacheStats, Config, ConfigSource,
     CpuDevice, Device, DeviceId, DeviceKind, DeviceMove, DeviceSet, GpuDevice,
 };
 pub use ops::{where_, Axes, Operand, SliceArg};
+pub use report::{DeviceArray, Report};
 pub use tensor::Tensor;
 
 /// Re-exported half-precision types for typed access to f16 / bf16 arrays.

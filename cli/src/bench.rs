@@ -1,8 +1,9 @@
 //! `ndfuse bench [SUITE] [--json] [--repeat N] [--tiny] [--backend B]`: the library's
 //! benchmark suite (`ndfuse::bench`) with a progress line per case on a terminal.
 
-use crate::Failure;
-use ndfuse::bench::{run_suite_with, BenchOptions, Event, Size};
+use crate::choices::Backend;
+use crate::failure::Failure;
+use ndfuse_bench::{run_suite_with, BenchOptions, Event, Size};
 use std::io::{IsTerminal as _, Write as _};
 
 #[derive(clap::Args, Debug)]
@@ -23,8 +24,8 @@ pub struct BenchArgs {
     tiny: bool,
     /// Backend of the cases. With cuda the rows are timed by CUDA events (kernels only)
     /// and measured against the device's own copy bandwidth, measured in the same run.
-    #[arg(long, value_enum, default_value_t = crate::Backend::Auto)]
-    backend: crate::Backend,
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
 }
 
 pub fn run(a: &BenchArgs) -> Result<(), Failure> {
@@ -61,7 +62,7 @@ pub fn run(a: &BenchArgs) -> Result<(), Failure> {
         }
     };
     let report = run_suite_with(a.suite.as_deref(), &opts, &mut on_event)
-        .map_err(|e| Failure::plain(crate::lower::frontend_message(&e)))?;
+        .map_err(|e| Failure::plain(e.reason()))?;
     let text = if a.json {
         format!("{}\n", report.to_json())
     } else {

@@ -744,3 +744,26 @@ fn cpu_threads_changes_the_pool_not_the_bits() {
     assert_eq!(files[0], files[1], "1 and 3 worker threads differ");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The library's `Context::evaluate` gives the CLI's result bit for bit: the CLI is a
+/// shell over the same expression language.
+#[test]
+fn the_library_evaluates_expressions_as_the_cli_does() {
+    let dir = scratch("library");
+    let ctx = ndfuse::Context::new();
+    for (expr, inputs, expected) in CASES {
+        let out = dir.join(format!("{expected}.npy"));
+        let r = eval_case(expr, inputs, &out, &["--backend", "cpu"]);
+        assert!(r.ok, "{expr}: {}", r.stderr);
+        let tensors: Vec<ndfuse::Tensor> = inputs
+            .iter()
+            .map(|n| ctx.load_npy(Path::new(FIXTURES).join(format!("{n}.npy"))))
+            .collect::<Result<_, _>>()
+            .expect("fixtures load");
+        let named: Vec<(&str, &ndfuse::Tensor)> = inputs.iter().copied().zip(&tensors).collect();
+        let got = ctx
+            .evaluate(expr, &named)
+            .expect("the library evaluates it");
+        assert_eq!(got, load(&out), "{expr}: library and CLI differ");
+    }
+}

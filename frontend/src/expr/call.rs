@@ -2,8 +2,9 @@
 //! arguments to a signature, reading the literal arguments (axes, shapes, dtypes,
 //! flags), and the list of function names for "did you mean" hints.
 
-use crate::parse::{ExprError, Kind, Kwarg, Lit, Node};
-use ndfuse::{Axes, DType};
+use super::parse::{ExprError, Kind, Kwarg, Lit, Node};
+use crate::ops::Axes;
+use ndfuse_ir::DType;
 
 /// Every function the language knows, by family, for "did you mean" hints.
 #[rustfmt::skip]

@@ -4,7 +4,7 @@
 //! SHAPE is dims joined by `x` (`4096x4096`); a scalar is the empty shape (`x=` or
 //! `x=:f64`) or `()`.
 
-use crate::args::parse_dtype;
+use ndfuse::expr::parse_dtype;
 use ndfuse::{Context, DType, Error, Tensor};
 use ndfuse_ir::Storage;
 
@@ -88,7 +88,7 @@ pub fn tensor_from_storage(
         Storage::I64(v) => ctx.from_vec(v, shape),
         Storage::Bool(v) => ctx.from_vec(v, shape),
     };
-    t.map_err(|e| crate::lower::frontend_message(&e))
+    t.map_err(|e| e.reason())
 }
 
 /// `--input NAME=FILE.npy`.
@@ -115,7 +115,7 @@ pub fn file_reason(e: &Error) -> String {
             format!("cannot {action}: {reason}")
         }
         Error::Npy { why, .. } => why.clone(),
-        other => crate::lower::frontend_message(other),
+        other => other.reason(),
     }
 }
 
@@ -147,11 +147,11 @@ pub fn random(ctx: &Context, spec: &str, seed: u64) -> Result<(String, Tensor), 
     let f64_ctx = Context::builder()
         .dtype(DType::F64)
         .build()
-        .map_err(|e| crate::lower::frontend_message(&e))?;
+        .map_err(|e| e.reason())?;
     let vals = f64_ctx
         .rand_uniform(&shape, low, high, s)
         .eval()
-        .map_err(|e| format!("--random {spec}: {}", crate::lower::frontend_message(&e)))?
+        .map_err(|e| format!("--random {spec}: {}", e.reason()))?
         .to_f64_vec();
     let vals: Vec<f64> = match dtype {
         DType::Bool => vals.iter().map(|&v| f64::from(u8::from(v < 0.5))).collect(),

@@ -1,14 +1,14 @@
-//! `cargo bench -p ndfuse`: a few cases of the `ndfuse bench` suite under criterion,
+//! `cargo bench -p ndfuse-bench`: a few cases of the `ndfuse bench` suite under criterion,
 //! with their ideal bytes as the throughput, so criterion prints the bandwidth reached
 //! (in GiB/s) and tracks changes between runs. `ndfuse bench` is the full suite, with
 //! this machine's own bandwidth beside each figure.
 //!
-//! `cargo bench -p ndfuse -- gelu` runs one case; the cases are the suite's, at full
-//! size, built by `ndfuse::bench` so both measure the same thing.
+//! `cargo bench -p ndfuse-bench -- gelu` runs one case; the cases are the suite's, at full
+//! size, built by `ndfuse_bench` so both measure the same thing.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use ndfuse::bench::{cases, Kind, Size};
 use ndfuse::Context;
+use ndfuse_bench::{cases, Kind, Size};
 use std::hint::black_box;
 use std::time::Duration;
 

@@ -30,9 +30,6 @@ pub fn explain(ctx: &Context, out: &Tensor, inputs: &[InputInfo]) -> Result<Stri
         );
     }
     s.push('\n');
-    s.push_str(
-        &ctx.explain(&[out])
-            .map_err(|e| crate::lower::frontend_message(&e))?,
-    );
+    s.push_str(&ctx.explain(&[out]).map_err(|e| e.reason())?);
     Ok(s)
 }

@@ -7,12 +7,16 @@
 //! become a tensor on its own (`exp(1)`, a whole expression `1 + 2`) becomes a 0-d
 //! tensor of the context's default dtype (floats), i64 (integers) or bool.
 
-use crate::args::{
+use super::call::{
     axes_literal, axis_literal, bind, bool_literal, dtype_literal, float_literal, int_list,
     int_literal, is_none, opt, req, unknown_function, FUNCTIONS,
 };
-use crate::parse::{BinOp, ExprError, IndexItem, Kind, Kwarg, Lit, Node};
-use ndfuse::{Axes, Context, DType, Error, Operand, SliceArg, Tensor};
+use super::parse::{BinOp, ExprError, IndexItem, Kind, Kwarg, Lit, Node};
+use crate::context::Context;
+use crate::error::Error;
+use crate::ops::{Axes, Operand, SliceArg};
+use crate::tensor::Tensor;
+use ndfuse_ir::DType;
 use std::collections::BTreeMap;
 
 /// A value during lowering: a tensor or a literal not yet given a dtype.
@@ -59,23 +63,8 @@ impl Bin {
     }
 }
 
-/// The frontend's message for `e`, without the Rust call site (which names a line of
-/// this program, not anything the CLI user wrote).
-pub fn frontend_message(e: &Error) -> String {
-    match e {
-        Error::Op { source, .. } => source.to_string(),
-        other => {
-            let s = other.to_string();
-            match s.rfind(" (at ") {
-                Some(i) if s.ends_with(')') => s[..i].to_string(),
-                _ => s,
-            }
-        }
-    }
-}
-
 /// Lowers expressions over named input tensors in one context.
-pub struct Lowerer<'a> {
+pub(super) struct Lowerer<'a> {
     ctx: &'a Context,
     inputs: &'a BTreeMap<String, Tensor>,
     /// Input names in the order the expression first uses them, left to right. The
@@ -111,7 +100,7 @@ impl<'a> Lowerer<'a> {
 
     fn checked(&self, t: Tensor, pos: usize) -> Result<Tensor, ExprError> {
         match t.error() {
-            Some(e) => Err(ExprError::new(pos, frontend_message(e))),
+            Some(e) => Err(ExprError::new(pos, e.reason())),
             None => Ok(t),
         }
     }
@@ -217,9 +206,7 @@ impl<'a> Lowerer<'a> {
                 None => {
                     // `2 - x`, `2 / x`, `2 ** x`: the literal becomes a 0-d tensor of the
                     // dtype weak promotion gives it, then the op is tensor-tensor.
-                    let dtype = b
-                        .dtype()
-                        .map_err(|e| ExprError::new(pos, frontend_message(&e)))?;
+                    let dtype = b.dtype().map_err(|e| ExprError::new(pos, e.reason()))?;
                     (self.weak_tensor(a, dtype), Operand::Tensor(b))
                 }
             },
@@ -250,7 +237,7 @@ impl<'a> Lowerer<'a> {
         items: &[IndexItem],
         pos: usize,
     ) -> Result<Tensor, ExprError> {
-        let ty_err = |e: Error| ExprError::new(pos, frontend_message(&e));
+        let ty_err = |e: Error| ExprError::new(pos, e.reason());
         let dims = t.shape().map_err(ty_err)?.to_vec();
         if items.len() > dims.len() {
             return Err(ExprError::new(
@@ -443,9 +430,7 @@ impl<'a> Lowerer<'a> {
                     Some(axis) => arg(&x, axis, keep),
                     None => {
                         // numpy: no axis means the index into the flattened array.
-                        let rank = x
-                            .rank()
-                            .map_err(|e| ExprError::new(pos, frontend_message(&e)))?;
+                        let rank = x.rank().map_err(|e| ExprError::new(pos, e.reason()))?;
                         let flat = arg(&x.reshape(&[-1]), 0, false);
                         if keep {
                             flat.reshape(&vec![1; rank])

@@ -11,17 +11,18 @@
 //! clap rejects, 1 for everything else (a bad expression, input, file or evaluation).
 //! No output file is written unless the whole evaluation succeeded.
 
-mod args;
 mod bench;
+mod choices;
 mod explain;
+mod failure;
 mod inputs;
-mod lower;
-mod parse;
 mod report;
 mod show;
 
+use choices::{Backend, FloatDType};
 use clap::{Parser, Subcommand, ValueEnum};
-use ndfuse::{BackendKind, Context, DType, Tensor};
+use failure::Failure;
+use ndfuse::{Context, DType, Expr, Tensor};
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -109,66 +110,8 @@ struct Common {
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
-enum Backend {
-    Auto,
-    Cpu,
-    Cuda,
-    Interp,
-}
-
-impl From<Backend> for BackendKind {
-    fn from(b: Backend) -> BackendKind {
-        match b {
-            Backend::Auto => BackendKind::Auto,
-            Backend::Cpu => BackendKind::Cpu,
-            Backend::Cuda => BackendKind::Cuda,
-            Backend::Interp => BackendKind::Interp,
-        }
-    }
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug)]
-enum FloatDType {
-    F16,
-    Bf16,
-    F32,
-    F64,
-}
-
-impl From<FloatDType> for DType {
-    fn from(d: FloatDType) -> DType {
-        match d {
-            FloatDType::F16 => DType::F16,
-            FloatDType::Bf16 => DType::BF16,
-            FloatDType::F32 => DType::F32,
-            FloatDType::F64 => DType::F64,
-        }
-    }
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug)]
 enum ReportFormat {
     Json,
-}
-
-/// A failure: the one line printed on stderr.
-#[derive(Debug)]
-struct Failure(String);
-
-impl Failure {
-    fn plain(msg: impl std::fmt::Display) -> Failure {
-        Failure(format!("error: {msg}"))
-    }
-
-    fn expr(src: &str, e: &parse::ExprError) -> Failure {
-        Failure(format!("error at column {}: {}", e.column(src), e.message))
-    }
-}
-
-impl From<String> for Failure {
-    fn from(s: String) -> Failure {
-        Failure::plain(s)
-    }
 }
 
 fn main() -> ExitCode {
@@ -226,7 +169,7 @@ fn context(c: &Common) -> Result<Context, Failure> {
         .dtype(c.dtype.into())
         .backend(c.backend.into())
         .build()
-        .map_err(|e| Failure::plain(lower::frontend_message(&e)))
+        .map_err(|e| Failure::plain(e.reason()))
 }
 
 fn insert_input(
@@ -245,7 +188,7 @@ fn insert_input(
 
 fn eval(a: &EvalArgs) -> Result<(), Failure> {
     let ctx = context(&a.common)?;
-    let ast = parse::parse(&a.expr).map_err(|e| Failure::expr(&a.expr, &e))?;
+    let expr = Expr::parse(&a.expr).map_err(Failure::parse)?;
     let mut named = BTreeMap::new();
     for spec in &a.inputs {
         let (name, t) = inputs::load_npy(&ctx, spec)?;
@@ -255,11 +198,10 @@ fn eval(a: &EvalArgs) -> Result<(), Failure> {
         let (name, t) = inputs::random(&ctx, spec, a.seed)?;
         insert_input(&mut named, name, t)?;
     }
-    let mut lowerer =
-        lower::Lowerer::new(&ctx, &named, "--input NAME=FILE.npy or --random NAME=SHAPE");
-    let out = lowerer
-        .lower(&ast)
-        .map_err(|e| Failure::expr(&a.expr, &e))?;
+    let out = expr
+        .bind_named(&ctx, &named, "--input NAME=FILE.npy or --random NAME=SHAPE")
+        .map_err(|e| Failure::expr(&a.expr, &e))?
+        .tensor;
     if a.output.is_some() && out.dtype().ok() == Some(DType::BF16) {
         // Refused before evaluating, so that a long run does not end in this error.
         return Err(Failure::plain(
@@ -269,12 +211,9 @@ fn eval(a: &EvalArgs) -> Result<(), Failure> {
     let mut runs = Vec::with_capacity(a.repeat as usize);
     let mut result = None;
     for _ in 0..a.repeat {
-        let (mut arrays, rep) = ctx.eval_report(&[&out]).map_err(|e| {
-            Failure::plain(format!(
-                "evaluation failed: {}",
-                lower::frontend_message(&e)
-            ))
-        })?;
+        let (mut arrays, rep) = ctx
+            .eval_report(&[&out])
+            .map_err(|e| Failure::plain(format!("evaluation failed: {}", e.reason())))?;
         result = arrays.pop();
         runs.push(rep);
     }
@@ -299,7 +238,7 @@ fn eval(a: &EvalArgs) -> Result<(), Failure> {
 
 fn explain_cmd(a: &ExplainArgs) -> Result<(), Failure> {
     let ctx = context(&a.common)?;
-    let ast = parse::parse(&a.expr).map_err(|e| Failure::expr(&a.expr, &e))?;
+    let expr = Expr::parse(&a.expr).map_err(Failure::parse)?;
     let mut named = BTreeMap::new();
     let mut types = BTreeMap::new();
     for spec in &a.shapes {
@@ -307,11 +246,11 @@ fn explain_cmd(a: &ExplainArgs) -> Result<(), Failure> {
         types.insert(name.clone(), (dtype, shape));
         insert_input(&mut named, name, t)?;
     }
-    let mut lowerer = lower::Lowerer::new(&ctx, &named, "--shape NAME=SHAPE[:DTYPE]");
-    let out = lowerer
-        .lower(&ast)
+    let bound = expr
+        .bind_named(&ctx, &named, "--shape NAME=SHAPE[:DTYPE]")
         .map_err(|e| Failure::expr(&a.expr, &e))?;
-    let infos: Vec<explain::InputInfo> = lowerer
+    let out = bound.tensor;
+    let infos: Vec<explain::InputInfo> = bound
         .used
         .iter()
         .filter_map(|n| {

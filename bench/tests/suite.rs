@@ -2,7 +2,7 @@
 //! its kernels and figures, and the JSON object has the shape `ndfuse bench --json`
 //! promises. No figure is compared with a threshold: speed is the bench's to measure.
 
-use ndfuse::bench::{cases, run_suite, run_suite_with, BenchOptions, Event, Kind, Size};
+use ndfuse_bench::{cases, run_suite, run_suite_with, BenchOptions, Event, Kind, Size};
 
 #[test]
 fn the_tiny_suite_runs_every_case_with_kernel_counts() {

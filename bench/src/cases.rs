@@ -1,0 +1,216 @@
+//! The cases of the suite: each built with the library API from seeded inputs, with
+//! the bytes it must move at the least.
+
+use crate::options::{Kind, Size};
+use half::f16;
+use ndfuse::{Context, Result, Tensor};
+use ndfuse_ir::DType;
+
+/// Builds a case's output from its inputs; `salt` is a literal the latency cases vary
+/// to make a graph the kernel cache has never seen (the other cases ignore it).
+type Build = fn(&[Tensor], f64) -> Tensor;
+
+/// One case of the suite: its inputs (by type) and how its output is built.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// The name `ndfuse bench SUITE` matches against.
+    pub name: &'static str,
+    /// The expression, in the CLI's language.
+    pub expr: &'static str,
+    /// Each input: name, shape and dtype.
+    pub inputs: Vec<(&'static str, Vec<usize>, DType)>,
+    /// What is measured.
+    pub kind: Kind,
+    build: Build,
+}
+
+/// The 10-op element-wise graph of the latency cases: ten element-wise ops on `x`, with
+/// `salt` as one of its literals.
+fn ten_ops(x: &Tensor, salt: f64) -> Tensor {
+    let y = x * salt; // 1 mul
+    let y = (y + 1.0).tanh(); // 2 add, 3 tanh
+    let y = (&y * x - 0.5).abs(); // 4 mul, 5 sub, 6 abs
+    let y = (y.sqrt() + x) * 0.25; // 7 sqrt, 8 add, 9 mul
+    y.maximum(x) // 10 maximum
+}
+
+const TEN_OPS: &str =
+    "maximum((sqrt(abs(tanh(x * k + 1) * x - 0.5)) + x) * 0.25, x), k new each run";
+
+/// The cases of the suite at `size`, in the order they run.
+pub fn cases(size: Size) -> Vec<Case> {
+    let full = size == Size::Full;
+    let pick = |big: &[usize], small: &[usize]| if full { big.to_vec() } else { small.to_vec() };
+    let vec16m = pick(&[16 << 20], &[1024]);
+    let sq = pick(&[4096, 4096], &[16, 16]);
+    let (f32_, f16_) = (DType::F32, DType::F16);
+    let case = |name, expr, inputs, kind, build| Case {
+        name,
+        expr,
+        inputs,
+        kind,
+        build,
+    };
+    let tp = Kind::Throughput;
+    vec![
+        case(
+            "gelu",
+            "gelu(x)",
+            vec![("x", vec16m.clone(), f32_)],
+            tp,
+            |t, _| t[0].gelu(),
+        ),
+        case(
+            "chain",
+            "exp(a * b + c) * sqrt(abs(a)) - b / (1 + c * c)",
+            vec![
+                ("a", vec16m.clone(), f32_),
+                ("b", vec16m.clone(), f32_),
+                ("c", vec16m.clone(), f32_),
+            ],
+            tp,
+            |t, _| {
+                let (a, b, c) = (&t[0], &t[1], &t[2]);
+                (a * b + c).exp() * a.abs().sqrt() - b / (1.0 + c * c)
+            },
+        ),
+        case(
+            "softmax",
+            "softmax(x, axis=-1)",
+            vec![("x", sq.clone(), f32_)],
+            tp,
+            |t, _| t[0].softmax(-1),
+        ),
+        case(
+            "layernorm",
+            "layernorm(x, axis=-1, eps=1e-5)",
+            vec![("x", pick(&[8192, 1024], &[32, 16]), f32_)],
+            tp,
+            |t, _| t[0].layernorm(-1, 1e-5),
+        ),
+        case(
+            "sum",
+            "sum(x)",
+            vec![("x", pick(&[64 << 20], &[4096]), f32_)],
+            tp,
+            |t, _| t[0].sum(..),
+        ),
+        case(
+            "colsum",
+            "sum(x, axis=0)",
+            vec![("x", sq.clone(), f32_)],
+            tp,
+            |t, _| t[0].sum(0),
+        ),
+        case(
+            "broadcast",
+            "a * b + c",
+            vec![
+                ("a", sq.clone(), f32_),
+                ("b", vec![sq[1]], f32_),
+                ("c", vec![sq[0], 1], f32_),
+            ],
+            tp,
+            |t, _| &t[0] * &t[1] + &t[2],
+        ),
+        case(
+            "gelu_f16",
+            "gelu(x)",
+            vec![("x", vec16m, f16_)],
+            tp,
+            |t, _| t[0].gelu(),
+        ),
+        case(
+            "compile_new",
+            TEN_OPS,
+            vec![("x", vec![1000], f32_)],
+            Kind::CompileNew,
+            |t, salt| ten_ops(&t[0], salt),
+        ),
+        case(
+            "compile_cached",
+            "maximum((sqrt(abs(tanh(x * 1.5 + 1) * x - 0.5)) + x) * 0.25, x), again",
+            vec![("x", vec![1000], f32_)],
+            Kind::Cached,
+            |t, _| ten_ops(&t[0], 1.5),
+        ),
+    ]
+}
+
+/// `dtype[d0,d1]`, as the IR prints types.
+fn type_text(shape: &[usize], dtype: DType) -> String {
+    let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
+    format!("{dtype}[{}]", dims.join(","))
+}
+
+fn nbytes(shape: &[usize], dtype: DType) -> u64 {
+    shape.iter().product::<usize>() as u64 * dtype.size_bytes() as u64
+}
+
+impl Case {
+    /// The output for the given inputs.
+    pub fn build(&self, inputs: &[Tensor], salt: f64) -> Tensor {
+        (self.build)(inputs, salt)
+    }
+
+    /// The case's input tensors, filled with the suite's seeded uniform data in
+    /// [-1, 1) (the same in every run).
+    pub fn make_inputs(&self, ctx: &Context) -> Result<Vec<Tensor>> {
+        self.inputs
+            .iter()
+            .enumerate()
+            .map(|(i, (_, s, d))| input_data(ctx, s, *d, i as u64 + 1))
+            .collect()
+    }
+
+    /// `x: f32[4096,4096], b: f32[4096]`: the inputs as text.
+    pub fn inputs_text(&self) -> String {
+        let parts: Vec<String> = self
+            .inputs
+            .iter()
+            .map(|(n, s, d)| format!("{n}: {}", type_text(s, *d)))
+            .collect();
+        parts.join(", ")
+    }
+
+    /// The bytes the case must move at the least: every input read once and the output
+    /// written once, from shapes and dtypes alone (nothing is allocated or evaluated).
+    pub fn ideal_bytes(&self, ctx: &Context) -> Result<u64> {
+        // Constants stand in for the inputs: they carry the types without the data.
+        let standins: Vec<Tensor> = self
+            .inputs
+            .iter()
+            .map(|(_, s, d)| ctx.full_dtype(s, 0.0, *d))
+            .collect();
+        let out = self.build(&standins, 1.0);
+        let input_bytes: u64 = self.inputs.iter().map(|(_, s, d)| nbytes(s, *d)).sum();
+        Ok(input_bytes + nbytes(out.shape()?, out.dtype()?))
+    }
+}
+
+/// Uniform values in [-1, 1) from a fixed seed, made straight into the dtype (no f64
+/// staging: the largest input is 256 MiB of f32). A SplitMix64 stream, so the data is
+/// the same in every run and release.
+pub(crate) fn input_data(
+    ctx: &Context,
+    shape: &[usize],
+    dtype: DType,
+    seed: u64,
+) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5851_f42d_4c95_7f2d;
+    let mut next = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        // The top 24 bits: exactly representable in f32, uniform in [-1, 1).
+        (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    };
+    match dtype {
+        DType::F16 => ctx.from_vec((0..n).map(|_| f16::from_f32(next())).collect(), shape),
+        DType::F64 => ctx.from_vec((0..n).map(|_| f64::from(next())).collect(), shape),
+        _ => ctx.from_vec((0..n).map(|_| next()).collect(), shape),
+    }
+}

@@ -1,0 +1,232 @@
+//! The built-in benchmark suite of `ndfuse bench`: each case is built with the library
+//! API, timed end to end, and set against the ideal bytes it must move and this
+//! machine's memory bandwidth, measured in the same run by a STREAM-like copy and triad.
+//!
+//! The floor of a memory-bound kernel is `ideal bytes / bandwidth`, where the ideal
+//! bytes are every input read once plus every output written once (from the shapes and
+//! dtypes, whatever the kernels actually did). A row's fraction of the bandwidth is how
+//! close the case came to that floor: 1.0 is at the floor.
+//!
+//! A kernel can be bound by compute instead (Cranelift's x86 vectors are 128 bits wide,
+//! and a transcendental costs tens of vector operations): each row also has a compute
+//! floor, the operations its compiled kernels execute
+//! ([`ndfuse_runtime::jit_ops_per_element`] times the elements of each kernel's domain)
+//! over this machine's peak rate of f32x4 multiplies and adds on all threads, measured
+//! in the same run ([`measure_compute_peak`]). A row's time is reported against the
+//! larger of the two floors, and the table says which binds.
+//!
+//! Each row also counts the minor page faults of one evaluation (`getrusage`, median
+//! over the timed runs): with outputs and intermediates recycled by the host cache, a
+//! steady-state loop touches no fresh page, so the figure is about zero; a buffer
+//! larger than `max_host_cacheable_length` is fresh memory in every run and shows up
+//! here (about 32 faults per 64 MiB with huge pages, 16 384 without).
+//!
+//! ```
+//! use ndfuse_bench::{run_suite, BenchOptions};
+//! // The tiny variant: the same cases on small shapes, for tests and smoke runs.
+//! let report = run_suite(Some("gelu"), &BenchOptions::tiny())?;
+//! assert_eq!(report.rows.len(), 2); // gelu and gelu_f16
+//! assert!(report.rows.iter().all(|r| r.kernels >= 1));
+//! println!("{}", report.table());
+//! # Ok::<(), ndfuse::Error>(())
+//! ```
+//!
+//! Layers: `options` < `cases` < `machine` < `run` < `report`.
+
+mod cases;
+mod machine;
+mod options;
+mod report;
+mod run;
+
+pub use cases::{cases, Case};
+pub use machine::{measure_bandwidth, measure_compute_peak, Bandwidth, ComputePeak, Machine};
+pub use options::{BenchOptions, Kind, Size};
+pub use run::{run_suite, run_suite_with, BenchReport, Event, Row};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cases::input_data;
+    use crate::run::median;
+    use ndfuse::{BackendKind, Context, DType};
+
+    #[test]
+    fn ideal_bytes_are_inputs_once_plus_the_output_once() {
+        let ctx = Context::new();
+        const M: u64 = 1 << 20;
+        let want: &[(&str, u64)] = &[
+            ("gelu", 2 * 64 * M),                     // 16M f32 in, 16M f32 out
+            ("chain", 4 * 64 * M),                    // three inputs, one output
+            ("softmax", 2 * 64 * M),                  // [4096,4096] in and out
+            ("layernorm", 2 * 32 * M),                // [8192,1024] in and out
+            ("sum", 256 * M + 4),                     // 64M f32 in, one f32 out
+            ("colsum", 64 * M + 4096 * 4),            // [4096,4096] in, [4096] out
+            ("broadcast", 2 * 64 * M + 2 * 4096 * 4), // a and out, b and c
+            ("gelu_f16", 2 * 32 * M),                 // 16M f16 in and out
+            ("compile_new", 2 * 4000),
+            ("compile_cached", 2 * 4000),
+        ];
+        let all = cases(Size::Full);
+        assert_eq!(all.len(), want.len());
+        for (case, (name, bytes)) in all.iter().zip(want) {
+            assert_eq!(case.name, *name);
+            assert_eq!(case.ideal_bytes(&ctx).expect("builds"), *bytes, "{name}");
+        }
+        // The tiny cases are the same cases.
+        let names: Vec<_> = cases(Size::Tiny).iter().map(|c| c.name).collect();
+        assert_eq!(names, all.iter().map(|c| c.name).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_cases_compute_what_they_say() {
+        let ctx = Context::new();
+        for case in cases(Size::Tiny) {
+            let inputs = case.make_inputs(&ctx).expect("data");
+            let out = case.build(&inputs, 2.0).eval().expect("evaluates");
+            // The same graph on the f64 reference interpreter agrees.
+            let interp = Context::builder()
+                .backend(BackendKind::Interp)
+                .build()
+                .expect("context");
+            let want = interp
+                .eval(&[&case.build(&inputs, 2.0)])
+                .expect("reference");
+            let (got, want) = (out.to_f64_vec(), want[0].to_f64_vec());
+            assert_eq!(got.len(), want.len(), "{}", case.name);
+            let tol = if case.name.ends_with("f16") {
+                1e-2
+            } else {
+                1e-4
+            };
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= tol * w.abs().max(1.0),
+                    "{}: {g} vs {w}",
+                    case.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn input_data_is_seeded_and_in_range() {
+        let ctx = Context::new();
+        let a = input_data(&ctx, &[1000], DType::F32, 3)
+            .and_then(|t| t.eval())
+            .expect("a");
+        let b = input_data(&ctx, &[1000], DType::F32, 3)
+            .and_then(|t| t.eval())
+            .expect("b");
+        assert_eq!(a, b);
+        assert!(a.to_f64_vec().iter().all(|v| (-1.0..1.0).contains(v)));
+        let h = input_data(&ctx, &[4], DType::F16, 3).expect("f16");
+        assert_eq!(h.dtype().expect("dtype"), DType::F16);
+    }
+
+    #[test]
+    fn bandwidth_picks_the_largest_figure_and_says_which() {
+        let bw = Bandwidth {
+            array_bytes: 1 << 20,
+            trials: 1,
+            threads: 2,
+            copy_1t_gbps: 9.0,
+            triad_1t_gbps: 10.0,
+            copy_all_gbps: 11.0,
+            triad_all_gbps: 10.5,
+        };
+        assert_eq!(bw.gbps(), 11.0);
+        assert_eq!(bw.source(), "copy, 2 threads");
+        let measured = measure_bandwidth(1 << 20, 1);
+        assert_eq!(measured.array_bytes, 1 << 20);
+        for g in [
+            measured.copy_1t_gbps,
+            measured.triad_1t_gbps,
+            measured.copy_all_gbps,
+            measured.triad_all_gbps,
+        ] {
+            assert!(g.is_finite() && g > 0.0, "{measured:?}");
+        }
+    }
+
+    #[test]
+    fn rows_have_a_compute_floor_and_say_which_floor_binds() {
+        let report = run_suite(None, &BenchOptions::tiny()).expect("runs");
+        let peak = &report.machine.compute;
+        assert!(
+            peak.ops_1t > 0.0 && peak.ops_all >= peak.ops_1t * 0.5,
+            "{peak:?}"
+        );
+        let row = |name: &str| {
+            report
+                .rows
+                .iter()
+                .find(|r| r.name == name)
+                .unwrap_or_else(|| panic!("no row {name}"))
+        };
+        let ops = |name: &str| row(name).ops_per_element.expect("ops counted");
+        // A tanh per element costs many times a multiply-add streamed through.
+        assert!(
+            ops("gelu") > 3.0 * ops("broadcast"),
+            "{} vs {}",
+            ops("gelu"),
+            ops("broadcast")
+        );
+        // A vector sum: a load and an add per 4 lanes, plus the loop's share.
+        assert!(ops("sum") > 0.2 && ops("sum") < 3.0, "{}", ops("sum"));
+        for r in report.rows.iter().filter(|r| r.kind == Kind::Throughput) {
+            let (floor, which) = r.floor().expect("throughput rows have floors");
+            let larger = r
+                .memory_floor_ms
+                .expect("memory")
+                .max(r.compute_floor_ms.expect("compute"));
+            assert_eq!(floor, larger, "{}", r.name);
+            assert_eq!(which == "compute", r.compute_floor_ms > r.memory_floor_ms);
+            assert!(r.x_floor().expect("ratio") > 0.0);
+        }
+        assert!(row("compile_cached").floor().is_none());
+        let table = report.table();
+        assert!(
+            table.contains("| ops/elem | compute floor ms | x floor |"),
+            "{table}"
+        );
+        assert!(table.contains("compute peak (independent f32x4"), "{table}");
+        let json = report.to_json();
+        assert!(json["rows"][0]["compute_floor_ms"].is_number(), "{json}");
+        assert!(
+            json["machine"]["compute"]["vector_ops_per_s"].is_number(),
+            "{json}"
+        );
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
+
+    #[test]
+    fn a_filter_that_matches_nothing_lists_the_cases() {
+        let e = run_suite(Some("nope"), &BenchOptions::tiny()).expect_err("no case");
+        let text = e.to_string();
+        assert!(
+            text.contains("no case matches 'nope'") && text.contains("colsum"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn rows_count_page_faults_and_timed_runs_reuse_cached_buffers() {
+        let report = run_suite(Some("gelu"), &BenchOptions::tiny()).expect("runs");
+        assert!(report.rows.iter().all(|r| r.faults_per_eval.is_some()));
+        // Each timed run drops its output before the next: the next one reuses it.
+        assert!(report.host_cache.hits >= report.rows.len() as u64);
+        let table = report.table();
+        assert!(table.contains("| faults/eval |"), "{table}");
+        assert!(
+            table.contains("host buffer cache after the run: "),
+            "{table}"
+        );
+    }
+}

@@ -1,0 +1,196 @@
+//! The suite's results as a text table and as one JSON object.
+
+use crate::options::{Kind, Size};
+use crate::run::BenchReport;
+use std::fmt::Write as _;
+
+// ----- output -----
+
+impl BenchReport {
+    /// The whole report as one JSON object: `machine` (cores, CPU, the four measured
+    /// bandwidths and the one used), `size`, and `rows`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let m = &self.machine;
+        let bw = &m.bandwidth;
+        let rows: Vec<serde_json::Value> = self
+            .rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "name": r.name,
+                    "expr": r.expr,
+                    "inputs": r.inputs,
+                    "kind": r.kind.name(),
+                    "backend": r.backend,
+                    "kernels": r.kernels,
+                    "interp_steps": r.interp_steps,
+                    "compiled_kernels": r.compiled_kernels,
+                    "runs": r.runs,
+                    "median_ms": r.median_ms,
+                    "min_ms": r.min_ms,
+                    "run_ms": r.run_ms,
+                    "compile_ms": r.compile_ms,
+                    "ideal_bytes": r.ideal_bytes,
+                    "gbps": r.gbps,
+                    "fraction_of_bandwidth": r.fraction,
+                    "minor_faults_per_eval": r.faults_per_eval,
+                    "warmup_minor_faults": r.warmup_faults,
+                    "ops": r.ops,
+                    "ops_per_element": r.ops_per_element,
+                    "memory_floor_ms": r.memory_floor_ms,
+                    "compute_floor_ms": r.compute_floor_ms,
+                    "x_floor": r.x_floor(),
+                    "floor_binds": r.floor().map(|(_, which)| which),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "machine": {
+                "cores": m.cores,
+                "arch": m.arch,
+                "os": m.os,
+                "cpu": m.cpu,
+                "bandwidth": {
+                    "array_bytes": bw.array_bytes,
+                    "trials": bw.trials,
+                    "threads": bw.threads,
+                    "copy_1t_gbps": bw.copy_1t_gbps,
+                    "triad_1t_gbps": bw.triad_1t_gbps,
+                    "copy_all_gbps": bw.copy_all_gbps,
+                    "triad_all_gbps": bw.triad_all_gbps,
+                    "gbps": bw.gbps(),
+                    "source": bw.source(),
+                },
+                "compute": {
+                    "trials": m.compute.trials,
+                    "threads": m.compute.threads,
+                    "vector_ops_per_s_1t": m.compute.ops_1t,
+                    "vector_ops_per_s": m.compute.ops_all,
+                },
+                "device": m.device.as_ref().map(|(name, gbps)| serde_json::json!({
+                    "name": name,
+                    "copy_gbps": gbps,
+                })),
+            },
+            "size": match self.size { Size::Full => "full", Size::Tiny => "tiny" },
+            "rows": rows,
+            "host_cache": {
+                "hits": self.host_cache.hits,
+                "misses": self.host_cache.misses,
+                "uncacheable": self.host_cache.uncacheable,
+                "bytes_cached": self.host_cache.bytes_cached,
+                "high_water_mark": self.host_cache.high_water_mark,
+                "max_host_cacheable_length": self.host_cache.limits.max_cacheable_length,
+                "max_host_cache": self.host_cache.limits.max_cache,
+            },
+        })
+    }
+
+    /// The machine, its bandwidth and a Markdown table of the rows.
+    pub fn table(&self) -> String {
+        let m = &self.machine;
+        let bw = &m.bandwidth;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "machine: {} cores, {} {}{}",
+            m.cores,
+            m.os,
+            m.arch,
+            m.cpu
+                .as_deref()
+                .map(|c| format!(", {c}"))
+                .unwrap_or_default()
+        );
+        let _ = writeln!(
+            s,
+            "memory bandwidth (STREAM-like, 3 x {} MiB f32, best of {}): copy {:.1} GB/s, triad {:.1} GB/s on 1 thread; copy {:.1} GB/s, triad {:.1} GB/s on {} threads",
+            bw.array_bytes >> 20,
+            bw.trials,
+            bw.copy_1t_gbps,
+            bw.triad_1t_gbps,
+            bw.copy_all_gbps,
+            bw.triad_all_gbps,
+            bw.threads
+        );
+        let _ = writeln!(
+            s,
+            "machine bandwidth = the largest: {:.1} GB/s ({})",
+            bw.gbps(),
+            bw.source()
+        );
+        let _ = writeln!(
+            s,
+            "compute peak (independent f32x4 mul/add chains, best of {}): {:.2} G vector ops/s on 1 thread, {:.2} G on {} threads: the compute floor's rate",
+            m.compute.trials,
+            m.compute.ops_1t / 1e9,
+            m.compute.ops_all / 1e9,
+            m.compute.threads
+        );
+        if let Some((name, gbps)) = &m.device {
+            let _ = writeln!(
+                s,
+                "device: {name}, device-to-device copy {gbps:.1} GB/s (read + written): the floor of the rows below, timed by CUDA events (transfers excluded)"
+            );
+        }
+        s.push('\n');
+        s.push_str("| case | expression | inputs | kernels | runs | median ms | ideal MB | GB/s | of bandwidth | ops/elem | compute floor ms | x floor | faults/eval | note |\n");
+        s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        for r in &self.rows {
+            let kernels = match r.interp_steps {
+                0 => r.kernels.to_string(),
+                n => format!(
+                    "{} ({n} step{} interpreted)",
+                    r.kernels,
+                    if n == 1 { "" } else { "s" }
+                ),
+            };
+            let note = match r.kind {
+                Kind::Throughput => String::new(),
+                Kind::CompileNew => format!("JIT {:.3} ms of it", r.compile_ms),
+                Kind::Cached => format!(
+                    "overhead {:.1} µs (wall less kernel time)",
+                    (r.median_ms - r.run_ms).max(0.0) * 1e3
+                ),
+            };
+            let _ = writeln!(
+                s,
+                "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.name,
+                r.expr,
+                r.inputs,
+                kernels,
+                r.runs,
+                if r.median_ms < 10.0 {
+                    format!("{:.3}", r.median_ms)
+                } else {
+                    format!("{:.1}", r.median_ms)
+                },
+                if r.kind == Kind::Throughput {
+                    format!("{:.1}", r.ideal_bytes as f64 / 1e6)
+                } else {
+                    "-".into()
+                },
+                r.gbps.map_or_else(|| "-".into(), |g| format!("{g:.2}")),
+                r.fraction
+                    .map_or_else(|| "-".into(), |f| format!("{:.1}%", f * 100.0)),
+                r.ops_per_element
+                    .map_or_else(|| "-".into(), |o| format!("{o:.1}")),
+                r.compute_floor_ms
+                    .map_or_else(|| "-".into(), |c| format!("{c:.2}")),
+                r.x_floor()
+                    .zip(r.floor())
+                    .map_or_else(|| "-".into(), |(x, (_, which))| format!("{x:.2}x {which}")),
+                r.faults_per_eval
+                    .map_or_else(|| "-".into(), |f| format!("{f:.0}")),
+                note
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nfaults/eval: minor page faults of one timed eval (median); host buffer cache after the run: {}",
+            self.host_cache
+        );
+        s
+    }
+}

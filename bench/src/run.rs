@@ -1,0 +1,371 @@
+//! Running the suite: each case timed end to end (warm-up, then timed runs within a
+//! budget), set against the floors, one row each.
+
+use crate::cases::{cases, Case};
+use crate::machine::{cpu_model, measure_bandwidth, measure_compute_peak, Bandwidth, Machine};
+use crate::options::{BenchOptions, Kind, Size};
+use ndfuse::{BackendKind, Context, Error, Report, Result, Tensor};
+use ndfuse_runtime::StepPath;
+use std::panic::Location;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// One row of the results.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    /// The case's name.
+    pub name: &'static str,
+    /// The case's expression.
+    pub expr: &'static str,
+    /// Its inputs (`x: f32[4096,4096]`).
+    pub inputs: String,
+    /// What was measured.
+    pub kind: Kind,
+    /// The backend that ran it.
+    pub backend: &'static str,
+    /// Kernels launched by one evaluation ([`Report::kernel_count`]).
+    pub kernels: usize,
+    /// Steps of one evaluation that ran in the reference interpreter (whole nodes, or
+    /// kernels the codegen cannot compile yet).
+    pub interp_steps: usize,
+    /// Kernels JIT-compiled by the last timed run (cache misses): one or more for
+    /// `compile_new`, none for the cases whose kernels the warm-up cached.
+    pub compiled_kernels: usize,
+    /// Timed runs (the warm-up excluded).
+    pub runs: usize,
+    /// Median wall time of one evaluation (`Context::eval_report`, end to end), ms.
+    pub median_ms: f64,
+    /// Fastest run, ms.
+    pub min_ms: f64,
+    /// Median of the runtime's own time running steps, ms: `median_ms` less this is
+    /// the fixed overhead (graph building, scheduling, cache look-ups, copies).
+    pub run_ms: f64,
+    /// Median JIT compile time of a run, ms (zero when every kernel was cached).
+    pub compile_ms: f64,
+    /// Bytes that must move: inputs read once, output written once.
+    pub ideal_bytes: u64,
+    /// `ideal_bytes / median`, GB/s; `None` for the latency cases.
+    pub gbps: Option<f64>,
+    /// `gbps` over the machine's bandwidth: 1.0 is the memory floor.
+    pub fraction: Option<f64>,
+    /// Median minor page faults of one timed evaluation; `None` where the OS does not
+    /// count them.
+    pub faults_per_eval: Option<f64>,
+    /// Minor page faults of the warm-up evaluation (fresh buffers, and the JIT's own
+    /// memory when it compiled).
+    pub warmup_faults: Option<u64>,
+    /// Operations one evaluation's compiled kernels execute: for each kernel,
+    /// [`ndfuse_runtime::jit_ops_per_element`] times its domain's elements; `None` for
+    /// the latency cases and where a kernel was not JIT-compiled or not measurable.
+    pub ops: Option<f64>,
+    /// `ops` over the elements of the kernels' domains (the table's *ops/elem*).
+    pub ops_per_element: Option<f64>,
+    /// `ideal_bytes` over the machine's bandwidth, ms (throughput cases).
+    pub memory_floor_ms: Option<f64>,
+    /// `ops` over the machine's peak vector rate on all threads, ms.
+    pub compute_floor_ms: Option<f64>,
+}
+
+impl Row {
+    /// The larger floor, ms, and which it is (`memory` or `compute`).
+    pub fn floor(&self) -> Option<(f64, &'static str)> {
+        let memory = self.memory_floor_ms?;
+        Some(match self.compute_floor_ms {
+            Some(c) if c > memory => (c, "compute"),
+            _ => (memory, "memory"),
+        })
+    }
+
+    /// The time compared with the larger floor: 1.0 is at the floor. On a GPU the
+    /// kernels' device time, on the host the wall time.
+    pub fn x_floor(&self) -> Option<f64> {
+        let (floor, _) = self.floor()?;
+        let timed = if self.backend == BackendKind::Cuda.name() {
+            self.run_ms
+        } else {
+            self.median_ms
+        };
+        (floor > 0.0).then(|| timed / floor)
+    }
+}
+
+/// What [`run_suite`] measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchReport {
+    /// The machine and its bandwidth.
+    pub machine: Machine,
+    /// Full or tiny shapes.
+    pub size: Size,
+    /// One row per case run, in suite order.
+    pub rows: Vec<Row>,
+    /// The host buffer cache after the last case: its limits and traffic.
+    pub host_cache: ndfuse_runtime::CacheStats,
+}
+
+/// Progress of [`run_suite_with`], for a progress line.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// The bandwidth measurement is about to start.
+    MeasuringBandwidth {
+        /// Bytes of each array.
+        array_bytes: usize,
+    },
+    /// The bandwidth was measured.
+    Bandwidth(&'a Bandwidth),
+    /// A case is about to run.
+    CaseStart {
+        /// 1-based position among the selected cases.
+        index: usize,
+        /// How many cases were selected.
+        total: usize,
+        /// The case.
+        case: &'a Case,
+    },
+    /// A case finished.
+    CaseDone(&'a Row),
+}
+
+/// Runs the cases whose name contains `filter` (every case for `None`) and returns a
+/// row for each, after measuring the machine's bandwidth.
+pub fn run_suite(filter: Option<&str>, opts: &BenchOptions) -> Result<BenchReport> {
+    run_suite_with(filter, opts, &mut |_| {})
+}
+
+/// Like [`run_suite`], calling `on_event` as it goes.
+#[track_caller]
+pub fn run_suite_with(
+    filter: Option<&str>,
+    opts: &BenchOptions,
+    on_event: &mut dyn FnMut(Event<'_>),
+) -> Result<BenchReport> {
+    let at = Location::caller();
+    let all = cases(opts.size);
+    let selected: Vec<&Case> = all
+        .iter()
+        .filter(|c| filter.is_none_or(|f| c.name.contains(f)))
+        .collect();
+    if selected.is_empty() {
+        let names: Vec<&str> = all.iter().map(|c| c.name).collect();
+        return Err(Error::Argument {
+            what: "bench",
+            why: format!(
+                "no case matches '{}' (cases: {})",
+                filter.unwrap_or_default(),
+                names.join(", ")
+            ),
+            at,
+        });
+    }
+    on_event(Event::MeasuringBandwidth {
+        array_bytes: opts.stream_array_bytes,
+    });
+    let bandwidth = measure_bandwidth(opts.stream_array_bytes, opts.stream_trials);
+    on_event(Event::Bandwidth(&bandwidth));
+    let compute = measure_compute_peak(opts.peak_iterations, opts.stream_trials);
+    let device = device_floor(opts)?;
+    let floor = device.as_ref().map_or(bandwidth.gbps(), |d| d.1);
+    let ctx = Context::builder().backend(opts.backend).build()?;
+    let mut rows = Vec::with_capacity(selected.len());
+    for (i, case) in selected.iter().enumerate() {
+        on_event(Event::CaseStart {
+            index: i + 1,
+            total: selected.len(),
+            case,
+        });
+        let row = run_case(&ctx, case, opts, floor, compute.ops_all)?;
+        on_event(Event::CaseDone(&row));
+        rows.push(row);
+    }
+    Ok(BenchReport {
+        machine: Machine {
+            cores: bandwidth.threads,
+            arch: std::env::consts::ARCH,
+            os: std::env::consts::OS,
+            cpu: cpu_model(),
+            bandwidth,
+            compute,
+            device,
+        },
+        size: opts.size,
+        rows,
+        host_cache: ndfuse_runtime::host_cache_stats(),
+    })
+}
+
+/// For `--backend cuda`: device 0 and its copy bandwidth over 2^26 f32 (256 MiB), best
+/// of five copies; `None` for the other backends.
+#[cfg(feature = "cuda")]
+fn device_floor(opts: &BenchOptions) -> Result<Option<(String, f64)>> {
+    if opts.backend != BackendKind::Cuda {
+        return Ok(None);
+    }
+    let cfg = ndfuse_runtime::Config::load().map_err(ndfuse_runtime::RuntimeError::from)?;
+    let dev = ndfuse_runtime::cuda_device(0, &cfg)?;
+    let bytes = match opts.size {
+        Size::Full => 1 << 28,
+        Size::Tiny => 1 << 20,
+    };
+    let gbps = dev.copy_bandwidth(bytes, 5)?;
+    Ok(Some((dev.describe(), gbps)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device_floor(_: &BenchOptions) -> Result<Option<(String, f64)>> {
+    Ok(None)
+}
+
+/// What one timed evaluation measured.
+struct Timed {
+    /// Wall time, ms.
+    wall: f64,
+    /// Minor page faults of the process during the evaluation.
+    faults: Option<u64>,
+    report: Report,
+}
+
+/// One timed evaluation; its output is dropped (back into the host cache) before it
+/// returns, as a loop that consumes each result would.
+fn timed_eval(ctx: &Context, out: &Tensor) -> Result<Timed> {
+    let faults_before = ndfuse_runtime::minor_page_faults();
+    let start = Instant::now();
+    let (arrays, report) = ctx.eval_report(&[out])?;
+    let wall = start.elapsed().as_secs_f64() * 1e3;
+    let faults = ndfuse_runtime::minor_page_faults()
+        .zip(faults_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    drop(arrays);
+    Ok(Timed {
+        wall,
+        faults,
+        report,
+    })
+}
+
+/// A literal no earlier evaluation in this process used, for a graph the kernel cache
+/// cannot have seen.
+fn fresh_salt() -> f64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    1.0 + NEXT.fetch_add(1, Ordering::Relaxed) as f64 * 1e-6
+}
+
+pub(crate) fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Operations the compiled kernels of an evaluation execute (see [`Row::ops`]), and
+/// the elements of their domains.
+fn kernel_ops(report: &Report) -> Option<(f64, f64)> {
+    let schedule = report.evaluation().schedule.as_ref()?;
+    let (mut ops, mut elements) = (0.0, 0.0);
+    for step in &schedule.steps {
+        if let ndfuse_passes::Step::Kernel { kernel, .. } = step {
+            let n = kernel.domain.numel() as f64;
+            ops += ndfuse_runtime::jit_ops_per_element(kernel)? * n;
+            elements += n;
+        }
+    }
+    (elements > 0.0).then_some((ops, elements))
+}
+
+fn run_case(
+    ctx: &Context,
+    case: &Case,
+    opts: &BenchOptions,
+    bandwidth_gbps: f64,
+    peak_ops: f64,
+) -> Result<Row> {
+    let inputs = case.make_inputs(ctx)?;
+    let ideal_bytes = case.ideal_bytes(ctx)?;
+    // The cached case's graph, built once; the compile case builds a new one per run.
+    let fixed = case.build(&inputs, 1.0);
+    let output = || match case.kind {
+        Kind::CompileNew => case.build(&inputs, fresh_salt()),
+        Kind::Throughput | Kind::Cached => fixed.clone(),
+    };
+    // Warm-up: compiles the kernels (and, for the compile case, initialises whatever
+    // the first JIT of the process initialises), so compile time stays out of the
+    // timed runs of the others.
+    let warmup_faults = timed_eval(ctx, &output())?.faults;
+    let (mut walls, mut runs, mut compiles) = (Vec::new(), Vec::new(), Vec::new());
+    let mut faults = Vec::new();
+    let mut last: Option<Report> = None;
+    let started = Instant::now();
+    let max_runs = opts.max_runs.max(1);
+    let min_runs = opts.min_runs.clamp(1, max_runs);
+    while walls.len() < max_runs && (walls.len() < min_runs || started.elapsed() < opts.time_budget)
+    {
+        let out = output();
+        let Timed {
+            wall,
+            faults: f,
+            report,
+        } = timed_eval(ctx, &out)?;
+        walls.push(wall);
+        faults.extend(f.map(|f| f as f64));
+        runs.push(ms(report.evaluation().run_time));
+        compiles.push(ms(report.evaluation().compile_time));
+        last = Some(report);
+    }
+    let report = last.expect("at least one timed run (min_runs >= 1)");
+    let ev = report.evaluation();
+    let median_ms = median(&walls);
+    // On a GPU the wall time is mostly the inputs' upload and the output's download
+    // over PCIe; the kernels' own device time (CUDA events) is what meets the floor.
+    let on_device = ev.backend == BackendKind::Cuda;
+    let timed_ms = if on_device { median(&runs) } else { median_ms };
+    let gbps = (case.kind == Kind::Throughput && timed_ms > 0.0)
+        .then(|| ideal_bytes as f64 / (timed_ms * 1e-3) / 1e9);
+    let throughput = case.kind == Kind::Throughput;
+    let ops = if throughput && !on_device {
+        kernel_ops(&report)
+    } else {
+        None
+    };
+    Ok(Row {
+        name: case.name,
+        expr: case.expr,
+        inputs: case.inputs_text(),
+        kind: case.kind,
+        backend: ev.backend.name(),
+        kernels: report.kernel_count(),
+        interp_steps: ev
+            .paths
+            .iter()
+            .filter(|p| matches!(p, StepPath::Interp | StepPath::KernelInterp { .. }))
+            .count(),
+        compiled_kernels: ev
+            .paths
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p,
+                    StepPath::Jit { cached: false } | StepPath::Cuda { cached: false, .. }
+                )
+            })
+            .count(),
+        runs: walls.len(),
+        median_ms,
+        min_ms: walls.iter().copied().fold(f64::INFINITY, f64::min),
+        run_ms: median(&runs),
+        compile_ms: median(&compiles),
+        ideal_bytes,
+        gbps,
+        fraction: gbps.map(|g| g / bandwidth_gbps),
+        faults_per_eval: (faults.len() == walls.len()).then(|| median(&faults)),
+        warmup_faults,
+        ops: ops.map(|(o, _)| o),
+        ops_per_element: ops.map(|(o, n)| o / n),
+        memory_floor_ms: throughput.then(|| ideal_bytes as f64 / (bandwidth_gbps * 1e9) * 1e3),
+        compute_floor_ms: ops.map(|(o, _)| o / peak_ops * 1e3),
+    })
+}

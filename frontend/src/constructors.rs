@@ -1,0 +1,116 @@
+//! Tensors made from data and constants in a context: from vectors and arrays, scalars,
+//! fills, ranges and seeded random tensors (in the context's default dtype).
+
+use crate::array::Array;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::random::SplitMix64;
+use crate::tensor::Tensor;
+use ndfuse_ir::{DType, Element, HostArray, Scalar, Shape, Storage};
+use std::panic::Location;
+
+impl Context {
+    /// A tensor holding `data` (row-major) with `shape`; `Err` when the element count
+    /// does not match. The dtype is `T`'s (`f32` -> F32, `half::f16` -> F16, ...).
+    #[track_caller]
+    pub fn from_vec<T: Element>(&self, data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
+        // Taken here: a closure would report its own location, not the caller's.
+        let at = Location::caller();
+        let shape = Shape::from(shape);
+        let count = data.len();
+        let arr = HostArray::new(shape.clone(), T::into_storage(data)).ok_or_else(|| {
+            Error::ElementCount {
+                what: "from_vec",
+                count,
+                shape: shape.clone(),
+                expected: shape.numel(),
+                at,
+            }
+        })?;
+        Ok(Tensor::leaf(self, arr))
+    }
+
+    /// Like [`Context::from_vec`], copying from a slice.
+    #[track_caller]
+    pub fn from_slice<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<Tensor> {
+        self.from_vec(data.to_vec(), shape)
+    }
+
+    /// A tensor of an evaluated array's data (to feed results back in).
+    pub fn from_array(&self, a: &Array) -> Tensor {
+        Tensor::leaf(self, a.0.clone())
+    }
+
+    /// A scalar (shape `[]`) of the default dtype.
+    pub fn scalar(&self, value: f64) -> Tensor {
+        Tensor::constant(
+            self,
+            Scalar::F(value),
+            self.default_dtype(),
+            Shape::scalar(),
+        )
+    }
+
+    /// `shape` filled with `value`, of the default dtype.
+    pub fn full(&self, shape: &[usize], value: f64) -> Tensor {
+        self.full_dtype(shape, value, self.default_dtype())
+    }
+
+    /// `shape` filled with `value` converted to `dtype` (numpy's cast rules).
+    pub fn full_dtype(&self, shape: &[usize], value: f64, dtype: DType) -> Tensor {
+        Tensor::constant(self, Scalar::F(value), dtype, Shape::from(shape))
+    }
+
+    /// Zeros of the default dtype.
+    pub fn zeros(&self, shape: &[usize]) -> Tensor {
+        self.full(shape, 0.0)
+    }
+
+    /// Ones of the default dtype.
+    pub fn ones(&self, shape: &[usize]) -> Tensor {
+        self.full(shape, 1.0)
+    }
+
+    /// `start, start + step, ...` below `stop` (above it for a negative step), like
+    /// numpy's `arange`, of the default dtype. `Err` for a zero or non-finite step.
+    #[track_caller]
+    pub fn arange(&self, start: f64, stop: f64, step: f64) -> Result<Tensor> {
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !stop.is_finite() {
+            return Err(Error::Argument {
+                what: "arange",
+                why: format!("start {start}, stop {stop}, step {step}: need finite values and a non-zero step"),
+                at: Location::caller(),
+            });
+        }
+        let n = ((stop - start) / step).ceil().max(0.0) as usize;
+        let vals: Vec<f64> = (0..n).map(|i| start + i as f64 * step).collect();
+        Ok(self.leaf_f64(&vals, Shape(vec![n])))
+    }
+
+    /// Uniform random values in `[low, high)` of the default dtype, from `seed`: the
+    /// same seed gives the same tensor in every release.
+    pub fn rand_uniform(&self, shape: &[usize], low: f64, high: f64, seed: u64) -> Tensor {
+        let mut rng = SplitMix64::new(seed);
+        let shape = Shape::from(shape);
+        let vals: Vec<f64> = (0..shape.numel())
+            .map(|_| low + (high - low) * rng.next_f64())
+            .collect();
+        self.leaf_f64(&vals, shape)
+    }
+
+    /// Normal random values with `mean` and `std` of the default dtype, from `seed`.
+    pub fn rand_normal(&self, shape: &[usize], mean: f64, std: f64, seed: u64) -> Tensor {
+        let mut rng = SplitMix64::new(seed);
+        let shape = Shape::from(shape);
+        let vals: Vec<f64> = (0..shape.numel())
+            .map(|_| mean + std * rng.next_normal())
+            .collect();
+        self.leaf_f64(&vals, shape)
+    }
+
+    fn leaf_f64(&self, vals: &[f64], shape: Shape) -> Tensor {
+        let arr = HostArray::new(shape, Storage::from_f64s(self.default_dtype(), vals))
+            .expect("value count matches the shape by construction");
+        Tensor::leaf(self, arr)
+    }
+}

@@ -1,0 +1,100 @@
+//! The expression language as a library feature: `Context::evaluate`, parse once and
+//! bind many times, and errors that name the column (the CLI's own tests check that
+//! its results equal these).
+
+use ndfuse::{Context, Error, Expr, Tensor};
+
+fn ctx_x() -> (Context, Tensor) {
+    let ctx = Context::new();
+    let x = ctx
+        .from_vec(vec![1.0f32, -2.0, 3.0, 0.5, 4.0, -1.0], &[2, 3])
+        .unwrap();
+    (ctx, x)
+}
+
+#[test]
+fn evaluate_equals_the_same_expression_built_in_rust() {
+    let (ctx, x) = ctx_x();
+    let got = ctx
+        .evaluate("sum(exp(x) * 2 + 1, axis=1)", &[("x", &x)])
+        .unwrap();
+    let want = ((x.exp() * 2.0) + 1.0).sum(1).eval().unwrap();
+    assert_eq!(got, want);
+    let got = ctx.evaluate("softmax(x, axis=-1)", &[("x", &x)]).unwrap();
+    assert_eq!(got, x.softmax(-1).eval().unwrap());
+}
+
+#[test]
+fn a_parsed_expression_binds_to_different_inputs_and_stays_lazy() {
+    let (ctx, x) = ctx_x();
+    let e: Expr = "maximum(x, y) - x".parse().unwrap();
+    assert_eq!(e.text(), "maximum(x, y) - x");
+    let y1 = ctx.zeros(&[3]);
+    let y2 = ctx.full(&[2, 3], 10.0);
+    let a = e.bind(&ctx, &[("x", &x), ("y", &y1)]).unwrap();
+    let b = e.bind(&ctx, &[("y", &y2), ("x", &x)]).unwrap();
+    assert_eq!(a.shape().unwrap(), &[2, 3]);
+    assert_eq!(
+        a.eval().unwrap().to_vec::<f32>().unwrap(),
+        vec![0.0, 2.0, 0.0, 0.0, 0.0, 1.0]
+    );
+    assert_eq!(
+        b.eval().unwrap().to_vec::<f32>().unwrap(),
+        vec![9.0, 12.0, 7.0, 9.5, 6.0, 11.0]
+    );
+    let bound = e
+        .bind_named(
+            &ctx,
+            &[("y".to_string(), y1), ("x".to_string(), x)].into(),
+            "inputs",
+        )
+        .unwrap();
+    assert_eq!(
+        bound.used,
+        vec!["x", "y"],
+        "in the order the text names them"
+    );
+}
+
+fn expr_err(e: Error) -> (usize, String) {
+    match e {
+        Error::Expr { column, message } => (column, message),
+        other => panic!("not an expression error: {other}"),
+    }
+}
+
+#[test]
+fn errors_name_the_column_and_the_shapes() {
+    let (ctx, x) = ctx_x();
+    let y = ctx.zeros(&[4]);
+    let (col, msg) = expr_err(ctx.evaluate("x + y", &[("x", &x), ("y", &y)]).unwrap_err());
+    assert_eq!(col, 3);
+    assert!(msg.contains("f32[2,3]") && msg.contains("f32[4]"), "{msg}");
+    assert!(!msg.contains(".rs:"), "no Rust call site in {msg}");
+
+    let (col, msg) = expr_err(Expr::parse("exp(x))").unwrap_err());
+    assert_eq!(
+        (col, msg.as_str()),
+        (7, "unexpected ')' after a complete expression")
+    );
+
+    let (col, msg) = expr_err(ctx.evaluate("x * q", &[("x", &x)]).unwrap_err());
+    assert_eq!(col, 5);
+    assert!(msg.starts_with("unknown input 'q'"), "{msg}");
+
+    let (col, msg) = expr_err(ctx.evaluate("sum(x, axis=2)", &[("x", &x)]).unwrap_err());
+    assert_eq!(col, 1);
+    assert!(msg.contains("axis 2 is out of range"), "{msg}");
+
+    let (col, msg) = expr_err(ctx.evaluate("expp(x)", &[("x", &x)]).unwrap_err());
+    assert_eq!(col, 1);
+    assert!(msg.contains("did you mean 'exp'"), "{msg}");
+
+    let err = ctx.evaluate("x", &[("x", &x), ("x", &x)]).unwrap_err();
+    assert!(err.to_string().contains("given more than once"), "{err}");
+    assert!(ctx
+        .evaluate("x +", &[("x", &x)])
+        .unwrap_err()
+        .to_string()
+        .starts_with("at column "));
+}
