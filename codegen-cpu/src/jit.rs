@@ -4,7 +4,8 @@
 use crate::error::CodegenError;
 use crate::isa::host_isa;
 use crate::libcalls;
-use crate::lower::{self, Phase};
+use crate::lower::layout::{ColumnBand, Phase, SplitLayout, BAND};
+use crate::lower::{self, kernel_signature};
 use crate::support::supports;
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
@@ -184,9 +185,9 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
 
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
-    let sig = lower::kernel_signature(module);
-    let layout = lower::SplitLayout::of(kernel);
-    let band = lower::ColumnBand::of(kernel).is_some();
+    let sig = kernel_signature(module);
+    let layout = SplitLayout::of(kernel);
+    let band = ColumnBand::of(kernel).is_some();
     let phases = layout.as_ref().map_or(vec![Phase::Whole], |l| l.phases());
     let mut clif_parts: Vec<(String, cranelift_codegen::ir::Function)> = Vec::new();
     let mut ids = Vec::with_capacity(phases.len());
@@ -248,7 +249,7 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
             // A band kernel's call covers whole bands of columns (but the last).
             let mut chunk = chunk_units(unit, unit_len);
             if band {
-                chunk = chunk.next_multiple_of(lower::BAND);
+                chunk = chunk.next_multiple_of(BAND);
             }
             Stage {
                 entry,

@@ -15,8 +15,7 @@
 //! shapes only (the buffer has a fixed size limit, [`ROW_CACHE_BYTES`]), never on the
 //! number of threads. Split kernels, whose row is spread over calls, never cache.
 
-use super::cl_type;
-use super::Lowering;
+use super::function::{cl_type, Lowering, Offset};
 use cranelift_codegen::ir::{
     types, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Type, Value,
 };
@@ -237,7 +236,7 @@ impl<M: Module> Lowering<'_, '_, M> {
         let dtype = kernel.body[v].dtype.compute_dtype();
         debug_assert_eq!(cl_type(dtype).bytes() as usize, dtype.size_bytes());
         let row = cache.plan.at[v].expect("only cached values are loaded or stored (a bug)");
-        let off = super::Offset {
+        let off = Offset {
             var: Some(j),
             elems: lane,
         };

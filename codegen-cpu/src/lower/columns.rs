@@ -29,22 +29,15 @@
 //! loads) is lowered row by row (`rows`), reading its columns with strides: correct,
 //! and rare enough in practice not to pay for a second band loop here.
 
-use super::rows::{per_row, schedule, Bound};
-use super::vector::vector_op;
-use super::{Lowering, Offset};
-use crate::index::{self, Access, IndexPlan};
+use super::function::{input_flags, vector_input_flags, Lowering, Offset};
+use super::layout::{Across, ColumnBand, BAND};
+use super::sweep::{Acc, Bound};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{
     types, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Type, Value,
 };
 use cranelift_module::Module;
-use ndfuse_ir::{Accumulate, DType, Expr, Kernel, Level, Plan, Shape, View};
-
-/// Columns per band: each row of a band is a run of 4 KiB (f32; 8 KiB of f64), a page,
-/// which the prefetcher streams (256 columns, 1 KiB runs, ran 3x slower on [4096,4096]
-/// f32; 4096 columns left one band for two threads); the accumulators (4 KiB of f32 a
-/// reduction) stay in L1. A multiple of every vector width and of `UNROLL` vectors.
-pub(crate) const BAND: usize = 1024;
+use ndfuse_ir::{DType, Expr, Kernel, Level};
 
 /// Rows accumulated per pass across the band: each accumulator is loaded and stored
 /// once for them, and as many streams of memory are read at once.
@@ -53,128 +46,6 @@ const ROWS_AT_ONCE: i64 = 4;
 /// Vectors per iteration of the band loop: fewer loop and address instructions per
 /// vector (the loop is bound by them, not by memory, at one vector an iteration).
 const UNROLL: i64 = 4;
-
-/// How a load of a band kernel finds column `col`'s element.
-#[derive(Clone, Copy)]
-enum Across {
-    /// At `col + offset` plus the reduced part: contiguous across columns.
-    Contiguous(i64),
-    /// At `offset` plus the reduced part, the same element for every column.
-    Fixed(i64),
-}
-
-/// A kernel the band loop applies to, and what lowering it needs.
-pub(crate) struct ColumnBand {
-    /// Float type of every element value and reduction.
-    dtype: DType,
-    /// Plan of the reduced axes (the position `j` down a column).
-    red: IndexPlan,
-    /// Per instruction that is a load: across columns, and along the reduced axes.
-    loads: Vec<Option<(Across, Access)>>,
-    /// Element values the sweep computes.
-    need: Vec<bool>,
-    /// The reductions, in body order.
-    reduces: Vec<(usize, Accumulate, usize)>,
-}
-
-impl ColumnBand {
-    /// The band plan of `kernel`, or `None` when it is lowered row by row (see the
-    /// module docs for what the band loop covers).
-    pub(crate) fn of(kernel: &Kernel) -> Option<ColumnBand> {
-        if !matches!(kernel.plan, Plan::Columns { .. }) {
-            return None;
-        }
-        let (rows, row_len) = (kernel.rows(), kernel.row_len());
-        if rows == 0 || row_len == 0 || schedule(kernel).sweeps != 1 {
-            return None;
-        }
-        let levels = kernel.levels();
-        if kernel.stores.iter().any(|s| !per_row(kernel, &levels, s)) {
-            return None;
-        }
-        let mut reduces = Vec::new();
-        let mut dtype = None;
-        for (v, ins) in kernel.body.iter().enumerate() {
-            match &ins.expr {
-                Expr::Reduce(acc, x) => {
-                    reduces.push((v, *acc, x.index()));
-                    if *dtype.get_or_insert(ins.dtype) != ins.dtype {
-                        return None;
-                    }
-                }
-                Expr::ArgReduce(..) => return None,
-                Expr::Load { .. } if levels[v] == Level::Row => return None,
-                _ => {}
-            }
-        }
-        let dtype = dtype?;
-        if !dtype.is_float() {
-            return None;
-        }
-        let targets: Vec<usize> = reduces.iter().map(|&(_, _, x)| x).collect();
-        let need = super::rows::element_closure(kernel, &levels, &targets);
-
-        // Index plans of the kept axes (across columns) and of the reduced ones.
-        let rank = kernel.domain.rank();
-        let kept_axes: Vec<usize> = (0..rank)
-            .filter(|a| !kernel.reduce_axes.contains(a))
-            .collect();
-        let dims = kernel.domain.dims();
-        let shape_of =
-            |axes: &[usize]| Shape::new(axes.iter().map(|&a| dims[a]).collect::<Vec<_>>());
-        let mut kept_views = Vec::new();
-        let mut red_views = Vec::new();
-        for ins in &kernel.body {
-            if let Expr::Load { view, .. } = &ins.expr {
-                kept_views.push(super::rows::restrict(view, &kept_axes, view.offset));
-                red_views.push(super::rows::restrict(view, &kernel.reduce_axes, 0));
-            }
-        }
-        let kept_refs: Vec<&View> = kept_views.iter().collect();
-        let red_refs: Vec<&View> = red_views.iter().collect();
-        let (kept_plan, kacc) = index::plan(&shape_of(&kept_axes), &kept_refs);
-        let (red, racc) = index::plan(&shape_of(&kernel.reduce_axes), &red_refs);
-        let mut pairs = kacc.into_iter().zip(racc);
-        let mut loads = Vec::with_capacity(kernel.body.len());
-        for (v, ins) in kernel.body.iter().enumerate() {
-            let Expr::Load { .. } = ins.expr else {
-                loads.push(None);
-                continue;
-            };
-            let (kept, red) = pairs.next().expect("one access pair per load");
-            let across = match kept {
-                Access::Contiguous => Across::Contiguous(0),
-                Access::Fixed(at) => Across::Fixed(at),
-                // One group of stride 1: contiguous from an offset (a sliced input).
-                Access::Strided { offset, strides }
-                    if kept_plan.extents.len() == 1 && strides == [1] =>
-                {
-                    Across::Contiguous(offset)
-                }
-                // Not contiguous across columns: fine for a load no sweep needs.
-                Access::Strided { .. } if !need[v] => {
-                    loads.push(None);
-                    continue;
-                }
-                Access::Strided { .. } => return None,
-            };
-            loads.push(Some((across, red)));
-        }
-        for (v, ins) in kernel.body.iter().enumerate() {
-            let load = matches!(ins.expr, Expr::Load { .. });
-            if need[v] && (ins.dtype != dtype || !(load || vector_op(kernel, &ins.expr, dtype))) {
-                return None;
-            }
-        }
-        Some(ColumnBand {
-            dtype,
-            red,
-            loads,
-            need,
-            reduces,
-        })
-    }
-}
 
 impl<M: Module> Lowering<'_, '_, M> {
     /// The whole function of a `Columns` kernel that `band` applies to; `start..end`
@@ -253,7 +124,7 @@ impl<M: Module> Lowering<'_, '_, M> {
             .reduces
             .iter()
             .map(|&(_, acc, _)| {
-                let init = self.acc_init(super::rows::Acc::Plain(acc), band.dtype);
+                let init = self.acc_init(Acc::Plain(acc), band.dtype);
                 self.b.ins().splat(vt, init)
             })
             .collect();
@@ -431,9 +302,9 @@ impl<M: Module> Lowering<'_, '_, M> {
                             };
                             let (addr, imm) = self.address(base, off, ins.dtype);
                             let flags = if ty.is_vector() {
-                                super::vector_input_flags()
+                                vector_input_flags()
                             } else {
-                                super::input_flags()
+                                input_flags()
                             };
                             self.load_typed(ins.dtype, ty, flags, addr, imm)
                         }

@@ -24,7 +24,7 @@
 //! vectors (I32X4/F32X4): the candidates are computed and one is picked by `select`
 //! (scalars) or `bitselect` on the lane masks of a vector comparison.
 
-use super::Lowering;
+use super::function::Lowering;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::immediates::Ieee32;
 use cranelift_codegen::ir::{types, Endianness, InstBuilder, MemFlagsData, Type, Value};

@@ -53,8 +53,8 @@
 //! candidates combine pairwise, the better value or on a tie (equal values, two NaNs)
 //! the smaller index: the row's first best element, as the reference's.
 
-use super::rows::{Acc, AccInfo, Bound, Range, SweepEnv};
-use super::{Lowering, Offset};
+use super::function::{vector_input_flags, Lowering, Offset};
+use super::sweep::{Acc, AccInfo, Bound, Range, SweepEnv};
 use crate::index::{Access, IndexPlan};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::MemFlagsData;
@@ -266,7 +266,7 @@ impl<M: Module> Lowering<'_, '_, M> {
         let len = self.b.ins().isub(end, start);
         let vlen = self.b.ins().band_imm_s(len, -step);
         let vend = self.b.ins().iadd(start, vlen);
-        let flags = super::vector_input_flags();
+        let flags = vector_input_flags();
         self.counted_loop(start, Bound::Value(vend), step, true, &[], |lw, i, _| {
             for u in 0..ELEMENTWISE_UNROLL {
                 let at = Offset {
@@ -764,7 +764,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                         elems: kept.elems + lane,
                     };
                     let (addr, imm) = self.address(env.in_bases[*input], off, ins.dtype);
-                    let flags = super::vector_input_flags();
+                    let flags = vector_input_flags();
                     self.load_typed(ins.dtype, vt, flags, addr, imm)
                 }
                 _ => self.compute(kernel, v, &vals)?,

@@ -1,3 +1,17 @@
+//! The loops of element-wise kernels: the flat loop over positions `start..end` (a
+//! vector loop first when every load is contiguous or fixed and every op has a vector
+//! form, `vector::elementwise_vectors`, then the scalar loop for the rest), and the row
+//! loop below for kernels whose loads broadcast.
+//!
+//! ```text
+//! block0(ptrs, start, end):   brif start < end, block1, block3
+//! block1:                     buffer pointers from ptrs; loads of fixed elements
+//!                             jump block2(start)
+//! block2(i):                  index math, loads, the body, stores
+//!                             brif i + 1 < end, block2(i + 1), block3
+//! block3:                     return
+//! ```
+//!
 //! The row loop of element-wise kernels whose loads broadcast: loads that repeat along
 //! the rows of the domain (`b[M]` in `a[N,M] * b[M]`: stride 0 outside, contiguous
 //! along the innermost group of axes) or hold one value per row (`c[N,1]`: stride 0
@@ -13,18 +27,18 @@
 //!   brif rowend < end, rowhead(rowend), exit
 //! ```
 //!
-//! Each position computes exactly the ops the scalar loop of `lower` would, on the same
+//! Each position computes exactly the ops the flat scalar loop would, on the same
 //! elements (vector and scalar code give the same bits: `vmath`), so results are
 //! unchanged; only the index arithmetic moves out of the inner loop.
 
-use super::rows::Bound;
-use super::vector::{lane_vector, vector_op};
-use super::{cl_type, Lowering, Offset};
-use crate::index::{Access, IndexPlan};
+use super::function::{cl_type, input_flags, vector_input_flags, Lowering, Offset};
+use super::sweep::Bound;
+use super::vector::{elementwise_type, lane_vector, vector_op};
+use crate::index::{self, Access, IndexPlan};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_module::Module;
-use ndfuse_ir::{Expr, Kernel};
+use ndfuse_ir::{Expr, Kernel, View};
 
 /// Vectors per iteration of the inner loop.
 const UNROLL: i64 = 2;
@@ -81,6 +95,123 @@ fn along(access: &Option<Access>) -> Option<Along> {
 }
 
 impl<M: Module> Lowering<'_, '_, M> {
+    /// The function of an element-wise kernel over positions `start..end`: the row
+    /// loop where loads broadcast (`row_loop_type`), else vectors first where the kernel
+    /// allows (`vector::elementwise_vectors`) and the scalar loop for the rest.
+    pub(super) fn elementwise_kernel(
+        &mut self,
+        kernel: &Kernel,
+        (ptrs, start, end): (Value, Value, Value),
+    ) -> Result<(), String> {
+        // An empty domain has no element to read; its views need not even be
+        // decomposable, so emit no loop at all.
+        if kernel.domain.numel() == 0 {
+            self.b.ins().return_(&[]);
+            return Ok(());
+        }
+
+        let preheader = self.b.create_block();
+        let body = self.b.create_block();
+        let exit = self.b.create_block();
+        let i = self.b.append_block_param(body, types::I64);
+
+        let nonempty = self.b.ins().icmp(IntCC::SignedLessThan, start, end);
+        self.b.ins().brif(nonempty, preheader, &[], exit, &[]);
+
+        // Preheader: everything that does not depend on the position.
+        self.b.switch_to_block(preheader);
+        let bases = self.buffer_bases(kernel, ptrs);
+        let (in_bases, out_bases) = bases.split_at(kernel.inputs.len());
+
+        let views: Vec<&View> = kernel
+            .body
+            .iter()
+            .filter_map(|ins| match &ins.expr {
+                Expr::Load { view, .. } => Some(view),
+                _ => None,
+            })
+            .collect();
+        let (plan, accesses) = index::plan(&kernel.domain, &views);
+        let mut accesses = accesses.into_iter();
+
+        // Loads of one fixed element (broadcast scalars) are loop-invariant; in bounds
+        // whenever the loop runs, since the domain is not empty.
+        let mut values: Vec<Option<Value>> = vec![None; kernel.body.len()];
+        let mut load_access: Vec<Option<Access>> = vec![None; kernel.body.len()];
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if let Expr::Load { input, .. } = &ins.expr {
+                let access = accesses.next().expect("one access per load");
+                if let Access::Fixed(elems) = access {
+                    let off = Offset { var: None, elems };
+                    values[v] = Some(self.load_at(in_bases[*input], off, ins.dtype));
+                } else {
+                    load_access[v] = Some(access);
+                }
+            }
+        }
+        // Loads that broadcast along rows or per row: the row loop does every position.
+        if elementwise_type(kernel, &plan, &load_access).is_none() {
+            if let Some(vt) = row_loop_type(kernel, &plan, &load_access) {
+                let loads = (&plan, &load_access[..]);
+                let bases = (in_bases, out_bases);
+                self.elementwise_rows(kernel, (start, end, exit), loads, &values, vt, bases)?;
+                self.b.switch_to_block(exit);
+                self.b.ins().return_(&[]);
+                return Ok(());
+            }
+        }
+        // Vectors first where the kernel allows, then scalars for the rest.
+        match elementwise_type(kernel, &plan, &load_access) {
+            Some(vt) => {
+                let bases = (in_bases, out_bases);
+                let loads = (&plan, &load_access[..]);
+                let vend =
+                    self.elementwise_vectors(kernel, (start, end), loads, &values, vt, bases)?;
+                let more = self.b.ins().icmp(IntCC::SignedLessThan, vend, end);
+                self.b.ins().brif(more, body, &[vend.into()], exit, &[]);
+            }
+            None => {
+                self.b.ins().jump(body, &[start.into()]);
+            }
+        }
+
+        // Loop body.
+        self.b.switch_to_block(body);
+        let indices = self.decompose(&plan, i);
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if values[v].is_some() {
+                continue;
+            }
+            let value = match &ins.expr {
+                Expr::Load { input, .. } => {
+                    let access = load_access[v].take().expect("a load's access was planned");
+                    let off = self.element_offset(&access, &indices, i);
+                    self.load_at(in_bases[*input], off, ins.dtype)
+                }
+                _ => self.compute(kernel, v, &values)?,
+            };
+            values[v] = Some(value);
+        }
+        for s in &kernel.stores {
+            let value = values[s.value.index()].expect("stored values are defined");
+            let dtype = kernel.body[s.value.index()].dtype;
+            let at = Offset {
+                var: Some(i),
+                elems: 0,
+            };
+            let (addr, imm) = self.address(out_bases[s.output], at, dtype);
+            self.store_typed(dtype, MemFlagsData::trusted(), value, addr, imm);
+        }
+        let one = self.iconst(1);
+        let next = self.b.ins().iadd(i, one);
+        let more = self.b.ins().icmp(IntCC::SignedLessThan, next, end);
+        self.b.ins().brif(more, body, &[next.into()], exit, &[]);
+
+        self.b.switch_to_block(exit);
+        self.b.ins().return_(&[]);
+        Ok(())
+    }
+
     /// The row loop over positions `[start, end)` (`start < end`), ending in a jump to
     /// `exit`. `fixed` holds the values of fixed loads (made before the loop).
     #[allow(clippy::too_many_arguments)]
@@ -224,11 +355,11 @@ impl<M: Module> Lowering<'_, '_, M> {
                     let (addr, imm) = self.address(base, off, ins.dtype);
                     match vt {
                         Some(vt) => {
-                            let flags = super::vector_input_flags();
+                            let flags = vector_input_flags();
                             self.load_typed(ins.dtype, vt, flags, addr, imm)
                         }
                         None => {
-                            let flags = super::input_flags();
+                            let flags = input_flags();
                             self.load_typed(ins.dtype, cl_type(ins.dtype), flags, addr, imm)
                         }
                     }
