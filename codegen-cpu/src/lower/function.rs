@@ -40,6 +40,8 @@ pub(super) fn vector_input_flags() -> MemFlagsData {
     MemFlagsData::new().with_notrap().with_readonly()
 }
 
+/// One function being written: Cranelift's builder, the module its imports are declared
+/// in, and caches of what the function already computes.
 pub(super) struct Lowering<'f, 'm, M: Module> {
     pub(super) b: FunctionBuilder<'f>,
     pub(super) module: &'m mut M,
