@@ -49,6 +49,7 @@
 //!     reduce_axes: vec![],
 //!     plan: Plan::Elementwise,
 //!     plan_reason: "element-wise".into(),
+//!     contraction: None,
 //! };
 //! let compiled = compile(&kernel).expect("f32 add compiles");
 //! let a = HostArray::from_f64s(DType::F32, shape.clone(), &[1.0, 2.0, 3.0, 4.0]);

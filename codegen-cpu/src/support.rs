@@ -10,6 +10,11 @@ use ndfuse_ir::{Expr, Kernel, Level, Plan};
 /// cannot bound its view, and the reference reads nothing for it.
 pub(crate) const EMPTY_ROW_LOAD_UNSUPPORTED: &str = "a row-level load in a kernel with empty rows (row_len 0) is not JIT-compiled: its view is not bounds-checked over an empty domain; the interpreter runs this kernel";
 
+/// Why a kernel with a matrix product goes to the interpreter: the product is not
+/// computed by this code generator.
+pub(crate) const CONTRACTION_UNSUPPORTED: &str =
+    "a matrix product (its GEMM is not run by the JIT yet); the interpreter runs this kernel";
+
 /// Whether this code generator can compile `kernel`.
 ///
 /// `Err(reason)` names the first thing it cannot do yet, or the first problem of a
@@ -37,6 +42,11 @@ pub fn supports(kernel: &Kernel) -> Result<(), String> {
                 "invalid kernel description: plan {plan} without reduce axes"
             ))
         }
+    }
+    if kernel.contraction.is_some() {
+        // Its last input is the product, filled by a GEMM the runtime runs; the JIT
+        // would be handed one pointer fewer than the kernel reads.
+        return Err(CONTRACTION_UNSUPPORTED.to_string());
     }
     if !cfg!(target_pointer_width = "64") {
         return Err("the CPU code generator needs a 64-bit host (it indexes in i64)".to_string());

@@ -76,6 +76,12 @@ pub fn emit(kernel: &Kernel, opts: &CudaOptions) -> Result<CudaKernel, CudaError
         kernel: kernel.name.clone(),
         problems: problems.join("; "),
     })?;
+    if kernel.contraction.is_some() {
+        return Err(CudaError::Invalid {
+            kernel: kernel.name.clone(),
+            problems: "matrix products are not emitted as CUDA C yet".into(),
+        });
+    }
     let mut g = Gen::new(kernel, opts);
     let (launches, strategy) = if kernel.reduce_axes.is_empty() {
         g.elementwise()

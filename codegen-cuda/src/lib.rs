@@ -24,6 +24,7 @@
 //!     reduce_axes: vec![],
 //!     plan: Plan::Elementwise,
 //!     plan_reason: "element-wise".into(),
+//!     contraction: None,
 //! };
 //! let cuda = emit(&kernel, &CudaOptions::default()).expect("a valid kernel renders");
 //! assert!(cuda.source.contains("extern \"C\" __global__ void __launch_bounds__(256) k0_exp("));

@@ -25,6 +25,7 @@ mod array;
 mod composite;
 mod constructors;
 mod context;
+mod contract;
 mod error;
 mod eval;
 pub mod expr;
@@ -39,6 +40,7 @@ mod tensor;
 
 pub use array::Array;
 pub use context::{Context, ContextBuilder};
+pub use contract::matmul;
 pub use error::{Error, Result};
 pub use expr::{Expr, ExprError};
 pub use ndfuse_ir::{DType, ReduceOp};

@@ -155,6 +155,20 @@ pub enum IrError {
         /// The reduced axes.
         axes: Vec<usize>,
     },
+    /// A matrix product whose operands disagree on the contracted extent.
+    #[error("{op}: {lhs} @ {rhs}: {lhs_k} != {rhs_k} (the last axis of the left operand must equal the second-to-last of the right)")]
+    Contraction {
+        /// The op being built.
+        op: &'static str,
+        /// Left operand (after 1-D promotion).
+        lhs: TensorType,
+        /// Right operand (after 1-D promotion).
+        rhs: TensorType,
+        /// Contracted extent of the left operand (its last axis).
+        lhs_k: usize,
+        /// Contracted extent of the right operand (its second-to-last axis).
+        rhs_k: usize,
+    },
     /// Wrong number of operands for the op.
     #[error("{op} takes {expected} operands, got {got}")]
     Arity {

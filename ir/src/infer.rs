@@ -60,7 +60,55 @@ pub fn infer(op: &Op, operands: &[TensorType]) -> Result<TensorType, IrError> {
             })
         }
         Op::View(v) => infer_view(v, &operands[0]),
+        Op::MatMul => infer_matmul(&operands[0], &operands[1]),
     }
+}
+
+/// `[..., M, K] @ [..., K, N] -> [..., M, N]` with the batch axes broadcast.
+fn infer_matmul(a: &TensorType, b: &TensorType) -> Result<TensorType, IrError> {
+    const OP: &str = "matmul";
+    for x in [a, b] {
+        if x.shape.rank() < 2 {
+            return Err(IrError::BadDType {
+                op: OP,
+                operand: x.clone(),
+                why: "the IR's matmul takes operands of rank 2 or more (the frontend promotes 1-D operands; 0-d operands have no matrix product)",
+            });
+        }
+        if x.dtype == DType::Bool {
+            return Err(IrError::BadDType {
+                op: OP,
+                operand: x.clone(),
+                why: CAST_FIRST,
+            });
+        }
+    }
+    same_dtype(OP, a, b)?;
+    let (ad, bd) = (a.shape.dims(), b.shape.dims());
+    let (ra, rb) = (ad.len(), bd.len());
+    let (m, k) = (ad[ra - 2], ad[ra - 1]);
+    let (k2, n) = (bd[rb - 2], bd[rb - 1]);
+    if k != k2 {
+        return Err(IrError::Contraction {
+            op: OP,
+            lhs: a.clone(),
+            rhs: b.clone(),
+            lhs_k: k,
+            rhs_k: k2,
+        });
+    }
+    let batch = Shape::broadcast(&Shape::new(&ad[..ra - 2]), &Shape::new(&bd[..rb - 2]))
+        .ok_or_else(|| IrError::Broadcast {
+            op: OP,
+            lhs: a.clone(),
+            rhs: b.clone(),
+        })?;
+    let mut dims = batch.dims().to_vec();
+    dims.extend([m, n]);
+    Ok(TensorType {
+        dtype: a.dtype,
+        shape: Shape::new(dims),
+    })
 }
 
 fn infer_unary(u: UnaryOp, x: &TensorType) -> Result<TensorType, IrError> {

@@ -18,6 +18,7 @@
 //! `elementwise` (unary, binary, `where`, casts), `reduce` (reductions, arg-reductions),
 //! `error`, and `kernel` (kernel descriptions, by chunk or by row).
 
+mod contract;
 mod elementwise;
 mod error;
 mod kernel;
@@ -68,6 +69,7 @@ fn compute(node: &Node, operands: &[&Tensor]) -> Tensor {
             let view = view_of(v, &operands[0].shape);
             operands[0].vals.gather(Offsets::of_view(&view))
         }
+        Op::MatMul => contract::matmul(operands[0], operands[1], &node.shape, node.dtype),
     };
     debug_assert_eq!(
         vals.len(),

@@ -221,6 +221,54 @@ impl fmt::Display for Plan {
     }
 }
 
+/// A matrix product that feeds a kernel's body: a GEMM whose element-wise epilogue is
+/// the body. For each position `[b..., m, n]` of the kernel's domain (`[batch..., M,
+/// N]`), `product[b..., m, n] = sum over k of lhs[b..., m, k] * rhs[b..., k, n]`,
+/// accumulated in [`Contraction::dtype`] and written row-major into input buffer
+/// [`Contraction::product`], which the body then loads like any input. A backend fills
+/// the product one block of `block_rows` rows of M at a time and runs the body over that
+/// block while it is still in cache. `block_rows` depends on shapes only, so results do
+/// not depend on the thread count.
+///
+/// The product buffer is always the kernel's last input and has no graph node: callers
+/// bind every input but that one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Contraction {
+    /// Input holding the left operand.
+    pub lhs: usize,
+    /// Index map of the left operand: shape `[batch..., M, K]` (broadcast batch axes
+    /// have stride 0; a transpose is just its strides).
+    pub lhs_view: View,
+    /// Input holding the right operand.
+    pub rhs: usize,
+    /// Index map of the right operand: shape `[batch..., K, N]`.
+    pub rhs_view: View,
+    /// The input the product fills: the last one, `domain.numel()` elements of `dtype`.
+    pub product: usize,
+    /// The dtype operands are read as and the product accumulates in: f32 for f16, bf16
+    /// and f32 operands, else the operands' own (f64, i32, i64; integers wrap).
+    pub dtype: DType,
+    /// Rows of M filled before the epilogue runs over them.
+    pub block_rows: usize,
+}
+
+impl Contraction {
+    /// The extents `(batch, m, n, k)`: batch positions, then the matrix sizes.
+    pub fn extents(&self) -> (usize, usize, usize, usize) {
+        let l = self.lhs_view.shape.dims();
+        let r = self.rhs_view.shape.dims();
+        let (m, k) = (l[l.len() - 2], l[l.len() - 1]);
+        let n = r[r.len() - 1];
+        (l[..l.len() - 2].iter().product(), m, n, k)
+    }
+
+    /// Multiply-adds it performs.
+    pub fn flops(&self) -> usize {
+        let (b, m, n, k) = self.extents();
+        2 * b * m * n * k
+    }
+}
+
 /// A fused kernel, ready for a codegen. See the module docs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Kernel {
@@ -244,6 +292,8 @@ pub struct Kernel {
     pub plan: Plan,
     /// Why the plan was chosen, for dumps.
     pub plan_reason: String,
+    /// The matrix product whose epilogue the body is, if any (see [`Contraction`]).
+    pub contraction: Option<Contraction>,
 }
 
 impl Kernel {
@@ -255,21 +305,34 @@ impl Kernel {
             .iter()
             .enumerate()
             .map(|(i, b)| {
+                let extent = |view: &View| {
+                    view.shape
+                        .dims()
+                        .iter()
+                        .zip(&view.strides)
+                        .filter(|&(_, &st)| st != 0)
+                        .map(|(&d, _)| d)
+                        .product::<usize>()
+                };
+                // A contraction's operands are read through its views; its product is
+                // scratch filled and read block by block in cache, not memory traffic.
+                let (operand, product) = match &self.contraction {
+                    Some(c) if c.product == i => (None, true),
+                    Some(c) if c.lhs == i => (Some(extent(&c.lhs_view)), false),
+                    Some(c) if c.rhs == i => (Some(extent(&c.rhs_view)), false),
+                    _ => (None, false),
+                };
+                if product {
+                    return 0;
+                }
                 let reached = self
                     .body
                     .iter()
                     .filter_map(|ins| match &ins.expr {
-                        Expr::Load { input, view } if *input == i => Some(
-                            view.shape
-                                .dims()
-                                .iter()
-                                .zip(&view.strides)
-                                .filter(|&(_, &st)| st != 0)
-                                .map(|(&d, _)| d)
-                                .product::<usize>(),
-                        ),
+                        Expr::Load { input, view } if *input == i => Some(extent(view)),
                         _ => None,
                     })
+                    .chain(operand)
                     .max()
                     .unwrap_or(0);
                 reached.min(b.len) * b.dtype.size_bytes()
@@ -493,6 +556,9 @@ impl Kernel {
                 }
             }
         }
+        if let Some(c) = &self.contraction {
+            self.check_contraction(c, &mut errs);
+        }
         let mut stored = vec![0usize; self.outputs.len()];
         for s in &self.stores {
             match (self.body.get(s.value.index()), self.outputs.get(s.output)) {
@@ -535,6 +601,86 @@ impl Kernel {
     }
 }
 
+impl Kernel {
+    /// The invariants of a contraction (see [`Contraction`]): operand views of the right
+    /// shapes reading inside their buffers, the product as the last input, a plain
+    /// element-wise body.
+    fn check_contraction(&self, c: &Contraction, errs: &mut Vec<String>) {
+        let d = self.domain.dims();
+        let (l, r) = (c.lhs_view.shape.dims(), c.rhs_view.shape.dims());
+        if d.len() < 2 || l.len() != d.len() || r.len() != d.len() {
+            errs.push(format!(
+                "contraction views {} and {} do not fit the domain {}",
+                c.lhs_view, c.rhs_view, self.domain
+            ));
+            return;
+        }
+        let b = d.len() - 2;
+        let ok = l[..b] == d[..b]
+            && r[..b] == d[..b]
+            && l[b] == d[b]
+            && r[b + 1] == d[b + 1]
+            && l[b + 1] == r[b];
+        if !ok {
+            errs.push(format!(
+                "contraction views {} @ {} do not give the domain {}",
+                c.lhs_view.shape, c.rhs_view.shape, self.domain
+            ));
+        }
+        if !self.reduce_axes.is_empty() {
+            errs.push("a contraction's body (its epilogue) cannot reduce".to_string());
+        }
+        if c.block_rows == 0 {
+            errs.push("a contraction's block has no rows".to_string());
+        }
+        if c.product + 1 != self.inputs.len() {
+            errs.push(format!("the product in{} is not the last input", c.product));
+        } else if self.inputs[c.product]
+            != (Buffer {
+                dtype: c.dtype,
+                len: self.domain.numel(),
+            })
+        {
+            errs.push(format!(
+                "the product in{} is not {}[{}]",
+                c.product,
+                c.dtype,
+                self.domain.numel()
+            ));
+        }
+        for (what, input, view) in [("lhs", c.lhs, &c.lhs_view), ("rhs", c.rhs, &c.rhs_view)] {
+            match self.inputs.get(input) {
+                Some(buf) if input != c.product => {
+                    if view.strides.len() != view.shape.rank() {
+                        errs.push(format!(
+                            "the {what} view {view} has the wrong number of strides"
+                        ));
+                    } else if let Some((lo, hi)) = view.span() {
+                        if lo < 0 || hi >= buf.len as i128 {
+                            errs.push(format!(
+                                "the {what} view reads offsets {lo}..={hi} of in{input} ({} elements)",
+                                buf.len
+                            ));
+                        }
+                    }
+                    let want = if buf.dtype.is_half() {
+                        DType::F32
+                    } else {
+                        buf.dtype
+                    };
+                    if want != c.dtype {
+                        errs.push(format!(
+                            "the {what} operand in{input} of {} does not accumulate in {}",
+                            buf.dtype, c.dtype
+                        ));
+                    }
+                }
+                _ => errs.push(format!("the {what} operand in{input} is not an input")),
+            }
+        }
+    }
+}
+
 impl fmt::Display for Kernel {
     /// One line of header, the buffers, then one instruction a line; with reduce axes,
     /// row values are marked `(row)`.
@@ -547,6 +693,13 @@ impl fmt::Display for Kernel {
         writeln!(f, "  plan={}  ; {}", self.plan, self.plan_reason)?;
         for (i, b) in self.inputs.iter().enumerate() {
             writeln!(f, "  in{i}: {}[{}]", b.dtype, b.len)?;
+        }
+        if let Some(c) = &self.contraction {
+            writeln!(
+                f,
+                "  in{} = matmul in{} {}, in{} {} : {}  ; blocks of {} rows",
+                c.product, c.lhs, c.lhs_view, c.rhs, c.rhs_view, c.dtype, c.block_rows
+            )?;
         }
         let levels = self.levels();
         for (i, ins) in self.body.iter().enumerate() {

@@ -26,7 +26,9 @@ pub use dtype::{DKind, DType, Scalar};
 pub use error::{IntList, IrError, TensorType};
 pub use graph::{Graph, NodeId, Slot};
 pub use infer::{infer, reduced_shape};
-pub use kernel::{Accumulate, Buffer, Expr, Instr, Kernel, Level, Plan, Store, ValueId};
+pub use kernel::{
+    Accumulate, Buffer, Contraction, Expr, Instr, Kernel, Level, Plan, Store, ValueId,
+};
 pub use op::{ArgReduceOp, BinaryOp, Node, Op, ReduceOp, UnaryOp, ViewOp};
 pub use shape::{AxisSlice, Shape, View};
 pub use verify::{verify, VerifyError, VerifyErrors};

@@ -369,6 +369,11 @@ pub enum Op {
     },
     /// A zero-copy view of the operand.
     View(ViewOp),
+    /// Matrix product over the last two axes (numpy's `matmul` for operands of rank 2 or
+    /// more; the frontend promotes 1-D operands): `[..., M, K] @ [..., K, N] ->
+    /// [..., M, N]`, leading (batch) axes broadcast. Operands have one dtype, not bool;
+    /// floats accumulate in f32 (f16, bf16, f32) or f64 and round once, integers wrap.
+    MatMul,
 }
 
 impl Op {
@@ -381,7 +386,7 @@ impl Op {
             | Op::Reduce { .. }
             | Op::ArgReduce { .. }
             | Op::View(_) => 1,
-            Op::Binary(_) => 2,
+            Op::Binary(_) | Op::MatMul => 2,
             Op::Where => 3,
         }
     }
@@ -397,6 +402,11 @@ impl Op {
     /// Reductions, including index reductions.
     pub fn is_reduce(&self) -> bool {
         matches!(self, Op::Reduce { .. } | Op::ArgReduce { .. })
+    }
+
+    /// Contractions (matrix products): a GEMM, with element-wise epilogues fused.
+    pub fn is_contraction(&self) -> bool {
+        matches!(self, Op::MatMul)
     }
 
     /// Zero-copy views.
@@ -421,6 +431,7 @@ impl Op {
             Op::Reduce { op, .. } => op.name(),
             Op::ArgReduce { op, .. } => op.name(),
             Op::View(v) => v.name(),
+            Op::MatMul => "matmul",
         }
     }
 }

@@ -1608,6 +1608,7 @@ fn kernel(
         reduce_axes: Vec::new(),
         plan: Plan::Elementwise,
         plan_reason: "test".into(),
+        contraction: None,
     }
 }
 

@@ -24,6 +24,9 @@ pub struct TargetDesc {
     pub split_min_row: usize,
     /// Most chunks a row is split into.
     pub max_splits: usize,
+    /// Bytes of a matrix product's block: a GEMM fills this much of the product (whole
+    /// rows of M) and the fused epilogue runs over it while it is still in cache.
+    pub gemm_block_bytes: usize,
 }
 
 impl TargetDesc {
@@ -36,6 +39,9 @@ impl TargetDesc {
             split_below_rows: 16,
             split_min_row: 1 << 17,
             max_splits: 1024,
+            // Half of a core's L2 on current x86 (1-2 MiB): the product block plus the
+            // epilogue's other reads stay there.
+            gemm_block_bytes: 1 << 19,
         }
     }
 }
@@ -52,6 +58,9 @@ impl TargetDesc {
             split_below_rows: 256,
             split_min_row: 1 << 15,
             max_splits: 4096,
+            // The emitted GEMM applies its epilogue in registers; blocks only bound the
+            // interpreter's and the host fallback's scratch.
+            gemm_block_bytes: 1 << 19,
         }
     }
 }
@@ -60,6 +69,22 @@ impl Default for TargetDesc {
     fn default() -> TargetDesc {
         TargetDesc::cpu()
     }
+}
+
+/// Rows of M per block of a matrix product over `domain` (`[batch..., M, N]`) whose
+/// product elements take `elem_bytes`: as many as fit `target.gemm_block_bytes`, at
+/// least 16 (so a GEMM call has rows to block over), at most M. Shapes only.
+pub fn gemm_block_rows(domain: &Shape, elem_bytes: usize, target: &TargetDesc) -> (usize, String) {
+    let d = domain.dims();
+    let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+    let fit = target.gemm_block_bytes / (n.max(1) * elem_bytes);
+    let rows = fit.max(16).min(m.max(1));
+    let why = format!(
+        "matmul: the product is filled {rows} rows of M at a time ({} KiB of {} KiB a block) and the element-wise epilogue runs on each block while it is in cache",
+        rows * n * elem_bytes / 1024,
+        target.gemm_block_bytes / 1024
+    );
+    (rows, why)
 }
 
 /// The plan for a kernel over `domain` reducing `reduce_axes` (sorted), and why.

@@ -25,6 +25,7 @@ impl KernelBuilder {
                 reduce_axes: Vec::new(),
                 plan: Plan::Elementwise,
                 plan_reason: "element-wise (hand-built test kernel)".to_string(),
+                contraction: None,
             },
         }
     }

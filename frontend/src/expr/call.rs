@@ -16,7 +16,7 @@ pub const FUNCTIONS: &[&str] = &[
     // binary
     "maximum", "minimum", "pow", "power", "and", "logical_and", "or", "logical_or", "add",
     "subtract", "multiply", "divide", "equal", "not_equal", "less", "less_equal", "greater",
-    "greater_equal", "where", "cast", "astype",
+    "greater_equal", "where", "cast", "astype", "matmul",
     // reductions
     "sum", "mean", "max", "amax", "min", "amin", "prod", "norm1", "norm2", "var", "std",
     "argmax", "argmin",

@@ -197,6 +197,15 @@ impl<'a> Lowerer<'a> {
     }
 
     fn binary(&mut self, op: Bin, l: Value, r: Value, pos: usize) -> Result<Value, ExprError> {
+        if op == Bin::Op(BinOp::MatMul) {
+            return match (l, r) {
+                (Value::T(a), Value::T(b)) => self.checked(a.matmul(&b), pos).map(Value::T),
+                _ => Err(ExprError::new(
+                    pos,
+                    "matmul: a literal has no matrix product (multiply with * to scale)",
+                )),
+            };
+        }
         let (a, rhs) = match (l, r) {
             (Value::L(a), Value::L(b)) => return fold_binary(op, a, b, pos).map(Value::L),
             (Value::T(a), Value::T(b)) => (a, Operand::Tensor(b)),
@@ -216,6 +225,7 @@ impl<'a> Lowerer<'a> {
             Bin::Op(BinOp::Sub) => a.sub(rhs),
             Bin::Op(BinOp::Mul) => a.mul(rhs),
             Bin::Op(BinOp::Div) => a.div(rhs),
+            Bin::Op(BinOp::MatMul) => unreachable!("matmul is lowered above"),
             Bin::Op(BinOp::Pow) => a.pow(rhs),
             Bin::Op(BinOp::Lt) => a.lt(rhs),
             Bin::Op(BinOp::Le) => a.le(rhs),
@@ -341,6 +351,7 @@ impl<'a> Lowerer<'a> {
             "add" => Some(Bin::Op(BinOp::Add)),
             "subtract" => Some(Bin::Op(BinOp::Sub)),
             "multiply" => Some(Bin::Op(BinOp::Mul)),
+            "matmul" => Some(Bin::Op(BinOp::MatMul)),
             "divide" => Some(Bin::Op(BinOp::Div)),
             "equal" => Some(Bin::Op(BinOp::Eq)),
             "not_equal" => Some(Bin::Op(BinOp::Ne)),

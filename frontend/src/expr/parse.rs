@@ -8,7 +8,7 @@
 //! |-------|--------------------------------|--------------------------|
 //! | 1     | `< <= > >= == !=`              | none (chains are refused)|
 //! | 2     | `+ -`                          | left                     |
-//! | 3     | `* /`                          | left                     |
+//! | 3     | `* / @`                        | left                     |
 //! | 4     | unary `-`, `+`                 | prefix                   |
 //! | 5     | `**`                           | right; binds tighter than a unary minus on its left (`-a ** 2` is `-(a ** 2)`), looser than one on its right (`a ** -b`) |
 //! | 6     | calls `f(..)`, subscripts `x[..]` | postfix               |
@@ -67,6 +67,8 @@ pub enum BinOp {
     Sub,
     Mul,
     Div,
+    /// `@`: the matrix product.
+    MatMul,
     Pow,
     Lt,
     Le,
@@ -83,6 +85,7 @@ impl BinOp {
             BinOp::Sub => "-",
             BinOp::Mul => "*",
             BinOp::Div => "/",
+            BinOp::MatMul => "@",
             BinOp::Pow => "**",
             BinOp::Lt => "<",
             BinOp::Le => "<=",
@@ -180,8 +183,9 @@ impl fmt::Display for Tok {
 }
 
 /// Multi-character symbols first, so that `**` is not read as two `*`.
-const SYMBOLS: [&str; 18] = [
-    "**", "<=", ">=", "==", "!=", "//", "+", "-", "*", "/", "<", ">", "(", ")", "[", "]", ",", ":",
+const SYMBOLS: [&str; 19] = [
+    "**", "<=", ">=", "==", "!=", "//", "+", "-", "*", "/", "@", "<", ">", "(", ")", "[", "]", ",",
+    ":",
 ];
 
 fn lex(src: &str) -> Result<Vec<(Tok, usize)>, ExprError> {
@@ -237,7 +241,6 @@ fn lex(src: &str) -> Result<Vec<(Tok, usize)>, ExprError> {
             '|' => " (use or(a, b))",
             '~' | '!' => " (use not(x))",
             '%' => " (there is no modulo op)",
-            '@' => " (there is no matmul in this version)",
             '.' => " (no attributes or '...': write transpose(x) for x.T)",
             _ => "",
         };
@@ -349,7 +352,8 @@ fn infix_bp(op: BinOp) -> (u8, u8) {
     match op {
         BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge | BinOp::Eq | BinOp::Ne => (1, 2),
         BinOp::Add | BinOp::Sub => (3, 4),
-        BinOp::Mul | BinOp::Div => (5, 6),
+        // `@` shares `*`'s level and associativity, as in Python.
+        BinOp::Mul | BinOp::Div | BinOp::MatMul => (5, 6),
         // The right operand is parsed at PREFIX_BP so that it may start with a unary
         // minus (`2 ** -1`) and so that `a ** b ** c` nests to the right.
         BinOp::Pow => (8, PREFIX_BP),
@@ -362,6 +366,7 @@ fn binop(t: &Tok) -> Option<BinOp> {
         Tok::Sym("-") => BinOp::Sub,
         Tok::Sym("*") => BinOp::Mul,
         Tok::Sym("/") => BinOp::Div,
+        Tok::Sym("@") => BinOp::MatMul,
         Tok::Sym("**") => BinOp::Pow,
         Tok::Sym("<") => BinOp::Lt,
         Tok::Sym("<=") => BinOp::Le,

@@ -19,12 +19,10 @@ const CHUNK: usize = 4096;
 /// Checks the arrays against the kernel's buffers and the body's types (with the graph's
 /// typing rules), returning what does not fit.
 fn check_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<(), String> {
-    if inputs.len() != kernel.inputs.len() {
-        return Err(format!(
-            "takes {} inputs, got {}",
-            kernel.inputs.len(),
-            inputs.len()
-        ));
+    // A contraction's product is the last input, filled here, not bound by the caller.
+    let bound = kernel.inputs.len() - usize::from(kernel.contraction.is_some());
+    if inputs.len() != bound {
+        return Err(format!("takes {bound} inputs, got {}", inputs.len()));
     }
     for (i, (a, b)) in inputs.iter().zip(&kernel.inputs).enumerate() {
         if a.dtype() != b.dtype || a.len() != b.len {
@@ -43,7 +41,7 @@ fn check_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<(), String> {
 }
 
 /// Evaluates a kernel description element by element. `inputs` are in
-/// [`Kernel::inputs`] order; the result has one array per [`Kernel::outputs`], each
+/// [`Kernel::inputs`] order (without a contraction's product, which is computed first); the result has one array per [`Kernel::outputs`], each
 /// shaped like `kernel.domain`.
 ///
 /// Kernel semantics differ from graph semantics in one way: every instruction's float
@@ -55,10 +53,13 @@ pub fn eval_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<Vec<HostArr
         kernel: kernel.name.clone(),
         detail,
     })?;
-    let bufs: Vec<Vals> = inputs
+    let mut bufs: Vec<Vals> = inputs
         .iter()
         .map(|a| Vals::from_storage(a.storage()))
         .collect();
+    if let Some(c) = &kernel.contraction {
+        bufs.push(super::contract::product(c, &bufs));
+    }
     if !kernel.reduce_axes.is_empty() {
         return Ok(eval_row_program(kernel, &bufs));
     }

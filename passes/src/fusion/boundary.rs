@@ -48,6 +48,20 @@ impl Fuser<'_> {
                 }
             }
         }
+        // A GEMM reads its operands from memory: a constant operand (or a view of one)
+        // is filled into a buffer first.
+        for n in self.order.clone() {
+            if self.g.node(n).op.is_contraction() {
+                for o in self.g.operands(n) {
+                    if matches!(self.resolve(o), Source::Const(_)) {
+                        self.store(
+                            o,
+                            "a constant operand of matmul (a GEMM reads memory)".into(),
+                        );
+                    }
+                }
+            }
+        }
         // Stored views and constants are copies; resolving every read may add more.
         loop {
             let before = (self.stored.len(), self.copies.len());
@@ -89,6 +103,7 @@ impl Fuser<'_> {
                 let grp = &self.groups[gi];
                 self.fuse
                     && !grp.members.is_empty()
+                    && grp.contract.is_none()
                     && grp.domain == domain
                     && base.is_none_or(|b| self.group_of(b) != Some(gi))
                     && self.convex_union(&[gi], Some(c))

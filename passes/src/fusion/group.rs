@@ -35,6 +35,9 @@ pub(super) struct Group {
     pub(super) domain: Shape,
     /// Axes of `domain` reduced in the group, once it holds a reduction.
     pub(super) reduce: Option<Vec<usize>>,
+    /// The matrix product the group is the epilogue of, if any: such a group starts
+    /// at the product and takes single element-wise consumers only.
+    pub(super) contract: Option<NodeId>,
 }
 
 impl Group {
@@ -82,7 +85,8 @@ impl<'g> Fuser<'g> {
                     | Op::Where
                     | Op::Cast { .. }
                     | Op::Reduce { .. }
-                    | Op::ArgReduce { .. } => Role::Member(usize::MAX),
+                    | Op::ArgReduce { .. }
+                    | Op::MatMul => Role::Member(usize::MAX),
                 };
                 (n, r)
             })

@@ -7,9 +7,12 @@ use super::rows::keepdims_shape;
 use crate::plan::{self, TargetDesc};
 use crate::schedule::Step;
 use ndfuse_ir::{
-    reduced_shape, Accumulate, ArgReduceOp, BinaryOp, Buffer, DType, Expr, Graph, Instr, Kernel,
-    Level, NodeId, ReduceOp, Scalar, Shape, Store, UnaryOp, ValueId,
+    reduced_shape, Accumulate, ArgReduceOp, BinaryOp, Buffer, Contraction, DType, Expr, Graph,
+    Instr, Kernel, Level, NodeId, ReduceOp, Scalar, Shape, Store, UnaryOp, ValueId, View,
 };
+
+/// The product's input index until [`KernelBuilder::finish`] knows it (the last input).
+const PRODUCT: usize = usize::MAX;
 use std::collections::HashMap;
 
 /// Accumulates one kernel: deduplicated buffers and loads, SSA body with levels, stores.
@@ -23,6 +26,8 @@ pub(super) struct KernelBuilder {
     pub(super) memo: HashMap<Instr, ValueId>,
     pub(super) outputs: Vec<Buffer>,
     pub(super) stores: Vec<Store>,
+    /// The group's matrix product, its `product` input still [`PRODUCT`].
+    pub(super) contraction: Option<Contraction>,
 }
 
 impl KernelBuilder {
@@ -37,6 +42,7 @@ impl KernelBuilder {
             memo: HashMap::new(),
             outputs: Vec::new(),
             stores: Vec::new(),
+            contraction: None,
         }
     }
 
@@ -105,20 +111,58 @@ impl KernelBuilder {
                 } else {
                     view
                 };
-                let input = match self.inputs.iter().position(|&b| b == base) {
-                    Some(i) => i,
-                    None => {
-                        self.inputs.push(base);
-                        self.buffers.push(Buffer {
-                            dtype,
-                            len: g.node(base).shape.numel(),
-                        });
-                        self.inputs.len() - 1
-                    }
-                };
+                let input = self.input(base, dtype, g);
                 self.push(dtype, Expr::Load { input, view })
             }
         }
+    }
+
+    /// The input index of `base`'s buffer, added once.
+    fn input(&mut self, base: NodeId, dtype: DType, g: &Graph) -> usize {
+        match self.inputs.iter().position(|&b| b == base) {
+            Some(i) => i,
+            None => {
+                self.inputs.push(base);
+                self.buffers.push(Buffer {
+                    dtype,
+                    len: g.node(base).shape.numel(),
+                });
+                self.inputs.len() - 1
+            }
+        }
+    }
+
+    /// The kernel's matrix product of buffers `lhs` and `rhs` (of `dtype`) read through
+    /// views of shapes `[batch..., M, K]` and `[batch..., K, N]`, accumulated in `acc`:
+    /// the value of the product at each domain position (a load of the product buffer).
+    pub(super) fn contraction(
+        &mut self,
+        lhs: (NodeId, View),
+        rhs: (NodeId, View),
+        dtype: DType,
+        acc: DType,
+        block_rows: usize,
+        g: &Graph,
+    ) -> ValueId {
+        let l = self.input(lhs.0, dtype, g);
+        let r = self.input(rhs.0, dtype, g);
+        self.contraction = Some(Contraction {
+            lhs: l,
+            lhs_view: lhs.1,
+            rhs: r,
+            rhs_view: rhs.1,
+            product: PRODUCT,
+            dtype: acc,
+            block_rows,
+        });
+        let view = View::contiguous(self.domain.clone());
+        self.push(
+            acc,
+            Expr::Load {
+                input: PRODUCT,
+                view,
+            },
+        )
     }
 
     /// `x * n` or `x / n` (n = the row length) computed in `x`'s compute dtype, so a
@@ -233,17 +277,36 @@ impl KernelBuilder {
         if names.len() > SHOWN {
             name.push_str(&format!("_etc{}", names.len() - SHOWN));
         }
-        let (plan, plan_reason) = plan::choose(&self.domain, &self.reduce_axes, target);
+        let (plan, mut plan_reason) = plan::choose(&self.domain, &self.reduce_axes, target);
+        let (mut buffers, mut body) = (self.buffers, self.body);
+        let mut contraction = self.contraction;
+        if let Some(c) = &mut contraction {
+            // The product becomes the last input, now that every other one is known.
+            c.product = buffers.len();
+            buffers.push(Buffer {
+                dtype: c.dtype,
+                len: self.domain.numel(),
+            });
+            for ins in &mut body {
+                if let Expr::Load { input, .. } = &mut ins.expr {
+                    if *input == PRODUCT {
+                        *input = c.product;
+                    }
+                }
+            }
+            plan_reason = plan::gemm_block_rows(&self.domain, c.dtype.size_bytes(), target).1;
+        }
         let kernel = Kernel {
             name,
             domain: self.domain,
             reduce_axes: self.reduce_axes,
-            inputs: self.buffers,
+            inputs: buffers,
             outputs: self.outputs,
-            body: self.body,
+            body,
             stores: self.stores,
             plan,
             plan_reason,
+            contraction,
         };
         Step::Kernel {
             kernel,

@@ -1,10 +1,12 @@
 //! Lowering: turns the final groups into [`Step`]s, one kernel each, in an order that
 //! respects what each reads, and records where every node of the graph ended up.
 
+use super::boundary::Source;
 use super::group::{Fuser, Role};
 use super::kernel::KernelBuilder;
+use crate::plan::gemm_block_rows;
 use crate::schedule::{Placement, Schedule, Step};
-use ndfuse_ir::{Expr, Graph, Level, NodeId, Op, ValueId};
+use ndfuse_ir::{DType, Expr, Graph, Level, NodeId, Op, Shape, ValueId};
 use std::collections::HashMap;
 
 impl Fuser<'_> {
@@ -103,6 +105,12 @@ impl Fuser<'_> {
                 continue;
             }
             let node = self.g.node(m);
+            if node.op.is_contraction() {
+                let v = self.lower_contraction(&mut kb, m);
+                value.insert(m, v);
+                names.push(node.op.name());
+                continue;
+            }
             let level = self.level[&m];
             // A reduction reads element values; anything else reads at its own level.
             let operand_level = if node.op.is_reduce() {
@@ -150,6 +158,42 @@ impl Fuser<'_> {
             names.push("copy");
         }
         kb.finish(&names, outputs, &self.target)
+    }
+}
+
+impl Fuser<'_> {
+    /// The matrix product `m` as the kernel's contraction: each operand's view padded
+    /// and broadcast to the output's batch axes (a GEMM reads views through strides, no
+    /// copy), the product accumulated in f32 for half types, then cast to `m`'s dtype.
+    fn lower_contraction(&mut self, kb: &mut KernelBuilder, m: NodeId) -> ValueId {
+        let node = self.g.node(m);
+        let out = node.shape.dims().to_vec();
+        let batch = out.len() - 2;
+        let mut operands = Vec::with_capacity(2);
+        for o in self.g.operands(m) {
+            let Source::Buffer { base, mut view } = self.resolve(o) else {
+                unreachable!(
+                    "a constant operand of matmul is stored by mark_stores (a bug otherwise)"
+                )
+            };
+            while view.shape.rank() < out.len() {
+                view = view.expand_dims(0);
+            }
+            let mut dims = out[..batch].to_vec();
+            dims.extend_from_slice(&view.shape.dims()[batch..]);
+            operands.push((base, view.broadcast_to(&Shape::new(dims))));
+        }
+        let dtype = self.g.node(self.g.operands(m)[0]).dtype;
+        let acc = if dtype.is_half() { DType::F32 } else { dtype };
+        let (rows, _) = gemm_block_rows(&node.shape, acc.size_bytes(), &self.target);
+        let rhs = operands.pop().expect("matmul has two operands");
+        let lhs = operands.pop().expect("matmul has two operands");
+        let p = kb.contraction(lhs, rhs, dtype, acc, rows, self.g);
+        if node.dtype == acc {
+            p
+        } else {
+            kb.push(node.dtype, Expr::Cast(p))
+        }
     }
 }
 

@@ -17,6 +17,11 @@ impl Fuser<'_> {
                 Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } => {
                     self.place_elementwise(n)
                 }
+                Op::MatMul => {
+                    self.new_group(n, node.shape.clone(), None, Level::Element);
+                    let gi = self.groups.len() - 1;
+                    self.groups[gi].contract = Some(n);
+                }
             }
         }
         self.compact_groups();
@@ -58,6 +63,11 @@ impl Fuser<'_> {
     /// axes, when they are compatible (one domain, agreeing reduce axes) and `n` fits.
     fn elementwise_fit(&self, n: NodeId, gs: &[usize]) -> Option<(Level, Option<Vec<usize>>)> {
         let first = self.groups.get(*gs.first()?)?;
+        // A matmul's epilogue grows one consumer at a time: merging it with another
+        // group could pull in what the product reads (it runs before its epilogue).
+        if gs.len() > 1 && gs.iter().any(|&gi| self.groups[gi].contract.is_some()) {
+            return None;
+        }
         let mut reduce: Option<Vec<usize>> = None;
         for &gi in gs {
             let grp = &self.groups[gi];
@@ -92,6 +102,7 @@ impl Fuser<'_> {
         let joins = self.group_of(o).filter(|_| self.fuse).filter(|&gi| {
             let grp = &self.groups[gi];
             self.level[&o] == Level::Element
+                && grp.contract.is_none()
                 && grp.domain == self.g.node(o).shape
                 && grp.reduce.as_ref().is_none_or(|r| *r == axes)
                 && self.convex_union(&[gi], Some(n))
@@ -114,6 +125,9 @@ impl Fuser<'_> {
     pub(super) fn merge_siblings(&mut self) {
         let mut buckets: Vec<(Shape, Vec<usize>)> = Vec::new();
         for gi in 0..self.groups.len() {
+            if self.groups[gi].contract.is_some() {
+                continue; // an epilogue takes consumers of its product only (rule 1)
+            }
             let domain = &self.groups[gi].domain;
             match buckets.iter_mut().find(|(s, _)| s == domain) {
                 Some((_, v)) => v.push(gi),
