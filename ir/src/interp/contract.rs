@@ -6,105 +6,77 @@ use super::views::Offsets;
 use crate::dtype::DType;
 use crate::kernel::Contraction;
 use crate::round::{round_f64, wrap_int};
-use crate::shape::Shape;
+use crate::shape::{Shape, View};
 
-/// `a @ b` for operands of rank >= 2 whose batch axes broadcast to `out`'s.
+/// `a @ b` for graph operands of rank >= 2 whose batch axes broadcast to `out`'s.
 pub(super) fn matmul(a: &Tensor, b: &Tensor, out: &Shape, dtype: DType) -> Vals {
-    let (ad, bd, od) = (a.shape.dims(), b.shape.dims(), out.dims());
-    let (m, k, n) = (ad[ad.len() - 2], ad[ad.len() - 1], bd[bd.len() - 1]);
+    let od = out.dims();
     let batch = &od[..od.len() - 2];
-    let nbatch: usize = batch.iter().product();
-    // Element offset of each output batch position in an operand whose batch axes
-    // broadcast to `batch` (right-aligned; an extent-1 axis stays at index 0).
-    let batch_offset = |dims: &[usize], mat: usize, pos: usize| -> usize {
-        let own = &dims[..dims.len() - 2];
-        let (mut rest, mut off, mut stride) = (pos, 0, mat);
-        for (i, &d) in batch.iter().enumerate().rev() {
-            let idx = rest % d;
-            rest /= d;
-            let j = i as isize - (batch.len() - own.len()) as isize;
-            if j >= 0 {
-                let e = own[j as usize];
-                if e != 1 {
-                    off += idx * stride;
-                }
-                stride *= e;
-            }
+    // Each operand as a view over `[batch..., rows, cols]`: padded with leading axes,
+    // then broadcast along the batch axes (stride 0), as a kernel's contraction reads it.
+    let spread = |t: &Tensor| {
+        let mut view = View::contiguous(t.shape.clone());
+        while view.shape.rank() < od.len() {
+            view = view.expand_dims(0);
         }
-        off
+        let mut dims = batch.to_vec();
+        dims.extend_from_slice(&view.shape.dims()[batch.len()..]);
+        t.vals
+            .gather(Offsets::of_view(&view.broadcast_to(&Shape::new(dims))))
     };
-    match (&a.vals, &b.vals) {
-        (Vals::F(x), Vals::F(y)) => {
-            let mut out = Vec::with_capacity(nbatch * m * n);
-            for p in 0..nbatch {
-                let (xa, yb) = (batch_offset(ad, m * k, p), batch_offset(bd, k * n, p));
-                for i in 0..m {
-                    for j in 0..n {
-                        let s: f64 = (0..k).map(|l| x[xa + i * k + l] * y[yb + l * n + j]).sum();
-                        out.push(round_f64(s, dtype));
-                    }
-                }
-            }
-            Vals::F(out)
-        }
-        (Vals::I(x), Vals::I(y)) => {
-            let mut out = Vec::with_capacity(nbatch * m * n);
-            for p in 0..nbatch {
-                let (xa, yb) = (batch_offset(ad, m * k, p), batch_offset(bd, k * n, p));
-                for i in 0..m {
-                    for j in 0..n {
-                        let s = (0..k).fold(0i64, |s, l| {
-                            s.wrapping_add(x[xa + i * k + l].wrapping_mul(y[yb + l * n + j]))
-                        });
-                        out.push(wrap_int(s, dtype));
-                    }
-                }
-            }
-            Vals::I(out)
-        }
-        _ => panic!(
-            "matmul of {} and {} passed inference (a bug)",
-            a.dtype, b.dtype
-        ),
-    }
+    let (ad, bd) = (a.shape.dims(), b.shape.dims());
+    let (m, k, n) = (ad[ad.len() - 2], ad[ad.len() - 1], bd[bd.len() - 1]);
+    product_of(
+        &spread(a),
+        &spread(b),
+        batch.iter().product(),
+        (m, n, k),
+        dtype,
+    )
 }
 
 /// The product buffer of a kernel's contraction from its operand buffers, read through
-/// the contraction's views: sums in f64 rounded once to the product's dtype (integers
-/// wrap), row-major over `[batch..., M, N]`.
+/// the contraction's views, row-major over `[batch..., M, N]` in the product's dtype.
 pub(super) fn product(c: &Contraction, bufs: &[Vals]) -> Vals {
     let (nbatch, m, n, k) = c.extents();
     let lhs = bufs[c.lhs].gather(Offsets::of_view(&c.lhs_view));
     let rhs = bufs[c.rhs].gather(Offsets::of_view(&c.rhs_view));
-    match (&lhs, &rhs) {
-        (Vals::F(x), Vals::F(y)) => {
-            let mut out = Vec::with_capacity(nbatch * m * n);
-            for p in 0..nbatch {
-                let (xa, yb) = (p * m * k, p * k * n);
-                for i in 0..m {
-                    for j in 0..n {
-                        let s: f64 = (0..k).map(|l| x[xa + i * k + l] * y[yb + l * n + j]).sum();
-                        out.push(round_f64(s, c.dtype));
-                    }
-                }
-            }
-            Vals::F(out)
-        }
-        (Vals::I(x), Vals::I(y)) => {
-            let mut out = Vec::with_capacity(nbatch * m * n);
-            for p in 0..nbatch {
-                let (xa, yb) = (p * m * k, p * k * n);
-                for i in 0..m {
-                    for j in 0..n {
-                        let s = (0..k).fold(0i64, |s, l| {
-                            s.wrapping_add(x[xa + i * k + l].wrapping_mul(y[yb + l * n + j]))
-                        });
-                        out.push(wrap_int(s, c.dtype));
-                    }
-                }
-            }
-            Vals::I(out)
-        }
-        _ => panic!("a contraction of mixed kinds passed Kernel::check (a bug)"),
+    product_of(&lhs, &rhs, nbatch, (m, n, k), c.dtype)
+}
+
+/// `nbatch` products of contiguous `[M, K]` and `[K, N]` matrices: f64 sums rounded
+/// once to `dtype`, or wrapping integer sums.
+fn product_of(
+    x: &Vals,
+    y: &Vals,
+    nbatch: usize,
+    (m, n, k): (usize, usize, usize),
+    dtype: DType,
+) -> Vals {
+    let cells = (0..nbatch).flat_map(|p| (0..m).flat_map(move |i| (0..n).map(move |j| (p, i, j))));
+    // The `l`-th term of cell (p, i, j): its offsets into the two operands.
+    let at = move |(p, i, j): (usize, usize, usize), l: usize| {
+        (p * m * k + i * k + l, p * k * n + l * n + j)
+    };
+    match (x, y) {
+        (Vals::F(x), Vals::F(y)) => Vals::F(
+            cells
+                .map(|c| {
+                    let s: f64 = (0..k).map(|l| at(c, l)).map(|(u, v)| x[u] * y[v]).sum();
+                    round_f64(s, dtype)
+                })
+                .collect(),
+        ),
+        (Vals::I(x), Vals::I(y)) => Vals::I(
+            cells
+                .map(|c| {
+                    let s = (0..k)
+                        .map(|l| at(c, l))
+                        .fold(0i64, |s, (u, v)| s.wrapping_add(x[u].wrapping_mul(y[v])));
+                    wrap_int(s, dtype)
+                })
+                .collect(),
+        ),
+        _ => panic!("a matmul of mixed or bool operands passed inference (a bug)"),
     }
 }
