@@ -1922,3 +1922,296 @@ fn a_million_elements_through_views_and_reductions() {
         "argmax of equal values is the first"
     );
 }
+
+// ------------------------------------------------------------------------------------
+// Matrix product (Op::MatMul and a kernel's Contraction)
+// ------------------------------------------------------------------------------------
+
+#[test]
+fn matmul_2x3_by_3x2_in_every_numeric_dtype() {
+    // [[1,2,3],[4,5,6]] @ [[7,8],[9,10],[11,12]] = [[58,64],[139,154]].
+    let (a, b) = (
+        [1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+        [7.0, 8.0, 9.0, 10.0, 11.0, 12.0],
+    );
+    for dt in FLOATS {
+        let y = apply(
+            Op::MatMul,
+            &[floats(dt, &[2, 3], &a), floats(dt, &[3, 2], &b)],
+        );
+        assert_eq!((y.dtype(), shape(&y)), (dt, vec![2, 2]), "{dt}");
+        // Exact in every float dtype: 139 = 0b1000_1011 and 154 = 0b1001_1010 fit bf16's
+        // 8 significant bits.
+        assert_floats(&y, &[58.0, 64.0, 139.0, 154.0], &format!("{dt}"));
+    }
+    for dt in [I32, I64] {
+        let ai: Vec<i64> = a.iter().map(|&v| v as i64).collect();
+        let bi: Vec<i64> = b.iter().map(|&v| v as i64).collect();
+        let y = apply(
+            Op::MatMul,
+            &[ints(dt, &[2, 3], &ai), ints(dt, &[3, 2], &bi)],
+        );
+        assert_eq!((y.dtype(), shape(&y)), (dt, vec![2, 2]), "{dt}");
+        assert_eq!(get_ints(&y), [58, 64, 139, 154], "{dt}");
+    }
+}
+
+#[test]
+fn matmul_broadcasts_batch_axes() {
+    // [2,1,2,3] @ [3,3,2] -> [2,3,2,2]: out[p,q] = A[p] @ B[q].
+    // A[0] = [[1,0,0],[0,1,0]] picks rows 0 and 1 of B[q];
+    // A[1] = [[1,1,1],[0,0,2]] sums B[q]'s rows and doubles its row 2.
+    // B[q] = [[6q, 6q+1], [6q+2, 6q+3], [6q+4, 6q+5]].
+    let a = [
+        1.0, 0.0, 0.0, 0.0, 1.0, 0.0, //
+        1.0, 1.0, 1.0, 0.0, 0.0, 2.0,
+    ];
+    let b: Vec<f64> = (0..18).map(f64::from).collect();
+    let want = [
+        0.0, 1.0, 2.0, 3.0, // p0 q0
+        6.0, 7.0, 8.0, 9.0, // p0 q1
+        12.0, 13.0, 14.0, 15.0, // p0 q2
+        6.0, 9.0, 8.0, 10.0, // p1 q0: [0+2+4, 1+3+5], [2*4, 2*5]
+        24.0, 27.0, 20.0, 22.0, // p1 q1
+        42.0, 45.0, 32.0, 34.0, // p1 q2
+    ];
+    for dt in [F32, F64] {
+        let y = apply(
+            Op::MatMul,
+            &[floats(dt, &[2, 1, 2, 3], &a), floats(dt, &[3, 3, 2], &b)],
+        );
+        assert_eq!(shape(&y), vec![2, 3, 2, 2]);
+        assert_floats(&y, &want, &format!("batched {dt}"));
+    }
+    // The same with the operands' roles in the batch swapped: [3,2,3] @ [2,1,3,2]
+    // broadcasts to [2,3,2,2] too (each operand contributes one batch axis).
+    let y = apply(
+        Op::MatMul,
+        &[
+            floats(F64, &[1, 2, 3], &a[..6]),
+            floats(F64, &[2, 1, 3, 2], &b[..12]),
+        ],
+    );
+    assert_eq!(shape(&y), vec![2, 1, 2, 2]);
+    assert_floats(
+        &y,
+        &[0.0, 1.0, 2.0, 3.0, 6.0, 7.0, 8.0, 9.0],
+        "lhs batch of 1",
+    );
+}
+
+#[test]
+fn integer_matmul_wraps_at_the_result_width() {
+    // [2^31-1, 2] @ [[1, 2], [1, 3]] = [2^31 + 1, 2^32 + 4]: i32 wraps both (as numpy's
+    // int32 matmul does), i64 holds them.
+    let a = [i64::from(i32::MAX), 2];
+    let b = [1, 2, 1, 3];
+    let y = apply(
+        Op::MatMul,
+        &[ints(I32, &[1, 2], &a), ints(I32, &[2, 2], &b)],
+    );
+    assert_eq!(get_ints(&y), [-2147483647, 4]);
+    let y = apply(
+        Op::MatMul,
+        &[ints(I64, &[1, 2], &a), ints(I64, &[2, 2], &b)],
+    );
+    assert_eq!(get_ints(&y), [2147483649, 4294967300]);
+    // i64 wraps at 2^63: MAX + 1 is MIN; MAX * 2 is -2.
+    let y = apply(
+        Op::MatMul,
+        &[
+            ints(I64, &[1, 2], &[i64::MAX, 1]),
+            ints(I64, &[2, 2], &[1, 2, 1, 0]),
+        ],
+    );
+    assert_eq!(get_ints(&y), [i64::MIN, -2]);
+}
+
+#[test]
+fn float_matmul_rounds_once_to_its_dtype() {
+    // 1 + u/2 + u/2 with u the ulp of 1: rounding once gives 1 + u; rounding each
+    // partial sum would tie to even twice and give 1.
+    for (dt, half_ulp) in [
+        (F16, 2f64.powi(-11)),
+        (BF16, 2f64.powi(-8)),
+        (F32, 2f64.powi(-24)),
+    ] {
+        let a = floats(dt, &[1, 3], &[1.0, half_ulp, half_ulp]);
+        let b = floats(dt, &[3, 1], &[1.0, 1.0, 1.0]);
+        let y = apply(Op::MatMul, &[a, b]);
+        assert_floats(&y, &[1.0 + 2.0 * half_ulp], &format!("{dt}"));
+    }
+    // 1 + 3/4 ulp rounds up to 1 + ulp in f16 (once); stepwise it would stay 1.
+    let a = floats(F16, &[1, 3], &[1.0, 2f64.powi(-11), 2f64.powi(-12)]);
+    let b = floats(F16, &[3, 1], &[1.0, 1.0, 1.0]);
+    assert_floats(&apply(Op::MatMul, &[a, b]), &[1.0009765625], "f16 3/4 ulp");
+    // An f16 product past 65504 overflows to inf once rounded: 2 * 300 * 120 = 72000.
+    let a = floats(F16, &[1, 2], &[300.0, 300.0]);
+    let b = floats(F16, &[2, 1], &[120.0, 120.0]);
+    assert_floats(&apply(Op::MatMul, &[a, b]), &[INF], "f16 overflow");
+}
+
+#[test]
+fn matmul_of_empty_extents() {
+    // K = 0: every element is an empty sum, 0 (integers too).
+    let y = apply(
+        Op::MatMul,
+        &[floats(F32, &[2, 0], &[]), floats(F32, &[0, 3], &[])],
+    );
+    assert_eq!(shape(&y), vec![2, 3]);
+    assert_floats(&y, &[0.0; 6], "K = 0 (+0.0, as numpy)");
+    // A sum of -0.0 terms is +0.0 too, as numpy's (BLAS's) sums start from +0.0.
+    let y = apply(
+        Op::MatMul,
+        &[
+            floats(F64, &[1, 2], &[-0.0, 1.0]),
+            floats(F64, &[2, 1], &[1.0, -0.0]),
+        ],
+    );
+    assert_floats(&y, &[0.0], "-0 + -0");
+    let y = apply(
+        Op::MatMul,
+        &[ints(I32, &[1, 0], &[]), ints(I32, &[0, 2], &[])],
+    );
+    assert_eq!((shape(&y), get_ints(&y)), (vec![1, 2], vec![0, 0]));
+    // M = 0 or N = 0: an empty result of the right shape.
+    let y = apply(
+        Op::MatMul,
+        &[floats(F64, &[0, 3], &[]), floats(F64, &[3, 2], &[0.0; 6])],
+    );
+    assert_eq!((shape(&y), y.len()), (vec![0, 2], 0));
+    let y = apply(
+        Op::MatMul,
+        &[floats(F64, &[2, 3], &[0.0; 6]), floats(F64, &[3, 0], &[])],
+    );
+    assert_eq!((shape(&y), y.len()), (vec![2, 0], 0));
+    // An empty batch axis.
+    let y = apply(
+        Op::MatMul,
+        &[
+            floats(F32, &[0, 2, 3], &[]),
+            floats(F32, &[3, 2], &[0.0; 6]),
+        ],
+    );
+    assert_eq!((shape(&y), y.len()), (vec![0, 2, 2], 0));
+}
+
+#[test]
+fn matmul_shape_inference_errors() {
+    let err = |a: (DType, &[usize]), b: (DType, &[usize])| {
+        let mut g = Graph::new();
+        let x = g.add_input("a", a.0, Shape::from(a.1));
+        let y = g.add_input("b", b.0, Shape::from(b.1));
+        g.add(Op::MatMul, &[x, y]).expect_err("an invalid matmul")
+    };
+    // Rank below 2 (the frontend promotes 1-D operands; the IR takes none).
+    let e = err((F32, &[3]), (F32, &[3, 2]));
+    assert!(matches!(e, ndfuse_ir::IrError::BadDType { .. }), "{e:?}");
+    assert!(
+        e.to_string().starts_with("matmul: f32[3] is not allowed"),
+        "{e}"
+    );
+    let e = err((F32, &[2, 3]), (F32, &[]));
+    assert!(e.to_string().contains("f32[]"), "{e}");
+    // Bool.
+    let e = err((Bool, &[2, 2]), (Bool, &[2, 2]));
+    assert!(
+        e.to_string()
+            .starts_with("matmul: bool[2,2] is not allowed"),
+        "{e}"
+    );
+    // Two dtypes.
+    let e = err((F32, &[2, 3]), (F64, &[3, 2]));
+    assert!(
+        matches!(e, ndfuse_ir::IrError::DTypeMismatch { .. }),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("f32[2,3] and f64[3,2]"), "{e}");
+    // Contracted extents that differ: both shapes and both extents.
+    let e = err((F32, &[4, 8]), (F32, &[7, 3]));
+    assert_eq!(
+        e,
+        ndfuse_ir::IrError::Contraction {
+            op: "matmul",
+            lhs: TensorType {
+                dtype: F32,
+                shape: Shape::from(&[4, 8][..])
+            },
+            rhs: TensorType {
+                dtype: F32,
+                shape: Shape::from(&[7, 3][..])
+            },
+            lhs_k: 8,
+            rhs_k: 7,
+        }
+    );
+    assert!(
+        e.to_string()
+            .starts_with("matmul: f32[4,8] @ f32[7,3]: 8 != 7"),
+        "{e}"
+    );
+    // Batch axes that do not broadcast (3 against 2), though K agrees.
+    let e = err((F32, &[2, 4, 8]), (F32, &[3, 8, 3]));
+    assert!(matches!(e, ndfuse_ir::IrError::Broadcast { .. }), "{e:?}");
+    assert!(e.to_string().contains("f32[2,4,8] and f32[3,8,3]"), "{e}");
+}
+
+#[test]
+fn eval_kernel_fills_a_contraction_through_strided_views_then_runs_its_epilogue() {
+    // Domain [2 batches, M=2, N=2], K = 3. The left operand is one K x M matrix
+    // LT = [[1,2],[3,4],[5,6]] read transposed (strides (1,2)) and broadcast over the
+    // batch (stride 0): L = [[1,3,5],[2,4,6]]. The right operand holds two K x N
+    // matrices R0 = [[1,0],[0,1],[1,1]], R1 = [[0,1],[1,0],[-1,-1]].
+    // L @ R0 = [[6,8],[8,10]], L @ R1 = [[-2,-4],[-2,-4]]; then + bias [0.5, 1] and
+    // relu of that.
+    let mut k = kernel(
+        "k0_matmul_add_relu",
+        &[2, 2, 2],
+        &[(F32, 6), (F32, 12), (F32, 2), (F32, 8)],
+        &[F32, F32],
+        vec![
+            ins(F32, load(3, &[2, 2, 2], &[4, 2, 1], 0)),
+            ins(F32, load(2, &[2, 2, 2], &[0, 0, 1], 0)),
+            ins(F32, Expr::Binary(B::Add, ValueId(0), ValueId(1))),
+            ins(F32, Expr::Unary(U::Relu, ValueId(2))),
+        ],
+        &[(2, 0), (3, 1)],
+    );
+    k.contraction = Some(ndfuse_ir::Contraction {
+        lhs: 0,
+        lhs_view: View {
+            shape: Shape::from(&[2, 2, 3][..]),
+            strides: vec![0, 1, 2],
+            offset: 0,
+        },
+        rhs: 1,
+        rhs_view: View {
+            shape: Shape::from(&[2, 3, 2][..]),
+            strides: vec![6, 2, 1],
+            offset: 0,
+        },
+        product: 3,
+        dtype: F32,
+        block_rows: 1,
+    });
+    k.check().expect("a well-formed contraction kernel");
+    let lt = floats(F32, &[6], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let r = floats(
+        F32,
+        &[12],
+        &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, -1.0, -1.0],
+    );
+    let bias = floats(F32, &[2], &[0.5, 1.0]);
+    // The product is not bound: three arguments for four inputs.
+    let out = eval_kernel(&k, &[&lt, &r, &bias]).expect("kernel runs");
+    assert_floats(
+        &out[0],
+        &[6.5, 9.0, 8.5, 11.0, -1.5, -3.0, -1.5, -3.0],
+        "product + bias",
+    );
+    assert_floats(&out[1], &[6.5, 9.0, 8.5, 11.0, 0.0, 0.0, 0.0, 0.0], "relu");
+    // Binding the product too is an argument error, not a silent overwrite.
+    let prod = floats(F32, &[8], &[0.0; 8]);
+    let e = eval_kernel(&k, &[&lt, &r, &bias, &prod]).expect_err("product bound");
+    assert!(e.to_string().contains("takes 3 inputs, got 4"), "{e}");
+}

@@ -62,7 +62,11 @@ fn product_of(
         (Vals::F(x), Vals::F(y)) => Vals::F(
             cells
                 .map(|c| {
-                    let s: f64 = (0..k).map(|l| at(c, l)).map(|(u, v)| x[u] * y[v]).sum();
+                    // From +0.0, as BLAS and numpy do: `Iterator::sum` starts at -0.0,
+                    // so an empty (K = 0) or all -0.0 sum would come out as -0.0.
+                    let s = (0..k)
+                        .map(|l| at(c, l))
+                        .fold(0.0, |s, (u, v)| s + x[u] * y[v]);
                     round_f64(s, dtype)
                 })
                 .collect(),
