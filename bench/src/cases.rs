@@ -1,8 +1,8 @@
 //! The cases of the suite: each built with the library API from seeded inputs, with
-//! the bytes it must move at the least.
+//! the bytes it must move at the least and, for the matrix products, the FLOPs.
 
 use crate::options::{Kind, Size};
-use half::f16;
+use half::{bf16, f16};
 use ndfuse::{Context, Result, Tensor};
 use ndfuse_ir::DType;
 
@@ -21,7 +21,24 @@ pub struct Case {
     pub inputs: Vec<(&'static str, Vec<usize>, DType)>,
     /// What is measured.
     pub kind: Kind,
+    /// Floating-point operations of the matrix products (`2*M*N*K` each, over the
+    /// batch; the element-wise epilogues' few operations per output are not counted):
+    /// the row's GFLOP/s and fraction of the FMA peak. `None` for the other cases.
+    pub flops: Option<u64>,
+    /// What the row's time is also set against.
+    pub versus: Option<Versus>,
     build: Build,
+}
+
+/// What a case's time is also compared with, in the same run.
+#[derive(Clone, Copy, Debug)]
+pub enum Versus {
+    /// Another output built from the same inputs, timed right after the case
+    /// (`gelu(x @ w + b)` against the bare `x @ w`); the text says what it is.
+    Build(&'static str, Build),
+    /// The row of another case, when that case ran in the same suite (`matmul_f16`
+    /// against `matmul_f32`).
+    Row(&'static str),
 }
 
 /// The 10-op element-wise graph of the latency cases: ten element-wise ops on `x`, with
@@ -49,10 +66,12 @@ pub fn cases(size: Size) -> Vec<Case> {
         expr,
         inputs,
         kind,
+        flops: None,
+        versus: None,
         build,
     };
     let tp = Kind::Throughput;
-    vec![
+    let mut all = vec![
         case(
             "gelu",
             "gelu(x)",
@@ -134,6 +153,90 @@ pub fn cases(size: Size) -> Vec<Case> {
             Kind::Cached,
             |t, _| ten_ops(&t[0], 1.5),
         ),
+    ];
+    all.extend(matmul_cases(size));
+    all
+}
+
+/// `2*M*N*K` for each of `batch` products.
+fn product_flops(batch: usize, m: usize, n: usize, k: usize) -> u64 {
+    2 * (batch * m * n * k) as u64
+}
+
+/// The matrix products of the linear-algebra issue: the square f32 product, the fused
+/// bias + gelu epilogue (against the bare product), attention, f16 and bf16 operands
+/// (against f32), and the overhead of a cached small product.
+fn matmul_cases(size: Size) -> Vec<Case> {
+    let full = size == Size::Full;
+    // (M, N, K); the tiny shapes are not multiples of any vector or block width.
+    let (sq, sq_n, sq_k) = if full {
+        (2048, 2048, 2048)
+    } else {
+        (24, 40, 36)
+    };
+    let (gm, gn, gk) = if full {
+        (4096, 4096, 1024)
+    } else {
+        (32, 48, 20)
+    };
+    let (heads, seq, dim) = if full { (32, 256, 64) } else { (2, 12, 8) };
+    let small = if full { 64 } else { 16 };
+    let product = |name, dtype: DType| Case {
+        name,
+        expr: "x @ w",
+        inputs: vec![("x", vec![sq, sq_k], dtype), ("w", vec![sq_k, sq_n], dtype)],
+        kind: Kind::Throughput,
+        flops: Some(product_flops(1, sq, sq_n, sq_k)),
+        versus: (dtype != DType::F32).then_some(Versus::Row("matmul_f32")),
+        build: |t, _| t[0].matmul(&t[1]),
+    };
+    let bare: Build = |t, _| t[0].matmul(&t[1]);
+    vec![
+        product("matmul_f32", DType::F32),
+        Case {
+            name: "matmul_gelu",
+            expr: "gelu(x @ w + b)",
+            inputs: vec![
+                ("x", vec![gm, gk], DType::F32),
+                ("w", vec![gk, gn], DType::F32),
+                ("b", vec![gn], DType::F32),
+            ],
+            kind: Kind::Throughput,
+            flops: Some(product_flops(1, gm, gn, gk)),
+            versus: Some(Versus::Build("bare x @ w", bare)),
+            build: |t, _| (t[0].matmul(&t[1]) + &t[2]).gelu(),
+        },
+        Case {
+            name: "attention",
+            expr: "softmax(q @ transpose(k, axes=[0, 2, 1]) / 8, axis=-1) @ v",
+            inputs: ["q", "k", "v"]
+                .into_iter()
+                .map(|n| (n, vec![heads, seq, dim], DType::F32))
+                .collect(),
+            kind: Kind::Throughput,
+            // q @ k^T: [seq, dim] @ [dim, seq]; then [seq, seq] @ [seq, dim].
+            flops: Some(2 * product_flops(heads, seq, seq, dim)),
+            versus: None,
+            build: |t, _| {
+                (t[0].matmul(&t[1].permute(&[0, 2, 1])) / 8.0)
+                    .softmax(-1)
+                    .matmul(&t[2])
+            },
+        },
+        product("matmul_f16", DType::F16),
+        product("matmul_bf16", DType::BF16),
+        Case {
+            name: "matmul_cached",
+            expr: "x @ w, again",
+            inputs: vec![
+                ("x", vec![small, small], DType::F32),
+                ("w", vec![small, small], DType::F32),
+            ],
+            kind: Kind::Cached,
+            flops: Some(product_flops(1, small, small, small)),
+            versus: None,
+            build: bare,
+        },
     ]
 }
 
@@ -210,6 +313,7 @@ pub(crate) fn input_data(
     };
     match dtype {
         DType::F16 => ctx.from_vec((0..n).map(|_| f16::from_f32(next())).collect(), shape),
+        DType::BF16 => ctx.from_vec((0..n).map(|_| bf16::from_f32(next())).collect(), shape),
         DType::F64 => ctx.from_vec((0..n).map(|_| f64::from(next())).collect(), shape),
         _ => ctx.from_vec((0..n).map(|_| next()).collect(), shape),
     }

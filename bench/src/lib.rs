@@ -15,6 +15,13 @@
 //! in the same run ([`measure_compute_peak`]). A row's time is reported against the
 //! larger of the two floors, and the table says which binds.
 //!
+//! The matrix products (`matmul_*`, `attention`) count FLOPs instead (`2*M*N*K` per
+//! product): their compute floor is those FLOPs over this machine's f32 FMA peak with
+//! the widest vectors the CPU has (AVX-512F, else AVX2+FMA, detected at run time;
+//! [`measure_fma_peak`]), measured in the same run, and each such row reports GFLOP/s
+//! and its fraction of that peak. The report shows the 128-bit figure beside it in the
+//! same unit, so a reader sees how much of the machine the JIT's width can reach.
+//!
 //! Each row also counts the minor page faults of one evaluation (`getrusage`, median
 //! over the timed runs): with outputs and intermediates recycled by the host cache, a
 //! steady-state loop touches no fresh page, so the figure is about zero; a buffer
@@ -25,24 +32,28 @@
 //! use ndfuse_bench::{run_suite, BenchOptions};
 //! // The tiny variant: the same cases on small shapes, for tests and smoke runs.
 //! let report = run_suite(Some("gelu"), &BenchOptions::tiny())?;
-//! assert_eq!(report.rows.len(), 2); // gelu and gelu_f16
+//! assert_eq!(report.rows.len(), 3); // gelu, gelu_f16 and matmul_gelu
 //! assert!(report.rows.iter().all(|r| r.kernels >= 1));
 //! println!("{}", report.table());
 //! # Ok::<(), ndfuse::Error>(())
 //! ```
 //!
-//! Layers: `options` < `cases` < `machine` < `run` < `report`.
+//! Layers: `options` < `cases` < `peak` < `machine` < `run` < `report`.
 
 mod cases;
 mod machine;
 mod options;
+mod peak;
 mod report;
 mod run;
 
-pub use cases::{cases, Case};
-pub use machine::{measure_bandwidth, measure_compute_peak, Bandwidth, ComputePeak, Machine};
+pub use cases::{cases, Case, Versus};
+pub use machine::{
+    measure_bandwidth, measure_compute_peak, measure_fma_peak, Bandwidth, ComputePeak, Machine,
+};
 pub use options::{BenchOptions, Kind, Size};
-pub use run::{run_suite, run_suite_with, BenchReport, Event, Row};
+pub use peak::{measure_wide_fma_peak, FmaPeak};
+pub use run::{run_suite, run_suite_with, BenchReport, Compared, Event, Row};
 
 #[cfg(test)]
 mod tests {
@@ -66,6 +77,12 @@ mod tests {
             ("gelu_f16", 2 * 32 * M),                 // 16M f16 in and out
             ("compile_new", 2 * 4000),
             ("compile_cached", 2 * 4000),
+            ("matmul_f32", 3 * 16 * M), // x, w, out: 2048^2 f32 each
+            ("matmul_gelu", 96 * M + 4096 * 4), // x, w [4M], out [16M], b
+            ("attention", 4 * 2 * M),   // q, k, v, out: 32*256*64 f32
+            ("matmul_f16", 3 * 8 * M),  // the same in f16
+            ("matmul_bf16", 3 * 8 * M), // and in bf16
+            ("matmul_cached", 3 * 64 * 64 * 4), // 64x64 f32: x, w, out
         ];
         let all = cases(Size::Full);
         assert_eq!(all.len(), want.len());
@@ -94,10 +111,13 @@ mod tests {
                 .expect("reference");
             let (got, want) = (out.to_f64_vec(), want[0].to_f64_vec());
             assert_eq!(got.len(), want.len(), "{}", case.name);
-            let tol = if case.name.ends_with("f16") {
-                1e-2
-            } else {
-                1e-4
+            // Relative to max(|want|, 1), by the output's dtype: f16 and bf16 outputs
+            // are the f32 result rounded once (half an ulp: 2^-11 and 2^-9), f32 has
+            // the kernels' own approximations (tanh, exp) and the f32 sums of products
+            // of up to 36 terms.
+            let tol = match out.dtype() {
+                DType::F16 | DType::BF16 => 1e-2,
+                _ => 1e-4,
             };
             for (g, w) in got.iter().zip(&want) {
                 assert!(

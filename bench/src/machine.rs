@@ -1,6 +1,8 @@
 //! This machine's floors, measured in the same run as the cases: memory bandwidth
-//! (STREAM copy and triad) and the peak rate of vector multiplies and adds.
+//! (STREAM copy and triad), the peak rate of 128-bit vector multiplies and adds (the
+//! JIT's width), and the f32 FMA peak with the widest vectors the CPU has.
 
+use crate::peak::{measure_wide_fma_peak, FmaPeak};
 use std::time::Instant;
 
 // ----- memory bandwidth -----
@@ -178,6 +180,34 @@ pub fn measure_compute_peak(iterations: u64, trials: usize) -> ComputePeak {
     }
 }
 
+/// Measures [`FmaPeak`] with the widest FMA the CPU has (AVX-512F, else AVX2+FMA: see
+/// `peak.rs`); where it has neither, the 128-bit probe `f32x4` already measured is the
+/// widest, and its vector operations (a multiply or an add of 4 lanes) are 4 FLOPs each.
+pub fn measure_fma_peak(iterations: u64, trials: usize, f32x4: &ComputePeak) -> FmaPeak {
+    measure_wide_fma_peak(iterations, trials).unwrap_or(FmaPeak {
+        isa: "f32x4 mul+add",
+        lanes: 4,
+        chains: 8,
+        trials: f32x4.trials,
+        threads: f32x4.threads,
+        flops_1t: 4.0 * f32x4.ops_1t,
+        flops_all: 4.0 * f32x4.ops_all,
+    })
+}
+
+impl ComputePeak {
+    /// The 128-bit figure on all threads in f32 FLOP/s (4 per vector operation), to set
+    /// beside [`FmaPeak::flops_all`].
+    pub fn flops_all(&self) -> f64 {
+        4.0 * self.ops_all
+    }
+
+    /// The same on one thread.
+    pub fn flops_1t(&self) -> f64 {
+        4.0 * self.ops_1t
+    }
+}
+
 // ----- running the suite -----
 
 /// The machine the suite ran on.
@@ -193,8 +223,11 @@ pub struct Machine {
     pub cpu: Option<String>,
     /// Memory bandwidth measured at the start of the run.
     pub bandwidth: Bandwidth,
-    /// Peak vector-operation rate measured at the start of the run.
+    /// Peak 128-bit vector-operation rate measured at the start of the run.
     pub compute: ComputePeak,
+    /// f32 FMA peak with the widest vectors, measured at the start of the run: the
+    /// compute floor of the matrix products.
+    pub fma: FmaPeak,
     /// For a CUDA run: the device (`NVIDIA H100 80GB HBM3 (sm_90)`) and its
     /// device-to-device copy bandwidth in GB/s (bytes read plus written), measured in
     /// the same run: the floor the CUDA rows are measured against.

@@ -41,6 +41,14 @@ impl BenchReport {
                     "compute_floor_ms": r.compute_floor_ms,
                     "x_floor": r.x_floor(),
                     "floor_binds": r.floor().map(|(_, which)| which),
+                    "flops": r.flops,
+                    "gflops": r.gflops,
+                    "fraction_of_fma_peak": r.fma_peak_fraction,
+                    "versus": r.versus.as_ref().map(|v| serde_json::json!({
+                        "what": v.what,
+                        "median_ms": v.median_ms,
+                        "ratio": v.ratio,
+                    })),
                 })
             })
             .collect();
@@ -66,6 +74,17 @@ impl BenchReport {
                     "threads": m.compute.threads,
                     "vector_ops_per_s_1t": m.compute.ops_1t,
                     "vector_ops_per_s": m.compute.ops_all,
+                    "flops_per_s_1t": m.compute.flops_1t(),
+                    "flops_per_s": m.compute.flops_all(),
+                },
+                "fma": {
+                    "isa": m.fma.isa,
+                    "lanes": m.fma.lanes,
+                    "chains": m.fma.chains,
+                    "trials": m.fma.trials,
+                    "threads": m.fma.threads,
+                    "flops_per_s_1t": m.fma.flops_1t,
+                    "flops_per_s": m.fma.flops_all,
                 },
                 "device": m.device.as_ref().map(|(name, gbps)| serde_json::json!({
                     "name": name,
@@ -127,6 +146,21 @@ impl BenchReport {
             m.compute.ops_all / 1e9,
             m.compute.threads
         );
+        let f = &m.fma;
+        let _ = writeln!(
+            s,
+            "f32 FMA peak, widest vectors ({}, {} lanes, {} independent chains, best of {}): {:.1} GFLOP/s on 1 thread, {:.1} GFLOP/s on {} threads: the matmul rows' floor; the f32x4 probe above is {:.1} GFLOP/s on {} threads, {:.0}% of it",
+            f.isa,
+            f.lanes,
+            f.chains,
+            f.trials,
+            f.flops_1t / 1e9,
+            f.flops_all / 1e9,
+            f.threads,
+            m.compute.flops_all() / 1e9,
+            m.compute.threads,
+            m.compute.flops_all() / f.flops_all.max(1e-9) * 100.0
+        );
         if let Some((name, gbps)) = &m.device {
             let _ = writeln!(
                 s,
@@ -134,8 +168,8 @@ impl BenchReport {
             );
         }
         s.push('\n');
-        s.push_str("| case | expression | inputs | kernels | runs | median ms | ideal MB | GB/s | of bandwidth | ops/elem | compute floor ms | x floor | faults/eval | note |\n");
-        s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        s.push_str("| case | expression | inputs | kernels | runs | median ms | ideal MB | GB/s | of bandwidth | GFLOP/s | of FMA peak | ops/elem | compute floor ms | x floor | faults/eval | note |\n");
+        s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
         for r in &self.rows {
             let kernels = match r.interp_steps {
                 0 => r.kernels.to_string(),
@@ -145,8 +179,20 @@ impl BenchReport {
                     if n == 1 { "" } else { "s" }
                 ),
             };
+            let versus = r.versus.as_ref().map(|v| {
+                format!(
+                    "{:.2}x {} ({} ms)",
+                    v.ratio,
+                    v.what,
+                    if v.median_ms < 10.0 {
+                        format!("{:.3}", v.median_ms)
+                    } else {
+                        format!("{:.1}", v.median_ms)
+                    }
+                )
+            });
             let note = match r.kind {
-                Kind::Throughput => String::new(),
+                Kind::Throughput => versus.unwrap_or_default(),
                 Kind::CompileNew => format!("JIT {:.3} ms of it", r.compile_ms),
                 Kind::Cached => format!(
                     "overhead {:.1} µs (wall less kernel time)",
@@ -155,7 +201,7 @@ impl BenchReport {
             };
             let _ = writeln!(
                 s,
-                "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.name,
                 r.expr,
                 r.inputs,
@@ -173,6 +219,12 @@ impl BenchReport {
                 },
                 r.gbps.map_or_else(|| "-".into(), |g| format!("{g:.2}")),
                 r.fraction
+                    .map_or_else(|| "-".into(), |f| format!("{:.1}%", f * 100.0)),
+                r.gflops
+                    .filter(|_| r.kind == Kind::Throughput)
+                    .map_or_else(|| "-".into(), |g| format!("{g:.1}")),
+                r.fma_peak_fraction
+                    .filter(|_| r.kind == Kind::Throughput)
                     .map_or_else(|| "-".into(), |f| format!("{:.1}%", f * 100.0)),
                 r.ops_per_element
                     .map_or_else(|| "-".into(), |o| format!("{o:.1}")),

@@ -1,8 +1,10 @@
 //! Running the suite: each case timed end to end (warm-up, then timed runs within a
 //! budget), set against the floors, one row each.
 
-use crate::cases::{cases, Case};
-use crate::machine::{cpu_model, measure_bandwidth, measure_compute_peak, Bandwidth, Machine};
+use crate::cases::{cases, Case, Versus};
+use crate::machine::{
+    cpu_model, measure_bandwidth, measure_compute_peak, measure_fma_peak, Bandwidth, Machine,
+};
 use crate::options::{BenchOptions, Kind, Size};
 use ndfuse::{BackendKind, Context, Error, Report, Result, Tensor};
 use ndfuse_runtime::StepPath;
@@ -62,8 +64,30 @@ pub struct Row {
     pub ops_per_element: Option<f64>,
     /// `ideal_bytes` over the machine's bandwidth, ms (throughput cases).
     pub memory_floor_ms: Option<f64>,
-    /// `ops` over the machine's peak vector rate on all threads, ms.
+    /// `ops` over the machine's peak vector rate on all threads, ms; for the matrix
+    /// products, `flops` over the widest-vector FMA peak on all threads.
     pub compute_floor_ms: Option<f64>,
+    /// The case's floating-point operations ([`Case::flops`]); `None` but for the
+    /// matrix products.
+    pub flops: Option<f64>,
+    /// `flops` over the time, GFLOP/s (10^9 a second).
+    pub gflops: Option<f64>,
+    /// `gflops` over this machine's widest-vector FMA peak on all threads, measured in
+    /// the same run: 1.0 is the peak. `None` on a GPU (the peak is the host's).
+    pub fma_peak_fraction: Option<f64>,
+    /// The time set against another measured in the same run ([`Case::versus`]).
+    pub versus: Option<Compared>,
+}
+
+/// A row's time against another measured in the same run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Compared {
+    /// What the other time is: `bare x @ w`, `matmul_f32`.
+    pub what: String,
+    /// Its median, ms (device time on a GPU, as the row's own).
+    pub median_ms: f64,
+    /// The row's time over it: 1.05 is 5% slower.
+    pub ratio: f64,
 }
 
 impl Row {
@@ -162,6 +186,7 @@ pub fn run_suite_with(
     let bandwidth = measure_bandwidth(opts.stream_array_bytes, opts.stream_trials);
     on_event(Event::Bandwidth(&bandwidth));
     let compute = measure_compute_peak(opts.peak_iterations, opts.stream_trials);
+    let fma = measure_fma_peak(opts.peak_iterations, opts.stream_trials, &compute);
     let device = device_floor(opts)?;
     let floor = device.as_ref().map_or(bandwidth.gbps(), |d| d.1);
     let ctx = Context::builder().backend(opts.backend).build()?;
@@ -172,9 +197,29 @@ pub fn run_suite_with(
             total: selected.len(),
             case,
         });
-        let row = run_case(&ctx, case, opts, floor, compute.ops_all)?;
+        let peaks = Peaks {
+            bandwidth_gbps: floor,
+            vector_ops: compute.ops_all,
+            fma_flops: fma.flops_all,
+        };
+        let row = run_case(&ctx, case, opts, &peaks)?;
         on_event(Event::CaseDone(&row));
         rows.push(row);
+    }
+    // Rows set against another case's row, when it ran.
+    for (i, case) in selected.iter().enumerate() {
+        let Some(Versus::Row(other)) = case.versus else {
+            continue;
+        };
+        let Some(base) = rows.iter().find(|r| r.name == other).map(timed_ms) else {
+            continue;
+        };
+        let own = timed_ms(&rows[i]);
+        rows[i].versus = (base > 0.0).then(|| Compared {
+            what: other.to_string(),
+            median_ms: base,
+            ratio: own / base,
+        });
     }
     Ok(BenchReport {
         machine: Machine {
@@ -184,6 +229,7 @@ pub fn run_suite_with(
             cpu: cpu_model(),
             bandwidth,
             compute,
+            fma,
             device,
         },
         size: opts.size,
@@ -277,21 +323,43 @@ fn kernel_ops(report: &Report) -> Option<(f64, f64)> {
     (elements > 0.0).then_some((ops, elements))
 }
 
-fn run_case(
-    ctx: &Context,
-    case: &Case,
-    opts: &BenchOptions,
+/// The machine's rates a row is set against.
+struct Peaks {
+    /// Bandwidth of the memory floor, GB/s.
     bandwidth_gbps: f64,
-    peak_ops: f64,
-) -> Result<Row> {
-    let inputs = case.make_inputs(ctx)?;
-    let ideal_bytes = case.ideal_bytes(ctx)?;
-    // The cached case's graph, built once; the compile case builds a new one per run.
-    let fixed = case.build(&inputs, 1.0);
-    let output = || match case.kind {
-        Kind::CompileNew => case.build(&inputs, fresh_salt()),
-        Kind::Throughput | Kind::Cached => fixed.clone(),
-    };
+    /// 128-bit vector operations a second on all threads (the JIT kernels' floor).
+    vector_ops: f64,
+    /// Widest-vector f32 FLOP/s on all threads (the matrix products' floor).
+    fma_flops: f64,
+}
+
+/// The time a row is judged by: on a GPU the kernels' device time, on the host the
+/// wall time (see [`Row::x_floor`]).
+fn timed_ms(r: &Row) -> f64 {
+    if r.backend == BackendKind::Cuda.name() {
+        r.run_ms
+    } else {
+        r.median_ms
+    }
+}
+
+/// The timed runs of one output: a warm-up, then runs within the options' budget.
+struct Runs {
+    /// Minor page faults of the warm-up.
+    warmup_faults: Option<u64>,
+    /// Wall time of each run, ms.
+    walls: Vec<f64>,
+    /// The runtime's own step time of each run, ms.
+    runs: Vec<f64>,
+    /// JIT compile time of each run, ms.
+    compiles: Vec<f64>,
+    /// Minor page faults of each run (empty where the OS does not count them).
+    faults: Vec<f64>,
+    /// The last run's report.
+    report: Report,
+}
+
+fn time_runs(ctx: &Context, output: &dyn Fn() -> Tensor, opts: &BenchOptions) -> Result<Runs> {
     // Warm-up: compiles the kernels (and, for the compile case, initialises whatever
     // the first JIT of the process initialises), so compile time stays out of the
     // timed runs of the others.
@@ -317,12 +385,62 @@ fn run_case(
         last = Some(report);
     }
     let report = last.expect("at least one timed run (min_runs >= 1)");
+    Ok(Runs {
+        warmup_faults,
+        walls,
+        runs,
+        compiles,
+        faults,
+        report,
+    })
+}
+
+fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> Result<Row> {
+    let bandwidth_gbps = peaks.bandwidth_gbps;
+    let inputs = case.make_inputs(ctx)?;
+    let ideal_bytes = case.ideal_bytes(ctx)?;
+    // The cached case's graph, built once; the compile case builds a new one per run.
+    let fixed = case.build(&inputs, 1.0);
+    let output = || match case.kind {
+        Kind::CompileNew => case.build(&inputs, fresh_salt()),
+        Kind::Throughput | Kind::Cached => fixed.clone(),
+    };
+    let Runs {
+        warmup_faults,
+        walls,
+        runs,
+        compiles,
+        faults,
+        report,
+    } = time_runs(ctx, &output, opts)?;
     let ev = report.evaluation();
     let median_ms = median(&walls);
     // On a GPU the wall time is mostly the inputs' upload and the output's download
     // over PCIe; the kernels' own device time (CUDA events) is what meets the floor.
     let on_device = ev.backend == BackendKind::Cuda;
     let timed_ms = if on_device { median(&runs) } else { median_ms };
+    // The other output of the same inputs, timed right after this one.
+    let versus = match case.versus {
+        Some(Versus::Build(what, build)) => {
+            let other = build(&inputs, 1.0);
+            let r = time_runs(ctx, &|| other.clone(), opts)?;
+            let base = if on_device {
+                median(&r.runs)
+            } else {
+                median(&r.walls)
+            };
+            (base > 0.0).then(|| Compared {
+                what: what.to_string(),
+                median_ms: base,
+                ratio: timed_ms / base,
+            })
+        }
+        Some(Versus::Row(_)) | None => None, // rows: filled in by `run_suite_with`
+    };
+    let flops = case.flops.map(|f| f as f64);
+    let gflops = flops
+        .filter(|_| timed_ms > 0.0)
+        .map(|f| f / (timed_ms * 1e-3) / 1e9);
     let gbps = (case.kind == Kind::Throughput && timed_ms > 0.0)
         .then(|| ideal_bytes as f64 / (timed_ms * 1e-3) / 1e9);
     let throughput = case.kind == Kind::Throughput;
@@ -366,6 +484,15 @@ fn run_case(
         ops: ops.map(|(o, _)| o),
         ops_per_element: ops.map(|(o, n)| o / n),
         memory_floor_ms: throughput.then(|| ideal_bytes as f64 / (bandwidth_gbps * 1e9) * 1e3),
-        compute_floor_ms: ops.map(|(o, _)| o / peak_ops * 1e3),
+        compute_floor_ms: match flops {
+            Some(f) if throughput => Some(f / peaks.fma_flops * 1e3),
+            _ => ops.map(|(o, _)| o / peaks.vector_ops * 1e3),
+        },
+        flops,
+        gflops,
+        fma_peak_fraction: gflops
+            .filter(|_| !on_device && peaks.fma_flops > 0.0)
+            .map(|g| g * 1e9 / peaks.fma_flops),
+        versus,
     })
 }

@@ -41,8 +41,16 @@ fn the_tiny_suite_runs_every_case_with_kernel_counts() {
             Kind::Cached => assert_eq!(r.compiled_kernels, 0, "{r:?}"),
         }
     }
-    // The fused element-wise cases are one kernel each.
-    for name in ["gelu", "chain", "broadcast"] {
+    // The fused element-wise cases are one kernel each, and so is each product with its
+    // element-wise epilogue.
+    for name in [
+        "gelu",
+        "chain",
+        "broadcast",
+        "matmul_f32",
+        "matmul_gelu",
+        "matmul_cached",
+    ] {
         let row = report.rows.iter().find(|r| r.name == name).expect("row");
         assert_eq!(row.kernels, 1, "{row:?}");
     }
@@ -114,16 +122,181 @@ fn progress_events_come_in_order() {
         });
     })
     .expect("runs");
-    assert_eq!(report.rows.len(), 2);
+    assert_eq!(report.rows.len(), 3);
     assert_eq!(
         seen,
         [
             "measuring",
             "bandwidth",
-            "start 1/2 gelu",
+            "start 1/3 gelu",
             "done gelu",
-            "start 2/2 gelu_f16",
-            "done gelu_f16"
+            "start 2/3 gelu_f16",
+            "done gelu_f16",
+            "start 3/3 matmul_gelu",
+            "done matmul_gelu"
         ]
     );
+}
+
+#[test]
+fn the_matmul_cases_report_flops_against_the_widest_fma_peak() {
+    let report = run_suite(Some("matmul"), &BenchOptions::tiny()).expect("runs");
+    let names: Vec<&str> = report.rows.iter().map(|r| r.name).collect();
+    assert_eq!(
+        names,
+        [
+            "matmul_f32",
+            "matmul_gelu",
+            "matmul_f16",
+            "matmul_bf16",
+            "matmul_cached"
+        ]
+    );
+    let fma = &report.machine.fma;
+    assert!(
+        fma.flops_1t > 0.0 && fma.flops_all >= 0.5 * fma.flops_1t,
+        "{fma:?}"
+    );
+    // The probe is the widest the CPU has, chosen at run time.
+    #[cfg(target_arch = "x86_64")]
+    {
+        let want = if std::arch::is_x86_feature_detected!("avx512f") {
+            16
+        } else if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            8
+        } else {
+            4
+        };
+        assert_eq!(fma.lanes, want, "{fma:?}");
+    }
+    let row = |name: &str| {
+        report
+            .rows
+            .iter()
+            .find(|r| r.name == name)
+            .unwrap_or_else(|| panic!("no row {name}"))
+    };
+    // Tiny shapes: (M, N, K) = (24, 40, 36) and (32, 48, 20).
+    assert_eq!(row("matmul_f32").flops, Some(2.0 * 24.0 * 40.0 * 36.0));
+    assert_eq!(row("matmul_gelu").flops, Some(2.0 * 32.0 * 48.0 * 20.0));
+    assert_eq!(row("matmul_cached").flops, Some(2.0 * 16.0 * 16.0 * 16.0));
+    for r in report.rows.iter().filter(|r| r.kind == Kind::Throughput) {
+        let flops = r.flops.expect("a product counts its FLOPs");
+        let gflops = r.gflops.expect("GFLOP/s");
+        let fraction = r.fma_peak_fraction.expect("a fraction of the FMA peak");
+        assert!(fraction > 0.0 && gflops > 0.0, "{r:?}");
+        assert!(
+            (gflops * 1e9 / fma.flops_all - fraction).abs() <= 1e-9 * fraction,
+            "{r:?}"
+        );
+        assert!(
+            (flops / (r.median_ms * 1e-3) / 1e9 - gflops).abs() <= 1e-9 * gflops,
+            "{r:?}"
+        );
+        // The floor of a product is its FLOPs at the FMA peak.
+        let floor = r.compute_floor_ms.expect("compute floor");
+        assert!(
+            (floor - flops / fma.flops_all * 1e3).abs() <= 1e-9 * floor,
+            "{r:?}"
+        );
+        // A product and its element-wise epilogue are one kernel.
+        assert_eq!(r.kernels, 1, "{r:?}");
+    }
+    // gelu(x @ w + b) against the bare product, timed in the same case.
+    let gelu = row("matmul_gelu")
+        .versus
+        .as_ref()
+        .expect("versus the bare product");
+    assert_eq!(gelu.what, "bare x @ w");
+    assert!(gelu.median_ms > 0.0);
+    assert!(
+        (gelu.ratio * gelu.median_ms - row("matmul_gelu").median_ms).abs() <= 1e-9,
+        "{gelu:?}"
+    );
+    // f16 and bf16 operands against the f32 row of the same run.
+    for name in ["matmul_f16", "matmul_bf16"] {
+        let v = row(name).versus.as_ref().expect("versus matmul_f32");
+        assert_eq!(v.what, "matmul_f32");
+        assert_eq!(v.median_ms, row("matmul_f32").median_ms);
+        assert_eq!(v.ratio, row(name).median_ms / v.median_ms);
+    }
+    assert!(row("matmul_f32").versus.is_none());
+    let table = report.table();
+    assert!(table.contains("| GFLOP/s | of FMA peak |"), "{table}");
+    assert!(table.contains("f32 FMA peak, widest vectors ("), "{table}");
+    assert!(table.contains("x bare x @ w ("), "{table}");
+    assert!(table.contains("x matmul_f32 ("), "{table}");
+    assert!(table.contains("compute peak (independent f32x4"), "{table}");
+}
+
+#[test]
+fn attention_runs_and_a_filtered_f16_product_has_no_f32_row_to_compare() {
+    let report = run_suite(Some("attention"), &BenchOptions::tiny()).expect("runs");
+    assert_eq!(report.rows.len(), 1);
+    let r = &report.rows[0];
+    // Tiny shapes: 2 heads of [12, 8]; two products of 2*12*12*8 FLOPs each.
+    assert_eq!(r.flops, Some(2.0 * 2.0 * (2.0 * 12.0 * 12.0 * 8.0)));
+    assert!(r.fma_peak_fraction.is_some_and(|f| f > 0.0), "{r:?}");
+    // Two products and the softmax between them: at least the two product kernels.
+    assert!(r.kernels >= 2, "{r:?}");
+    let report = run_suite(Some("matmul_f16"), &BenchOptions::tiny()).expect("runs");
+    assert_eq!(report.rows.len(), 1);
+    assert!(report.rows[0].versus.is_none(), "{:?}", report.rows[0]);
+}
+
+#[test]
+fn the_json_object_carries_the_fma_peak_and_the_flop_figures() {
+    let report = run_suite(Some("matmul_"), &BenchOptions::tiny()).expect("runs");
+    let v = report.to_json();
+    let fma = &v["machine"]["fma"];
+    for key in ["flops_per_s_1t", "flops_per_s"] {
+        assert!(fma[key].as_f64().is_some_and(|g| g > 0.0), "{key}: {v}");
+        assert!(
+            v["machine"]["compute"][key]
+                .as_f64()
+                .is_some_and(|g| g > 0.0),
+            "{key}: {v}"
+        );
+    }
+    assert!(fma["isa"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
+    assert!(fma["lanes"]
+        .as_u64()
+        .is_some_and(|l| [4, 8, 16].contains(&l)));
+    // The 128-bit figure's keys are unchanged.
+    for key in [
+        "vector_ops_per_s",
+        "vector_ops_per_s_1t",
+        "trials",
+        "threads",
+    ] {
+        assert!(v["machine"]["compute"][key].is_number(), "{key}: {v}");
+    }
+    let rows = v["rows"].as_array().expect("rows");
+    for row in rows {
+        for key in ["flops", "gflops", "fraction_of_fma_peak"] {
+            assert!(row[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {row}");
+        }
+        // The keys every row had before.
+        for key in [
+            "gbps",
+            "fraction_of_bandwidth",
+            "compute_floor_ms",
+            "x_floor",
+        ] {
+            assert!(row.get(key).is_some(), "row lacks {key}: {row}");
+        }
+    }
+    let gelu = rows
+        .iter()
+        .find(|r| r["name"] == "matmul_gelu")
+        .expect("row");
+    assert_eq!(gelu["versus"]["what"], "bare x @ w");
+    assert!(gelu["versus"]["ratio"].as_f64().is_some_and(|x| x > 0.0));
+    let f32_row = rows
+        .iter()
+        .find(|r| r["name"] == "matmul_f32")
+        .expect("row");
+    assert!(f32_row["versus"].is_null());
 }

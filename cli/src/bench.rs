@@ -9,7 +9,8 @@ use std::io::{IsTerminal as _, Write as _};
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// Run only the cases whose name contains SUITE: gelu, chain, softmax, layernorm,
-    /// sum, colsum, broadcast, gelu_f16, compile_new, compile_cached.
+    /// sum, colsum, broadcast, gelu_f16, compile_new, compile_cached, matmul_f32,
+    /// matmul_gelu, attention, matmul_f16, matmul_bf16, matmul_cached.
     suite: Option<String>,
     /// Print one JSON object (machine, measured bandwidths, rows) instead of the table.
     #[arg(long)]
