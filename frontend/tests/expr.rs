@@ -98,3 +98,69 @@ fn errors_name_the_column_and_the_shapes() {
         .to_string()
         .starts_with("at column "));
 }
+
+#[test]
+fn matmul_errors_name_the_column_of_the_at_sign() {
+    let (ctx, x) = ctx_x();
+    let s = ctx.scalar(2.0);
+    let m = x.gt(0.0);
+    let b = ctx.zeros(&[2, 3, 4]);
+    let c = ctx.zeros(&[3, 4, 2]);
+    let ins = [("x", &x), ("s", &s), ("m", &m), ("b", &b), ("c", &c)];
+    let cases: &[(&str, usize, &str)] = &[
+        ("x @ x", 3, "matmul: f32[2,3] @ f32[2,3]: 3 != 2"),
+        ("exp(x) + x @ x", 12, "matmul: f32[2,3] @ f32[2,3]: 3 != 2"),
+        ("matmul(x, x)", 1, "matmul: f32[2,3] @ f32[2,3]: 3 != 2"),
+        ("x @ s", 3, "matmul: f32[] is not allowed"),
+        ("m @ transpose(x)", 3, "matmul: bool[2,3] is not allowed"),
+        ("b @ c", 3, "f32[2,3,4] and f32[3,4,2] do not broadcast"),
+        ("b @ x", 3, "f32[2,3,4] @ f32[2,3]: 4 != 2"),
+        (
+            "2 @ x",
+            3,
+            "matmul: a literal has no matrix product (multiply with * to scale)",
+        ),
+        ("x @ 1.5", 3, "a literal has no matrix product"),
+    ];
+    for (expr, col, want) in cases {
+        let (c, msg) = expr_err(ctx.evaluate(expr, &ins).unwrap_err());
+        assert_eq!(c, *col, "{expr}: {msg}");
+        assert!(msg.contains(want), "{expr}: {msg:?} lacks {want:?}");
+        assert!(!msg.contains(".rs:"), "{expr}: no Rust call site in {msg}");
+    }
+}
+
+/// `@` is at `*`'s level and left-associative (Python's rule): each expression equals
+/// the Rust API's grouping bit for bit on the cpu backend, and differs from the other
+/// grouping (so that a wrong precedence would fail).
+#[test]
+fn matmul_precedence_and_associativity() {
+    let ctx = Context::new();
+    ctx.set_backend(ndfuse::BackendKind::Cpu);
+    let [a, b, c] = [1, 2, 3].map(|seed| ctx.rand_uniform(&[4, 4], -1.0, 1.0, seed));
+    let ins = [("a", &a), ("b", &b), ("c", &c)];
+    let cases = [
+        ("a @ b * c", a.matmul(&b) * &c, a.matmul(&(&b * &c))),
+        ("a * b @ c", (&a * &b).matmul(&c), &a * &b.matmul(&c)),
+        ("a + b @ c", &a + &b.matmul(&c), (&a + &b).matmul(&c)),
+        ("a @ b - c", a.matmul(&b) - &c, a.matmul(&(&b - &c))),
+        (
+            "a @ b @ c",
+            a.matmul(&b).matmul(&c),
+            a.matmul(&b.matmul(&c)),
+        ),
+        ("a @ b / 2", a.matmul(&b) / 2.0, a.matmul(&(&b / 2.0))),
+        ("-a @ b", (-&a).matmul(&b), -&a.matmul(&b)),
+        ("a @ b ** 2", a.matmul(&b.pow(2.0)), a.matmul(&b).pow(2.0)),
+    ];
+    for (expr, right, wrong) in cases {
+        let got = ctx.evaluate(expr, &ins).unwrap();
+        let (right, wrong) = (right.eval().unwrap(), wrong.eval().unwrap());
+        assert_eq!(got, right, "{expr}");
+        // `a @ b / 2` and `a @ (b / 2)` are the same bits (a halving is exact), and
+        // `-a @ b` / `-(a @ b)` too: those only check the parse gives the right value.
+        if !["a @ b / 2", "-a @ b"].contains(&expr) {
+            assert_ne!(got, wrong, "{expr}: the other grouping gives the same bits");
+        }
+    }
+}
