@@ -115,6 +115,8 @@ const CASES: &[(&str, &[&str], &str)] = &[
         &["b"],
         "views",
     ),
+    ("a @ mw", &["a", "mw"], "matmul"),
+    ("a @ mwb", &["a", "mwb"], "matmul_batched"),
 ];
 
 fn eval_case(expr: &str, inputs: &[&str], out: &Path, extra: &[&str]) -> Run {
@@ -588,7 +590,14 @@ fn expression_errors_name_the_column() {
             10,
             "permute: [0,2] is not a permutation",
         ),
-        ("log(a) + matmul(a, a)", 10, "unknown function 'matmul'"),
+        (
+            "log(a) + matmul(a, a)",
+            10,
+            "matmul: f32[4,8] @ f32[4,8]: 8 != 4",
+        ),
+        ("b @ a", 3, "matmul: f32[8] @ f32[4,8]: 8 != 4"),
+        ("a * 2 @ m", 7, "matmul: bool[4,8] is not allowed"),
+        ("2 @ a", 3, "matmul: a literal has no matrix product"),
         ("a.T", 2, "write transpose(x) for x.T"),
         ("sum(a, keepdims=1)", 17, "keepdims must be true or false"),
         ("a + 1 = 2", 7, "use == to compare"),
@@ -766,4 +775,86 @@ fn the_library_evaluates_expressions_as_the_cli_does() {
             .expect("the library evaluates it");
         assert_eq!(got, load(&out), "{expr}: library and CLI differ");
     }
+}
+
+#[test]
+fn matmul_errors_exit_1_with_one_line_naming_the_column_of_the_at() {
+    for (args, want) in [
+        (
+            &[
+                "eval",
+                "exp(a) + mw @ a",
+                "--input",
+                "a=a.npy",
+                "--input",
+                "mw=mw.npy",
+            ][..],
+            "error at column 13: matmul: f32[8,3] @ f32[4,8]: 3 != 4",
+        ),
+        (
+            &["eval", "a @ s", "--input", "a=a.npy", "--random", "s="][..],
+            "error at column 3: matmul: f32[] is not allowed",
+        ),
+        (
+            &[
+                "eval", "x @ y", "--random", "x=2x4x8", "--random", "y=3x8x5",
+            ][..],
+            "error at column 3: matmul: shapes f32[2,4,8] and f32[3,8,5] do not broadcast",
+        ),
+    ] {
+        let r = ndfuse(args);
+        assert_eq!(r.code, Some(1), "{args:?}: {}", r.stderr);
+        assert_eq!(r.stderr.lines().count(), 1, "{args:?}: {}", r.stderr);
+        assert!(r.stderr.starts_with(want), "{args:?}: {:?}", r.stderr);
+        assert!(
+            !r.stderr.contains(".rs:"),
+            "no Rust call site: {}",
+            r.stderr
+        );
+        assert_eq!(r.stdout, "");
+    }
+}
+
+#[test]
+fn explain_shows_the_matmul_node_and_the_product_in_its_kernel() {
+    let r = ndfuse(&[
+        "explain",
+        "gelu(x @ w + b) + r",
+        "--shape",
+        "x=64x32",
+        "--shape",
+        "w=32x48",
+        "--shape",
+        "b=48",
+        "--shape",
+        "r=64x48",
+    ]);
+    assert!(r.ok, "{}", r.stderr);
+    let s = &r.stdout;
+    for want in [
+        "%2 = matmul %0, %1 : f32[64,48]",
+        // One kernel: the product and its whole epilogue.
+        "== schedule (backend cpu: 1 kernel,",
+        "stored: output of the graph",
+        // The product is the kernel's last input, filled from in0 and in1.
+        "  in4 = matmul in0 [64,32] strides=(32,1) offset=0, in1 [32,48] strides=(48,1) offset=0 : f32",
+    ] {
+        assert!(s.contains(want), "explain lacks {want:?}:\n{s}");
+    }
+    // A batched product of a transposed operand reads it through strides.
+    let r = ndfuse(&[
+        "explain",
+        "x @ transpose(w, [0, 2, 1])",
+        "--shape",
+        "x=2x3x4",
+        "--shape",
+        "w=2x5x4",
+    ]);
+    assert!(r.ok, "{}", r.stderr);
+    assert!(
+        r.stdout
+            .contains("in1 [2,4,5] strides=(20,1,4) offset=0 : f32"),
+        "{}",
+        r.stdout
+    );
 }
