@@ -43,6 +43,14 @@
 //! if the kernel stores element values. Later launches recompute row values from the
 //! results in the scratch buffer. No atomics, so the result is the same on every run.
 //!
+//! ## Matrix products (`Kernel::contraction`)
+//!
+//! A tiled GEMM (`gemm`): a block-stride loop over the BM x BN tiles of C of every batch
+//! position (128 x 128 for f32 at 256 threads), K in slices of 8 staged through shared
+//! memory, an 8 x 8 (4 x 4 for 8-byte types) register tile per thread; the body runs as
+//! the epilogue on each accumulator and stores the outputs. The product input has no
+//! buffer: the functions take no pointer for it.
+//!
 //! ## Where the code is
 //!
 //! The shared layer, bottom to top: `launch` (the output types), `source` (the emitter's
@@ -50,8 +58,8 @@
 //! expressions, loads, the element body), `row_index`, `group` (strategies, lanes,
 //! accumulators and their combines), `sweep` (a row's loads, values, sweeps and stores)
 //! and `row_program` (the loop over rows). One file per plan on top of it, none using
-//! another: `elementwise`, `rows`, `columns`, `split`. A matrix-multiply emitter would be
-//! one more plan file, `gemm`, beside them. This file picks the plan's file.
+//! another: `elementwise`, `rows`, `columns`, `split`, and `gemm` for matrix products.
+//! This file picks the plan's file.
 
 use crate::CudaError;
 use launch::{CudaKernel, CudaOptions};
@@ -60,6 +68,7 @@ use source::Gen;
 
 mod columns;
 mod elementwise;
+mod gemm;
 mod group;
 pub(crate) mod launch;
 mod row_index;
@@ -76,14 +85,10 @@ pub fn emit(kernel: &Kernel, opts: &CudaOptions) -> Result<CudaKernel, CudaError
         kernel: kernel.name.clone(),
         problems: problems.join("; "),
     })?;
-    if kernel.contraction.is_some() {
-        return Err(CudaError::Invalid {
-            kernel: kernel.name.clone(),
-            problems: "matrix products are not emitted as CUDA C yet".into(),
-        });
-    }
     let mut g = Gen::new(kernel, opts);
-    let (launches, strategy) = if kernel.reduce_axes.is_empty() {
+    let (launches, strategy) = if kernel.contraction.is_some() {
+        g.gemm()
+    } else if kernel.reduce_axes.is_empty() {
         g.elementwise()
     } else if let Plan::Split { splits, .. } = kernel.plan {
         g.split_program(splits.max(1))

@@ -102,6 +102,59 @@ fn strategies() -> Vec<(&'static str, Vec<Tensor>, Context)> {
     v.into_iter().map(|(n, t)| (n, t, ctx.clone())).collect()
 }
 
+/// Matrix products: the tiled GEMM with its epilogue (`emit/gemm.rs`).
+fn gemms() -> Vec<(&'static str, Vec<Tensor>, Context)> {
+    let ctx = Context::new();
+    let x = |shape: &[usize]| zeros(&ctx, shape);
+    let h = |shape: &[usize]| {
+        let n = shape.iter().product();
+        ctx.from_vec(vec![half::f16::from_f32(0.5); n], shape)
+            .expect("shape matches")
+    };
+    let v: Vec<(&'static str, Vec<Tensor>)> = vec![
+        // Edges on M, N and K: every bounds check.
+        (
+            "matmul_f32_200x100x300",
+            vec![x(&[200, 100]).matmul(&x(&[100, 300]))],
+        ),
+        // Tiles divide every extent: no bounds checks; bias and gelu in the epilogue.
+        (
+            "gelu_x_w_plus_b",
+            vec![(&x(&[128, 512]).matmul(&x(&[512, 256])) + &x(&[256])).gelu()],
+        ),
+        // w [80, 64] transposed, broadcast over the batch of 4; f16 in and out.
+        (
+            "matmul_f16_batched_broadcast_transposed",
+            vec![h(&[4, 100, 64]).matmul(&h(&[80, 64]).transpose())],
+        ),
+    ];
+    v.into_iter().map(|(n, t)| (n, t, ctx.clone())).collect()
+}
+
+#[test]
+fn every_gemm_has_its_cuda_c_pinned() {
+    for (name, outs, ctx) in gemms() {
+        let kernels = cuda_kernels(&ctx, &outs);
+        assert_eq!(kernels.len(), 1, "{name}: one kernel, epilogue fused");
+        assert!(
+            kernels[0].strategy.starts_with("tiled GEMM"),
+            "{name}: {}",
+            kernels[0].strategy
+        );
+        insta::assert_snapshot!(format!("cuda_gemm_{name}"), render(&kernels));
+    }
+}
+
+#[test]
+fn every_gemm_compiles_with_nvrtc() {
+    if !nvrtc_or_skip("every_gemm_compiles_with_nvrtc") {
+        return;
+    }
+    for (name, outs, ctx) in gemms() {
+        compile_all(&cuda_kernels(&ctx, &outs), name);
+    }
+}
+
 #[test]
 fn every_catalogue_kernel_has_its_cuda_c_pinned() {
     for case in CATALOGUE {

@@ -33,7 +33,8 @@ pub struct Launch {
 }
 
 /// A kernel as CUDA C: the source, and the launches that run it, in order. Every
-/// function takes the kernel's input pointers, then its output pointers, then (when
+/// function takes the kernel's input pointers (but none for a contraction's product,
+/// the last input, which never exists in memory), then its output pointers, then (when
 /// `scratch_bytes > 0`) a scratch buffer of that many bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CudaKernel {

@@ -88,13 +88,16 @@ impl<'k> Gen<'k> {
         }
     }
 
-    /// `extern "C" __global__ void NAME(params) {` with launch bounds.
+    /// `extern "C" __global__ void NAME(params) {` with launch bounds. A contraction's
+    /// product has no parameter: the GEMM keeps it in registers.
     pub(super) fn open_function(&mut self, name: &str, threads: u32) {
         let k = self.k;
+        let product = k.contraction.as_ref().map(|c| c.product);
         let mut params: Vec<String> = k
             .inputs
             .iter()
             .enumerate()
+            .filter(|&(i, _)| Some(i) != product)
             .map(|(i, b)| {
                 format!(
                     "const {}* __restrict__ in{i}",
