@@ -427,11 +427,12 @@ impl CudaDevice {
                 shared_mem_bytes: 0,
             };
             // SAFETY: the function was compiled from `k`'s source, whose parameters are
-            // the kernel's input pointers, output pointers and (when it has one) the
-            // scratch pointer, in that order: exactly `ptrs`. Every buffer was checked
-            // to hold at least the bytes the kernel description says it reads or
-            // writes (`check_sizes`), and all of them stay alive (and are not handed to
-            // another user) until the stream has run this launch.
+            // the kernel's input pointers (none for a contraction's product, which the
+            // emitted GEMM keeps in registers), output pointers and (when it has one)
+            // the scratch pointer, in that order: exactly `ptrs`. `check_sizes` checked
+            // that count and that every buffer holds at least the bytes the kernel
+            // description says it reads or writes, and all of them stay alive (and are
+            // not handed to another user) until the stream has run this launch.
             unsafe { b.launch(cfg) }.map_err(|e| driver_err(&l.function, e))?;
         }
         let end = self
@@ -475,8 +476,19 @@ impl CudaDevice {
     }
 }
 
-/// Every buffer holds at least what the kernel description reads or writes.
+/// One buffer per parameter of the emitted functions (every input but a contraction's
+/// product, which has no buffer and no parameter; every output), each holding at least
+/// what the kernel description reads or writes.
 fn check_sizes(k: &ndfuse_ir::Kernel, ins: &[&CudaSlice<u8>], outs: &[&CudaSlice<u8>]) {
+    let bound = k.inputs.len() - usize::from(k.contraction.is_some());
+    assert!(
+        ins.len() == bound && outs.len() == k.outputs.len(),
+        "kernel {}: {} input and {} output buffers for {bound} inputs and {} outputs (a runtime bug)",
+        k.name,
+        ins.len(),
+        outs.len(),
+        k.outputs.len()
+    );
     for (b, s) in k.inputs.iter().zip(ins) {
         assert!(
             s.len() >= b.len * b.dtype.size_bytes(),
