@@ -231,10 +231,6 @@ impl Crate {
     /// The files `module` imports.
     fn imports(&self, module: &str) -> BTreeSet<String> {
         let text = &self.files[module];
-        let is_mod_file = self
-            .files
-            .keys()
-            .any(|k| k.starts_with(&format!("{module}/")));
         let parent: Vec<String> = match module.rsplit_once('/') {
             Some((p, _)) => p.split('/').map(str::to_string).collect(),
             None => Vec::new(),
@@ -243,22 +239,10 @@ impl Crate {
         let mut out = BTreeSet::new();
         for (prefix, base) in [
             ("crate::", Vec::new()),
-            (
-                "super::",
-                if is_mod_file {
-                    parent.clone()
-                } else {
-                    parent.clone()
-                },
-            ),
-            (
-                "self::",
-                if is_mod_file {
-                    this.clone()
-                } else {
-                    this.clone()
-                },
-            ),
+            // A file's `super::` is its parent module, whether the file is a leaf or a
+            // module file of its own; `self::` is the file itself.
+            ("super::", parent),
+            ("self::", this),
         ] {
             for (i, _) in text.match_indices(prefix) {
                 let before = text[..i].chars().last();
@@ -267,9 +251,6 @@ impl Crate {
                 }
                 for path in paths_after(&text[i + prefix.len()..]) {
                     let mut segs = base.clone();
-                    // A leaf file's `super::` is its parent; a module file's `super::` is
-                    // its own parent too: both are `base` above. `self::` in a leaf is
-                    // the file itself.
                     segs.extend(path);
                     if let Some(target) = self.resolve(&segs) {
                         if target != module {
