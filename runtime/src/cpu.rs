@@ -14,6 +14,7 @@ use crate::config::Config;
 use crate::device_id::DeviceId;
 use crate::error::RuntimeError;
 use crate::evaluation::Evaluation;
+use crate::gemm::run_contraction;
 use crate::step_path::StepPath;
 use ndfuse_codegen_cpu::CompiledKernel;
 use ndfuse_ir::interp;
@@ -263,9 +264,22 @@ fn run_kernel(
     // The parallel entry: chunks fixed by the kernel's shape run on the current rayon
     // pool (the global one, or the caller's inside `install`), or on the given pool (a
     // CPU device's, or `cpu_threads` workers); outputs are the same bits either way.
+    let run = |out_refs: &mut [&mut HostArray]| -> Result<(), RuntimeError> {
+        match &kernel.contraction {
+            // The product (the last input, never bound by the schedule) is scratch from
+            // the host cache; every element of it is written before the epilogue reads
+            // it, block by block (`gemm::run_contraction`).
+            Some(c) => {
+                let shape = ndfuse_ir::Shape::new([kernel.domain.numel()]);
+                let mut product = cache.array(c.dtype, shape)?;
+                run_contraction(kernel, c, &compiled, args, &mut product, out_refs)
+            }
+            None => Ok(compiled.run(args, out_refs)?),
+        }
+    };
     match pool {
-        Some(pool) => pool.install(|| compiled.run(args, &mut out_refs))?,
-        None => compiled.run(args, &mut out_refs)?,
+        Some(pool) => pool.install(|| run(&mut out_refs))?,
+        None => run(&mut out_refs)?,
     }
     Ok((outs, path, took, Some(compiled)))
 }

@@ -25,6 +25,7 @@ mod env;
 mod error;
 mod evaluation;
 mod executor;
+mod gemm;
 mod step_path;
 mod target;
 

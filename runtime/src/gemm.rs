@@ -1,0 +1,665 @@
+//! Matrix products of contraction kernels on the CPU: the GEMM that fills a kernel's
+//! product (the `gemm` crate for floats, a plain loop for integers), one block of rows at
+//! a time, each block followed at once by the JIT-compiled epilogue over exactly its
+//! positions, so the block is still in cache when the epilogue reads it.
+//!
+//! The work is cut into *units*, one per (batch position, block of `block_rows` rows of
+//! M), in row-major order of the domain. When there are at least as many units as
+//! threads, units run batch-parallel (each unit's GEMM on one thread); otherwise units
+//! run one after another and each GEMM splits its rows and columns over the threads.
+//! Either way a product element is one sequence of multiply-adds over K in an order the
+//! `gemm` crate fixes from shapes and strides (it blocks K but never splits it across
+//! threads: its threads share out tiles of M x N, and the K blocks of a tile run in
+//! order), so results are the same bits whatever the thread count (tested below and in
+//! tests/tests/matmul_cpu.rs).
+//!
+//! Operands: f32 and f64 are read in place through their views' strides (transposes,
+//! slices, broadcast batch axes: no copy). f16 and bf16 are widened once into contiguous
+//! f32 copies (O(MK + KN) work against the product's O(MNK)), then multiplied in f32.
+//! i32 and i64 use a simple loop with wrapping arithmetic: correct, not fast.
+
+use crate::error::RuntimeError;
+use gemm::Parallelism;
+use ndfuse_codegen_cpu::{CodegenError, CompiledKernel};
+use ndfuse_ir::{Contraction, DType, Expr, HostArray, Kernel, Storage, View};
+use rayon::prelude::*;
+use std::borrow::Cow;
+use std::ops::Range;
+use std::sync::{Mutex, PoisonError};
+
+/// Runs contraction kernel `kernel` (whose contraction is `c`) with `compiled`, its
+/// epilogue: fills `product` (the kernel's last input, scratch of `c.dtype` and
+/// `domain.numel()` elements) block by block and runs the epilogue over each block into
+/// `outs`. `args` are the kernel's other inputs, in order. Runs on the current rayon pool.
+pub(crate) fn run_contraction(
+    kernel: &Kernel,
+    c: &Contraction,
+    compiled: &CompiledKernel,
+    args: &[&HostArray],
+    product: &mut HostArray,
+    outs: &mut [&mut HostArray],
+) -> Result<(), RuntimeError> {
+    check_args(kernel, c, args, product)?;
+    if kernel.domain.numel() == 0 {
+        return Ok(());
+    }
+    let ops = Operands::of(c, args[c.lhs], args[c.rhs])?;
+    let (nbatch, m, _, _) = c.extents();
+    let blocks = m.div_ceil(c.block_rows);
+    let units = Units {
+        c,
+        compiled,
+        blocks,
+        units: nbatch * blocks,
+    };
+    // The product's storage pointer is taken before `product` is reborrowed shared for
+    // the epilogue: `Vec::as_mut_ptr` and `Vec::as_ptr` (which the epilogue's argument
+    // check uses) never create a reference to the elements, so the GEMM's writes through
+    // this pointer and the epilogue's reads of other blocks do not invalidate each other.
+    let no_scratch = || {
+        bad_args(
+            kernel,
+            "the product scratch is not of the contraction's dtype",
+        )
+    };
+    match &ops {
+        Operands::F32(l, r) => {
+            let base = f32::base(product).ok_or_else(no_scratch)?;
+            units.run((l, r), base, product, args, outs)
+        }
+        Operands::F64(l, r) => {
+            let base = f64::base(product).ok_or_else(no_scratch)?;
+            units.run((l, r), base, product, args, outs)
+        }
+        Operands::I32(l, r) => {
+            let base = i32::base(product).ok_or_else(no_scratch)?;
+            units.run((l, r), base, product, args, outs)
+        }
+        Operands::I64(l, r) => {
+            let base = i64::base(product).ok_or_else(no_scratch)?;
+            units.run((l, r), base, product, args, outs)
+        }
+    }
+}
+
+/// The kernel-argument error for `kernel`.
+fn bad_args(kernel: &Kernel, detail: impl Into<String>) -> RuntimeError {
+    RuntimeError::Codegen(CodegenError::Args {
+        kernel: kernel.name.clone(),
+        detail: detail.into(),
+    })
+}
+
+/// Checks, before any raw call, what the GEMM and the epilogue's pointers rely on beyond
+/// [`Kernel::check`] (which `ndfuse_codegen_cpu::supports` ran before the kernel was
+/// compiled: operand views inside their kernel buffers, product last with
+/// `domain.numel()` elements of `c.dtype`, views of the domain's shape): that the arrays
+/// bound are those buffers (one per input but the product, dtype and length), that each
+/// operand view reads inside its actual array (again, cheaply, so nothing here rests on
+/// another crate's check alone), and that the body loads the product only through its
+/// contiguous view (so the epilogue of one block reads that block only).
+fn check_args(
+    kernel: &Kernel,
+    c: &Contraction,
+    args: &[&HostArray],
+    product: &HostArray,
+) -> Result<(), RuntimeError> {
+    let bad = |detail: String| bad_args(kernel, detail);
+    if args.len() + 1 != kernel.inputs.len() || c.product != args.len() {
+        return Err(bad(format!(
+            "{} arrays bound for {} inputs (all but the product in{})",
+            args.len(),
+            kernel.inputs.len(),
+            c.product
+        )));
+    }
+    for (k, (a, b)) in args.iter().zip(&kernel.inputs).enumerate() {
+        if a.dtype() != b.dtype || a.len() != b.len {
+            return Err(bad(format!(
+                "input {k} is {}[{}], the kernel needs {}[{}]",
+                a.dtype(),
+                a.len(),
+                b.dtype,
+                b.len
+            )));
+        }
+    }
+    if product.dtype() != c.dtype || product.len() != kernel.domain.numel() {
+        return Err(bad(format!(
+            "the product scratch is {}[{}], the kernel needs {}[{}]",
+            product.dtype(),
+            product.len(),
+            c.dtype,
+            kernel.domain.numel()
+        )));
+    }
+    for (what, input, view) in [("lhs", c.lhs, &c.lhs_view), ("rhs", c.rhs, &c.rhs_view)] {
+        let len = args.get(input).map_or(0, |a| a.len());
+        if view.strides.len() != view.shape.rank() || view.shape.rank() < 2 {
+            return Err(bad(format!("the {what} view {view} is malformed")));
+        }
+        if let Some((lo, hi)) = view.span() {
+            if lo < 0 || hi >= len as i128 {
+                return Err(bad(format!(
+                    "the {what} view reads offsets {lo}..={hi} of in{input} ({len} elements)"
+                )));
+            }
+        }
+    }
+    let identity = View::contiguous(kernel.domain.clone());
+    let strided = kernel.body.iter().any(|ins| {
+        matches!(&ins.expr, Expr::Load { input, view } if *input == c.product && *view != identity)
+    });
+    if strided {
+        return Err(bad(
+            "the body loads the product through a non-contiguous view".to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// One operand of the product: its elements and the view that reads them, of shape
+/// `[batch..., rows, cols]`. Every offset the view reaches lies in `data` (checked by
+/// `check_args` for an operand read in place; by construction for a widened copy).
+#[derive(Debug)]
+struct Mat<'a, T: Clone> {
+    data: Cow<'a, [T]>,
+    view: View,
+}
+
+impl<T: Clone> Mat<'_, T> {
+    /// Offset of element `[b..., 0, 0]` for flat batch position `batch` (row-major over
+    /// the batch axes; a broadcast batch axis has stride 0).
+    fn batch_offset(&self, mut batch: usize) -> isize {
+        let d = self.view.shape.dims();
+        let r = d.len();
+        let mut off = self.view.offset;
+        for a in (0..r - 2).rev() {
+            off += (batch % d[a]) as isize * self.view.strides[a];
+            batch /= d[a];
+        }
+        off
+    }
+
+    /// Strides of the matrix axes: (rows, columns).
+    fn strides(&self) -> (isize, isize) {
+        let s = &self.view.strides;
+        (s[s.len() - 2], s[s.len() - 1])
+    }
+}
+
+/// The operands in the dtype the product accumulates in.
+#[derive(Debug)]
+enum Operands<'a> {
+    F32(Mat<'a, f32>, Mat<'a, f32>),
+    F64(Mat<'a, f64>, Mat<'a, f64>),
+    I32(Mat<'a, i32>, Mat<'a, i32>),
+    I64(Mat<'a, i64>, Mat<'a, i64>),
+}
+
+impl<'a> Operands<'a> {
+    /// The operands of `c` from their arrays: borrowed as they are, or (f16, bf16)
+    /// widened to f32 copies.
+    fn of(c: &Contraction, lhs: &'a HostArray, rhs: &'a HostArray) -> Result<Self, RuntimeError> {
+        let mat = |a: &'a HostArray, view: &View| -> Option<Operand<'a>> {
+            Some(match a.storage() {
+                Storage::F32(v) => Operand::F32(Mat {
+                    data: Cow::Borrowed(v),
+                    view: view.clone(),
+                }),
+                Storage::F64(v) => Operand::F64(Mat {
+                    data: Cow::Borrowed(v),
+                    view: view.clone(),
+                }),
+                Storage::I32(v) => Operand::I32(Mat {
+                    data: Cow::Borrowed(v),
+                    view: view.clone(),
+                }),
+                Storage::I64(v) => Operand::I64(Mat {
+                    data: Cow::Borrowed(v),
+                    view: view.clone(),
+                }),
+                Storage::F16(v) => Operand::F32(widen(v, view, half::f16::to_f32)),
+                Storage::BF16(v) => Operand::F32(widen(v, view, half::bf16::to_f32)),
+                Storage::Bool(_) => return None,
+            })
+        };
+        let pair = (mat(lhs, &c.lhs_view), mat(rhs, &c.rhs_view));
+        Ok(match pair {
+            (Some(Operand::F32(l)), Some(Operand::F32(r))) if c.dtype == DType::F32 => {
+                Operands::F32(l, r)
+            }
+            (Some(Operand::F64(l)), Some(Operand::F64(r))) if c.dtype == DType::F64 => {
+                Operands::F64(l, r)
+            }
+            (Some(Operand::I32(l)), Some(Operand::I32(r))) if c.dtype == DType::I32 => {
+                Operands::I32(l, r)
+            }
+            (Some(Operand::I64(l)), Some(Operand::I64(r))) if c.dtype == DType::I64 => {
+                Operands::I64(l, r)
+            }
+            _ => {
+                return Err(RuntimeError::Codegen(CodegenError::Args {
+                    kernel: format!("matmul of {} @ {}", lhs.dtype(), rhs.dtype()),
+                    detail: format!("operands that do not accumulate in {}", c.dtype),
+                }))
+            }
+        })
+    }
+}
+
+/// One operand before pairing.
+enum Operand<'a> {
+    F32(Mat<'a, f32>),
+    F64(Mat<'a, f64>),
+    I32(Mat<'a, i32>),
+    I64(Mat<'a, i64>),
+}
+
+/// A contiguous f32 copy of what `view` reads from `src`: an axis of stride 0 (a
+/// broadcast) keeps one position in the copy and stride 0 in the new view, so a
+/// broadcast batch is widened once.
+fn widen<H: Copy>(src: &[H], view: &View, to_f32: fn(H) -> f32) -> Mat<'static, f32> {
+    let dims = view.shape.dims();
+    let kept: Vec<usize> = dims
+        .iter()
+        .zip(&view.strides)
+        .map(|(&d, &s)| if s == 0 { d.min(1) } else { d })
+        .collect();
+    let total: usize = kept.iter().product();
+    // Row-major strides over the kept extents; 0 where the view broadcasts.
+    let mut strides = vec![0isize; dims.len()];
+    let mut step = 1isize;
+    for a in (0..dims.len()).rev() {
+        if view.strides[a] != 0 {
+            strides[a] = step;
+            step *= kept[a] as isize;
+        }
+    }
+    let mut data = Vec::with_capacity(total);
+    if total > 0 {
+        // An odometer over the kept positions; `off` follows it through the source.
+        let mut idx = vec![0usize; dims.len()];
+        let mut off = view.offset;
+        for _ in 0..total {
+            // In bounds: `check_args` bounded the view's span inside `src`.
+            data.push(to_f32(src[off as usize]));
+            for a in (0..dims.len()).rev() {
+                idx[a] += 1;
+                off += view.strides[a];
+                if idx[a] < kept[a] {
+                    break;
+                }
+                off -= view.strides[a] * kept[a] as isize;
+                idx[a] = 0;
+            }
+        }
+    }
+    Mat {
+        data: Cow::Owned(data),
+        view: View {
+            shape: view.shape.clone(),
+            strides,
+            offset: 0,
+        },
+    }
+}
+
+/// One block of the product: rows `row0..row0 + rows` of M of batch position `batch`.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    batch: usize,
+    row0: usize,
+    rows: usize,
+    n: usize,
+    k: usize,
+}
+
+/// An element type the product accumulates in, and how a block of it is filled.
+trait Accum: Copy + Send + Sync + Default + 'static {
+    /// Fills `dst` (`block.rows * block.n` elements, row-major) with the product of the
+    /// block's rows of `lhs` and all of `rhs`; `k > 0`.
+    fn fill(
+        lhs: &Mat<'_, Self>,
+        rhs: &Mat<'_, Self>,
+        block: Block,
+        dst: &mut [Self],
+        par: Parallelism,
+    );
+    /// The storage pointer of `product` when it holds this type.
+    fn base(product: &mut HostArray) -> Option<ProductPtr<Self>>;
+}
+
+/// [`Accum::base`] for one storage variant.
+macro_rules! base {
+    ($variant:ident) => {
+        fn base(product: &mut HostArray) -> Option<ProductPtr<Self>> {
+            match product.storage_mut() {
+                Storage::$variant(v) => Some(ProductPtr(v.as_mut_ptr())),
+                _ => None,
+            }
+        }
+    };
+}
+
+/// The `gemm` crate's product for a float type.
+fn gemm_fill<T: Accum + num_zero_one::ZeroOne>(
+    lhs: &Mat<'_, T>,
+    rhs: &Mat<'_, T>,
+    b: Block,
+    dst: &mut [T],
+    par: Parallelism,
+) {
+    let (lrs, lcs) = lhs.strides();
+    let (rrs, rcs) = rhs.strides();
+    let loff = lhs.batch_offset(b.batch) + b.row0 as isize * lrs;
+    let roff = rhs.batch_offset(b.batch);
+    assert_eq!(
+        dst.len(),
+        b.rows * b.n,
+        "a block's destination is rows x n (a bug)"
+    );
+    // SAFETY: `gemm` reads lhs[i * lrs + l * lcs] for i < rows, l < k and
+    // rhs[l * rrs + j * rcs] for l < k, j < n from the pointers given, and writes
+    // dst[i * n + j]. Those lhs elements are the positions [batch, row0 + i, l] of the
+    // lhs view (row0 + rows <= M, k = K), the rhs ones positions [batch, l, j] of the
+    // rhs view (n = N), so their offsets lie in the views' spans, which `check_args`
+    // (and `Kernel::check` before it) bounded inside `data`; the pointer offsets below
+    // are those of real elements (`wrapping_offset`, so no arithmetic is UB even for a
+    // view whose first element is not its lowest). `dst` is an exclusive slice of
+    // exactly rows * n elements, row stride n, column stride 1, and does not overlap the
+    // operands (a separate allocation). `read_dst` is false, so dst's old contents are
+    // never read (alpha is ignored); beta = 1 scales the product. Sizes are non-zero
+    // (callers skip empty blocks and K = 0). The conj flags are no-ops for real types.
+    unsafe {
+        gemm::gemm(
+            b.rows,
+            b.n,
+            b.k,
+            dst.as_mut_ptr(),
+            1,
+            b.n as isize,
+            false,
+            lhs.data.as_ptr().wrapping_offset(loff),
+            lcs,
+            lrs,
+            rhs.data.as_ptr().wrapping_offset(roff),
+            rcs,
+            rrs,
+            T::ZERO,
+            T::ONE,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+/// Zero and one of the float types `gemm` multiplies.
+mod num_zero_one {
+    /// The constants `gemm`'s alpha and beta take.
+    pub(super) trait ZeroOne {
+        const ZERO: Self;
+        const ONE: Self;
+    }
+    impl ZeroOne for f32 {
+        const ZERO: f32 = 0.0;
+        const ONE: f32 = 1.0;
+    }
+    impl ZeroOne for f64 {
+        const ZERO: f64 = 0.0;
+        const ONE: f64 = 1.0;
+    }
+}
+
+impl Accum for f32 {
+    fn fill(lhs: &Mat<'_, f32>, rhs: &Mat<'_, f32>, b: Block, dst: &mut [f32], par: Parallelism) {
+        gemm_fill(lhs, rhs, b, dst, par);
+    }
+    base!(F32);
+}
+
+impl Accum for f64 {
+    fn fill(lhs: &Mat<'_, f64>, rhs: &Mat<'_, f64>, b: Block, dst: &mut [f64], par: Parallelism) {
+        gemm_fill(lhs, rhs, b, dst, par);
+    }
+    base!(F64);
+}
+
+/// Integer products: a row of the block at a time, `dst[i, :] += lhs[i, l] * rhs[l, :]`
+/// over l, wrapping (as the reference and numpy do). Safe indexing; correct, not fast.
+macro_rules! int_accum {
+    ($t:ty, $variant:ident) => {
+        impl Accum for $t {
+            base!($variant);
+
+            fn fill(
+                lhs: &Mat<'_, $t>,
+                rhs: &Mat<'_, $t>,
+                b: Block,
+                dst: &mut [$t],
+                _: Parallelism,
+            ) {
+                let (lrs, lcs) = lhs.strides();
+                let (rrs, rcs) = rhs.strides();
+                let (loff, roff) = (lhs.batch_offset(b.batch), rhs.batch_offset(b.batch));
+                dst.fill(0);
+                for (i, row) in dst.chunks_exact_mut(b.n).enumerate() {
+                    let li = loff + (b.row0 + i) as isize * lrs;
+                    for l in 0..b.k {
+                        let a = lhs.data[(li + l as isize * lcs) as usize];
+                        let rl = roff + l as isize * rrs;
+                        for (j, d) in row.iter_mut().enumerate() {
+                            let y = rhs.data[(rl + j as isize * rcs) as usize];
+                            *d = d.wrapping_add(a.wrapping_mul(y));
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+int_accum!(i32, I32);
+int_accum!(i64, I64);
+
+/// The product's storage shared by the units that fill disjoint blocks of it.
+struct ProductPtr<T>(*mut T);
+
+impl<T> ProductPtr<T> {
+    /// The base pointer. A method rather than the field, so that a closure captures the
+    /// whole (`Sync`) wrapper and not the bare raw pointer.
+    fn get(&self) -> *mut T {
+        self.0
+    }
+}
+
+// SAFETY: the pointer is shared only by `Units::run`'s units, each of which makes an
+// exclusive slice of its own block of rows (blocks are disjoint ranges of the product,
+// see `Units::block_slice`) and the epilogue of a unit reads only its own block (its
+// loads of the product are the contiguous view, checked by `check_args`), so no element
+// is accessed by two threads at once; the storage outlives the parallel loop, which
+// returns only when every unit has finished.
+unsafe impl<T: Send> Sync for ProductPtr<T> {}
+
+/// The units of one contraction run (see the module docs).
+struct Units<'k> {
+    c: &'k Contraction,
+    compiled: &'k CompiledKernel,
+    /// Blocks of rows per batch position.
+    blocks: usize,
+    /// Batch positions times blocks.
+    units: usize,
+}
+
+impl Units<'_> {
+    /// Unit `u`'s block, and its range of row-major positions of the domain.
+    fn block(&self, u: usize) -> (Block, Range<usize>) {
+        let (_, m, n, k) = self.c.extents();
+        let (batch, blk) = (u / self.blocks, u % self.blocks);
+        let row0 = blk * self.c.block_rows;
+        let rows = self.c.block_rows.min(m - row0);
+        let start = (batch * m + row0) * n;
+        let block = Block {
+            batch,
+            row0,
+            rows,
+            n,
+            k,
+        };
+        (block, start..start + rows * n)
+    }
+
+    /// Fills every block of the product (`base`, the storage of `product`) and runs the
+    /// epilogue over each into `outs`: batch-parallel when there are at least as many
+    /// units as threads, else unit by unit with each GEMM spread over the threads.
+    fn run<T: Accum>(
+        &self,
+        (lhs, rhs): (&Mat<'_, T>, &Mat<'_, T>),
+        base: ProductPtr<T>,
+        product: &HostArray,
+        args: &[&HostArray],
+        outs: &mut [&mut HostArray],
+    ) -> Result<(), RuntimeError> {
+        let mut inputs: Vec<&HostArray> = args.to_vec();
+        inputs.push(product);
+        let fill = |u: usize, par: Parallelism| -> Range<usize> {
+            let (block, range) = self.block(u);
+            // SAFETY: `range` is unit u's block: rows <= M - row0, so it ends at or below
+            // (batch + 1) * M * N <= numel, the product's length (`check_args`); units are
+            // disjoint; and no other access touches these elements while the slice lives
+            // (see `ProductPtr`; it ends before this unit's epilogue runs).
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(base.get().add(range.start), range.len()) };
+            if block.k == 0 {
+                dst.fill(T::default());
+            } else {
+                T::fill(lhs, rhs, block, dst, par);
+            }
+            range
+        };
+        let threads = rayon::current_num_threads();
+        if self.units >= threads {
+            // The epilogue writes outputs through `&mut`; units take turns at it right
+            // after their own GEMM (it is O(rows * N) against the GEMM's O(rows * N * K)).
+            let outs = Mutex::new(outs);
+            (0..self.units).into_par_iter().try_for_each(|u| {
+                let range = fill(u, Parallelism::None);
+                let mut outs = outs.lock().unwrap_or_else(PoisonError::into_inner);
+                self.compiled
+                    .run_range(&inputs, &mut outs, range.start, range.end)
+                    .map_err(RuntimeError::from)
+            })
+        } else {
+            let par = if threads > 1 {
+                Parallelism::Rayon(threads)
+            } else {
+                Parallelism::None
+            };
+            for u in 0..self.units {
+                let range = fill(u, par);
+                self.compiled
+                    .run_range(&inputs, outs, range.start, range.end)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndfuse_ir::Shape;
+
+    /// Deterministic values in [-1, 1) with full mantissas (an LCG's top bits).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+            })
+            .collect()
+    }
+
+    /// The `gemm` crate gives the same bits with its threads as without: it blocks K but
+    /// never splits it across threads, so batch-parallel units (one thread per GEMM) and
+    /// a GEMM spread over threads agree, whatever the thread count. Shapes cover the
+    /// small-matrix paths, edge tiles, K longer than one K block, and a transposed lhs.
+    #[test]
+    fn gemm_threads_do_not_change_bits() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .expect("a pool of 4 threads");
+        for &(m, n, k, transposed) in &[
+            (7, 5, 3, false),
+            (65, 65, 65, false),
+            (64, 1023, 1023, false),
+            (200, 300, 1500, false),
+            (129, 257, 700, true),
+            (1, 513, 2000, false),
+        ] {
+            let a = values(m * k, 1);
+            let b = values(k * n, 2);
+            let (lrs, lcs) = if transposed {
+                (1, m as isize)
+            } else {
+                (k as isize, 1)
+            };
+            let lhs = Mat {
+                data: Cow::Borrowed(&a[..]),
+                view: View {
+                    shape: Shape::new([m, k]),
+                    strides: vec![lrs, lcs],
+                    offset: 0,
+                },
+            };
+            let rhs = Mat {
+                data: Cow::Borrowed(&b[..]),
+                view: View::contiguous(Shape::new([k, n])),
+            };
+            let block = Block {
+                batch: 0,
+                row0: 0,
+                rows: m,
+                n,
+                k,
+            };
+            let mut one = vec![0f32; m * n];
+            f32::fill(&lhs, &rhs, block, &mut one, Parallelism::None);
+            for threads in [2, 4] {
+                let mut many = vec![0f32; m * n];
+                pool.install(|| {
+                    f32::fill(&lhs, &rhs, block, &mut many, Parallelism::Rayon(threads))
+                });
+                let same = one
+                    .iter()
+                    .zip(&many)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{m}x{n}x{k}: {threads} gemm threads change the bits");
+            }
+            // And the product is right: against an f64 sum, within K roundings.
+            for (i, row) in one.chunks_exact(n).enumerate().step_by(m.div_ceil(5)) {
+                for (j, &got) in row.iter().enumerate().step_by(n.div_ceil(5)) {
+                    let (mut want, mut scale) = (0f64, 0f64);
+                    for l in 0..k {
+                        let x = f64::from(a[(i as isize * lrs + l as isize * lcs) as usize]);
+                        let y = f64::from(b[l * n + j]);
+                        want += x * y;
+                        scale += (x * y).abs();
+                    }
+                    let tol = scale * k as f64 * f64::from(f32::EPSILON);
+                    assert!(
+                        (f64::from(got) - want).abs() <= tol,
+                        "{m}x{n}x{k} [{i},{j}]"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! Matrix products on the CPU backend: the GEMM fills the product block by block and the
+//! JIT-compiled epilogue runs over each block (runtime/src/gemm.rs). Every test compares
+//! with the reference interpreter (f64 sums rounded once, node by node) under a stated
+//! tolerance, checks that the whole graph is ONE kernel that the JIT ran (not the
+//! interpreter), and the determinism test checks the same bits on 1, 2 and 4 threads.
+
+use ndfuse::{matmul, Array, BackendKind, Context, DType, SliceArg, Tensor};
+use ndfuse_runtime::StepPath;
+
+/// Slope bound of the epilogues tested: gelu's derivative is at most 1.13 (relu, tanh,
+/// additions and casts: at most 1), so an error in the product grows by at most this.
+const LIPSCHITZ: f64 = 1.2;
+
+/// Bits of accumulation per dtype: the machine epsilon of what the product sums in.
+/// A K-term sum with an FMA or a multiply and an add per term errs by at most
+/// `(K + 2) * eps * sum |a||b|` (the classic gamma_K bound with room for the final
+/// rounding); f16 and bf16 operands are widened exactly and summed in f32.
+fn acc_eps(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => f64::EPSILON,
+        _ => f64::from(f32::EPSILON),
+    }
+}
+
+/// Unit roundoff (half an ulp, relative) of the output dtype: each rounding of a value
+/// to it, by the reference after every node or by the kernel at its store, moves it by
+/// at most this times its magnitude. f16 output: one f16 ulp after the f32 sum.
+fn unit_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => f64::EPSILON / 2.0,
+        DType::F32 => f64::from(f32::EPSILON) / 2.0,
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        // Integers: exact (wrapping) in both.
+        _ => 0.0,
+    }
+}
+
+/// How far a result may be from the reference.
+#[derive(Clone, Copy, Debug)]
+struct Tol {
+    /// The contracted extent.
+    k: usize,
+    /// Dtype of the operands (f16/bf16 accumulate in f32).
+    operands: DType,
+    /// Roundings on the two paths together: the reference's one per node after the
+    /// product, the kernel's store, and two more for an inline transcendental (2 ulp).
+    roundings: f64,
+    /// Bound of the magnitudes added to the product in the epilogue (a bias or residual
+    /// in [-1, 1) each), which intermediate roundings scale with.
+    added: f64,
+}
+
+impl Tol {
+    fn new(k: usize, operands: DType, roundings: f64, added: f64) -> Tol {
+        Tol {
+            k,
+            operands,
+            roundings,
+            added,
+        }
+    }
+
+    /// `|got - want|` allowed at an element whose terms' magnitudes sum to `s`.
+    fn allowed(&self, out: DType, s: f64, want: f64) -> f64 {
+        let sum = LIPSCHITZ * acc_eps(self.operands) * (self.k as f64 + 2.0) * s;
+        sum + self.roundings * unit_roundoff(out) * (s + self.added + want.abs())
+    }
+}
+
+/// An input: uniform in [lo, hi) cast to `dtype`, already evaluated so the product's
+/// kernel is the only kernel (a cast would be a kernel of its own).
+fn input(ctx: &Context, shape: &[usize], dtype: DType, (lo, hi): (f64, f64), seed: u64) -> Tensor {
+    ctx.set_backend(BackendKind::Interp);
+    let a = ctx
+        .rand_uniform(shape, lo, hi, seed)
+        .cast(dtype)
+        .eval()
+        .expect("an input evaluates");
+    ctx.from_array(&a)
+}
+
+/// Values of each dtype's tests: floats in [-1, 1); integers large enough that sums
+/// of products wrap (i32: |a b| up to 1e10; i64: up to 1e24).
+fn range(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::I32 => (-1e5, 1e5),
+        DType::I64 => (-1e12, 1e12),
+        _ => (-1.0, 1.0),
+    }
+}
+
+/// `|t|` in f64 (exact for every float and the integers used here): operands of the
+/// reference's `sum |a||b|`.
+fn abs64(t: &Tensor) -> Tensor {
+    t.cast(DType::F64).abs()
+}
+
+/// Evaluates `y` on the CPU backend and on the interpreter and asserts: `kernels`
+/// kernels, every one run by the JIT; every element within `tol` (exact for integers),
+/// where `scale` (same shape as `y`) holds each element's `sum |a||b|`, evaluated by the
+/// interpreter.
+fn check_kernels(ctx: &Context, y: &Tensor, scale: &Tensor, tol: Tol, kernels: usize, what: &str) {
+    ctx.set_backend(BackendKind::Interp);
+    let want = ctx.eval(&[y, scale]).expect("the reference evaluates");
+    ctx.set_backend(BackendKind::Cpu);
+    let (got, report) = ctx.eval_report(&[y]).expect("the CPU evaluates");
+    let paths = &report.evaluation().paths;
+    assert_eq!(
+        report.kernel_count(),
+        kernels,
+        "{what}: {}",
+        report.annotated_graph()
+    );
+    assert!(
+        paths.iter().all(|p| matches!(p, StepPath::Jit { .. })) && !paths.is_empty(),
+        "{what}: not run by the JIT: {paths:?}\n{}",
+        report.annotated_graph()
+    );
+    compare(&got[0], &want[0], &want[1], tol, what);
+}
+
+/// [`check_kernels`] of a graph that is ONE kernel: the product and its epilogue.
+fn check(ctx: &Context, y: &Tensor, scale: &Tensor, tol: Tol, what: &str) {
+    check_kernels(ctx, y, scale, tol, 1, what);
+}
+
+/// Element-by-element comparison (see [`check_kernels`]).
+fn compare(got: &Array, want: &Array, scale: &Array, tol: Tol, what: &str) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
+    let out = got.dtype();
+    let (g, w, s) = (got.to_f64_vec(), want.to_f64_vec(), scale.to_f64_vec());
+    assert_eq!(w.len(), s.len(), "{what}: the scale has the result's shape");
+    for (i, ((&a, &b), &s)) in g.iter().zip(&w).zip(&s).enumerate() {
+        let ok = if out.is_float() {
+            (a - b).abs() <= tol.allowed(out, s, b)
+        } else {
+            a == b
+        };
+        assert!(
+            ok,
+            "{what}: element {i} is {a:e}, the reference says {b:e} (allowed {:e}, sum |a||b| = {s:e})",
+            tol.allowed(out, s, b)
+        );
+    }
+}
+
+/// `x @ w` for `[m, k] @ [k, n]` of `dtype`, then `epilogue` (with `b`: [n], `r`:
+/// [m, n]); checks it against the reference.
+fn product(
+    dtype: DType,
+    (m, n, k): (usize, usize, usize),
+    (roundings, added): (f64, f64),
+    epilogue: impl Fn(&Tensor, &Tensor, &Tensor) -> Tensor,
+) {
+    let ctx = Context::new();
+    let x = input(&ctx, &[m, k], dtype, range(dtype), 1);
+    let w = input(&ctx, &[k, n], dtype, range(dtype), 2);
+    let b = input(&ctx, &[n], dtype, range(dtype), 3);
+    let r = input(&ctx, &[m, n], dtype, range(dtype), 4);
+    let y = epilogue(&x.matmul(&w), &b, &r);
+    let scale = abs64(&x).matmul(&abs64(&w));
+    let what = format!("{dtype} {m}x{k} @ {k}x{n}");
+    check(
+        &ctx,
+        &y,
+        &scale,
+        Tol::new(k, dtype, roundings, added),
+        &what,
+    );
+}
+
+/// Roundings and added magnitudes of a bare product: the reference rounds once, the
+/// kernel once.
+const BARE: (f64, f64) = (2.0, 0.0);
+
+/// Every size in {0, 1, 7, 65, 1023} on every axis, in f32 (bare products).
+#[test]
+fn f32_sizes() {
+    for mnk in [
+        (0, 7, 65),
+        (7, 0, 65),
+        (7, 65, 0),
+        (1, 1, 1),
+        (1, 1023, 7),
+        (1023, 1, 65),
+        (65, 7, 1023),
+        (7, 1023, 1),
+        (65, 65, 65),
+        (1023, 65, 1023),
+    ] {
+        product(DType::F32, mnk, BARE, |p, _, _| p.clone());
+    }
+}
+
+/// The other dtypes, a covering set each (bare and with a bias; integers wrap).
+#[test]
+fn other_dtypes() {
+    for dtype in [DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64] {
+        for mnk in [(0, 7, 7), (7, 65, 0), (1, 7, 65), (65, 1, 7), (7, 7, 1)] {
+            product(dtype, mnk, BARE, |p, _, _| p.clone());
+        }
+        // The reference rounds the product and the sum; the kernel the sum.
+        product(dtype, (65, 1023, 7), (3.0, 1.0), |p, b, _| p + b);
+        product(dtype, (1023, 7, 65), (3.0, 1.0), |p, _, r| p + r);
+    }
+}
+
+/// Epilogues: bias add, relu, gelu, tanh, residual add, a cast to f16, all fused.
+#[test]
+fn epilogues() {
+    let mnk = (65, 129, 1023);
+    // Roundings: the reference's nodes (the product and each node after it; gelu is 7:
+    // square, mul, mul, add, mul, sigmoid, mul), the kernel's store, and 2 for an inline
+    // transcendental's 2 ulp; added: one [-1, 1) term per bias or residual.
+    product(DType::F32, mnk, (3.0, 1.0), |p, b, _| p + b);
+    product(DType::F32, mnk, (4.0, 1.0), |p, b, _| (p + b).relu());
+    product(DType::F32, mnk, (12.0, 1.0), |p, b, _| (p + b).gelu());
+    product(DType::F32, mnk, (5.0, 0.0), |p, _, _| p.tanh());
+    product(DType::F32, mnk, (13.0, 2.0), |p, b, r| (p + b).gelu() + r);
+    product(DType::F32, mnk, (3.0, 0.0), |p, _, _| p.cast(DType::F16));
+    product(DType::F64, mnk, (12.0, 1.0), |p, b, _| (p + b).gelu());
+    product(DType::F16, mnk, (12.0, 1.0), |p, b, _| (p + b).gelu());
+    product(DType::BF16, mnk, (5.0, 0.0), |p, _, _| p.tanh());
+    product(DType::I32, mnk, (0.0, 0.0), |p, b, r| (p + b).relu() + r);
+}
+
+/// Operands read through views: a transpose, strided slices (every other row, every
+/// other column, reversed rows), in f32 and f16 (whose widening copies the view).
+#[test]
+fn views() {
+    for dtype in [DType::F32, DType::F16] {
+        let ctx = Context::new();
+        let (m, n, k) = (65, 33, 129);
+        let x = input(&ctx, &[m, k], dtype, range(dtype), 5);
+        let wt = input(&ctx, &[n, k], dtype, range(dtype), 6).transpose();
+        let tall = input(&ctx, &[2 * m, k], dtype, range(dtype), 7);
+        let wide = input(&ctx, &[k, 2 * n + 1], dtype, range(dtype), 8);
+        let every_other_row = tall.slice(&[SliceArg::new(None, None, 2)]);
+        let odd_cols = wide.slice(&[SliceArg::all(), SliceArg::new(Some(1), None, 2)]);
+        let reversed = x.slice(&[SliceArg::new(None, None, -1)]);
+        for (what, a, b) in [
+            ("x @ transpose(w)", &x, &wt),
+            ("x[::2, :] @ transpose(w)", &every_other_row, &wt),
+            ("x @ w[:, 1::2]", &x, &odd_cols),
+            ("x[::-1] @ w[:, 1::2]", &reversed, &odd_cols),
+            ("transpose(x[::2]) @ x", &every_other_row.transpose(), &x),
+        ] {
+            let kk = a.shape().expect("a shape")[1];
+            let scale = abs64(a).matmul(&abs64(b));
+            let y = a.matmul(b).relu();
+            check(
+                &ctx,
+                &y,
+                &scale,
+                Tol::new(kk, dtype, 3.0, 0.0),
+                &format!("{dtype} {what}"),
+            );
+        }
+    }
+}
+
+/// Batch axes broadcast ([3, 1, M, K] @ [4, K, N]: the lhs's batch of 1 and the rhs's
+/// missing axis have stride 0), and 1-D operands (promoted, then the axis removed).
+#[test]
+fn batches_and_vectors() {
+    for dtype in [DType::F32, DType::BF16, DType::I64] {
+        let ctx = Context::new();
+        let (m, n, k) = (17, 9, 65);
+        let x = input(&ctx, &[3, 1, m, k], dtype, range(dtype), 9);
+        let w = input(&ctx, &[4, k, n], dtype, range(dtype), 10);
+        let b = input(&ctx, &[n], dtype, range(dtype), 11);
+        let v = input(&ctx, &[k], dtype, range(dtype), 12);
+        let x2 = input(&ctx, &[m, k], dtype, range(dtype), 13);
+        let w2 = input(&ctx, &[k, n], dtype, range(dtype), 14);
+        // A 1-D result is the product with its added axis squeezed away: a view of the
+        // product, which the passes make a kernel boundary (a copy kernel), so 2 kernels.
+        let cases: [(&str, Tensor, Tensor, f64, usize); 4] = [
+            (
+                "[3,1,M,K] @ [4,K,N] + b",
+                &x.matmul(&w) + &b,
+                abs64(&x).matmul(&abs64(&w)),
+                1.0,
+                1,
+            ),
+            (
+                "v @ w",
+                v.matmul(&w2),
+                abs64(&v).matmul(&abs64(&w2)),
+                0.0,
+                2,
+            ),
+            (
+                "x @ v",
+                matmul(&x2, &v),
+                abs64(&x2).matmul(&abs64(&v)),
+                0.0,
+                2,
+            ),
+            ("v @ v", v.matmul(&v), abs64(&v).matmul(&abs64(&v)), 0.0, 2),
+        ];
+        for (what, y, scale, added, kernels) in cases {
+            let tol = Tol::new(k, dtype, 2.0 + added, added);
+            check_kernels(&ctx, &y, &scale, tol, kernels, &format!("{dtype} {what}"));
+        }
+    }
+}
+
+/// The same bits on 1, 2 and 4 threads: a 1023x65x1023 f32 product with a gelu epilogue
+/// (one block: one unit, so 1 thread runs it unit by unit and 2 or 4 spread the GEMM
+/// over threads), and batched products (3 units: batch-parallel on 1 and 2 threads,
+/// GEMM-parallel on 4; 16 units: batch-parallel on all).
+#[test]
+fn one_two_and_four_threads_give_the_same_bits() {
+    let ctx = Context::new();
+    let f = DType::F32;
+    let x = input(&ctx, &[1023, 1023], f, range(f), 15);
+    let w = input(&ctx, &[1023, 65], f, range(f), 16);
+    let b = input(&ctx, &[65], f, range(f), 17);
+    let q = input(&ctx, &[3, 200, 300], f, range(f), 18);
+    let kv = input(&ctx, &[300, 500], f, range(f), 19);
+    let many = input(&ctx, &[16, 64, 96], f, range(f), 20);
+    let many_w = input(&ctx, &[16, 96, 80], f, range(f), 21);
+    let outs = [
+        (x.matmul(&w) + &b).gelu(),
+        q.matmul(&kv).tanh(),
+        many.matmul(&many_w).relu(),
+    ];
+    let refs: Vec<&Tensor> = outs.iter().collect();
+    ctx.set_backend(BackendKind::Cpu);
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a thread pool");
+        pool.install(|| ctx.eval_report(&refs).expect("evaluates"))
+    };
+    let (one, report) = run(1);
+    assert!(
+        report
+            .evaluation()
+            .paths
+            .iter()
+            .all(|p| matches!(p, StepPath::Jit { .. })),
+        "{}",
+        report.annotated_graph()
+    );
+    for threads in [2, 4] {
+        let (other, _) = run(threads);
+        for (i, (p, q)) in one.iter().zip(&other).enumerate() {
+            let (p, q) = (p.to_f64_vec(), q.to_f64_vec());
+            assert!(
+                p.iter().zip(&q).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "output {i} differs between 1 and {threads} threads"
+            );
+        }
+    }
+}
