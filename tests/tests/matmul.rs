@@ -274,9 +274,10 @@ fn one_d_operands_dtype_promotion_and_integers() {
     // f16 @ f32 promotes to f32, as `mul` does.
     let y = m.cast(DType::F16).transpose().matmul(&n.transpose());
     assert_eq!(y.dtype().expect("valid"), DType::F32);
-    // Three kernels today: the cast to f16, the cast back to f32 (read transposed), the
-    // product. Casts as prologues of the product are not fused yet (README).
-    check(&ctx, &[&y], 3, product(7, 1.0), "f16 @ f32");
+    // Two kernels: the cast to f16 (a rounding, so a value of its own), then the
+    // product, which reads the f16 buffer through the transpose and widens it itself:
+    // the promoting cast back to f32 is a prologue, not a kernel.
+    check(&ctx, &[&y], 2, product(7, 1.0), "f16 @ f32");
     // i32 products are exact (and wrap): bit for bit.
     let a = ctx
         .from_vec((0..12).map(|i| i * 7 - 40).collect::<Vec<i32>>(), &[3, 4])
@@ -342,4 +343,60 @@ fn errors_name_both_operands_and_the_callers_line() {
         line,
         &["matmul", "f32[2,4,8]", "f32[3,8,5]", "do not broadcast"],
     );
+}
+
+/// A half operand promoted to f32 for the product is read as half by the product, which
+/// widens it itself (exact): no kernel computes the cast. A cast with another user stays
+/// a value of its own.
+#[test]
+fn widening_casts_of_operands_fold_into_the_product() {
+    let ctx = Context::new();
+    for half in [DType::F16, DType::BF16] {
+        let x = uniform(&ctx, &[33, 17], 61).cast(half);
+        let w = uniform(&ctx, &[17, 9], 62);
+        let b = uniform(&ctx, &[9], 63);
+        // `x` is an input of the product's kernel: its cast to `half` is the one kernel
+        // before it (a rounding); the promotion back to f32 is folded.
+        let x = ctx.from_array(&x.eval().expect("x"));
+        let y = x.matmul(&w) + &b;
+        let report = check(
+            &ctx,
+            &[&y],
+            1,
+            product(17, 1.0),
+            &format!("{half} @ f32 + b"),
+        );
+        assert!(
+            report.kernels_text().contains(&format!("in0: {half}[561]")),
+            "the product reads the {half} buffer itself:\n{}",
+            report.kernels_text()
+        );
+        // Both operands half: the same, with the f32 product cast back to `half`.
+        let wh = ctx.from_array(&w.cast(half).eval().expect("w"));
+        check(
+            &ctx,
+            &[&x.matmul(&wh)],
+            1,
+            (1e-2, 1e-2),
+            &format!("{half} @ {half}"),
+        );
+        // The promoted cast also feeds a sum: it is not folded but computed once, in
+        // the sum's kernel (its prologue), and stored for the product's kernel.
+        let xf = x.cast(DType::F32);
+        let s = xf.sum(1);
+        let y = xf.matmul(&w);
+        let report = check(
+            &ctx,
+            &[&y, &s],
+            2,
+            product(17, 1.0),
+            &format!("cast {half} shared"),
+        );
+        assert!(
+            report.kernels_text().contains("in0: f32[561]"),
+            "the product reads the stored f32 cast:
+{}",
+            report.kernels_text()
+        );
+    }
 }

@@ -135,6 +135,8 @@ impl Fuser<'_> {
     pub(super) fn resolve_below(&mut self, n: NodeId) -> Source {
         match (&self.g.node(n).op, self.role[&n]) {
             (Op::Const { value }, _) => Source::Const(*value),
+            // The product reads the half buffer itself (only products read a widened cast).
+            (Op::Cast { .. }, Role::Widened) => self.resolve(self.g.operands(n)[0]),
             (Op::View(v), role) if role == Role::View || self.copies.contains(&n) => {
                 let operand = self.g.operands(n)[0];
                 match self.resolve(operand) {

@@ -3,7 +3,7 @@
 //! merging groups, dropping the emptied ones.
 
 use crate::plan::TargetDesc;
-use ndfuse_ir::{reduced_shape, Graph, Level, NodeId, Op, Shape};
+use ndfuse_ir::{reduced_shape, DType, Graph, Level, NodeId, Op, Shape};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// What role a live node plays before lowering.
@@ -16,6 +16,10 @@ pub(super) enum Role {
     Const,
     /// A view folded into loads (or copied, when it must be stored).
     View,
+    /// A widening cast of a half value (f16/bf16 -> f32) read only by matrix products:
+    /// a prologue the GEMM applies as it reads its operand (exact), never computed on
+    /// its own.
+    Widened,
 }
 
 /// A fusion group under construction.
@@ -103,6 +107,27 @@ impl<'g> Fuser<'g> {
             copies: BTreeSet::new(),
             target,
             fuse: true,
+        }
+    }
+
+    /// Marks the widening casts that fold into a matrix product's operand read (see
+    /// [`Role::Widened`]). The cast's own operand then becomes the product's operand.
+    pub(super) fn mark_widened(&mut self) {
+        for &n in &self.order {
+            let node = self.g.node(n);
+            let Op::Cast { to: DType::F32 } = node.op else {
+                continue;
+            };
+            let o = self.g.operands(n)[0];
+            let users = self.g.users(n);
+            let widened = self.g.node(o).dtype.is_half()
+                && !matches!(self.g.node(o).op, Op::Const { .. })
+                && !self.g.outputs().contains(&n)
+                && !users.is_empty()
+                && users.iter().all(|&u| self.g.node(u).op.is_contraction());
+            if widened {
+                self.role.insert(n, Role::Widened);
+            }
         }
     }
 

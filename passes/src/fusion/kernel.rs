@@ -132,20 +132,20 @@ impl KernelBuilder {
         }
     }
 
-    /// The kernel's matrix product of buffers `lhs` and `rhs` (of `dtype`) read through
-    /// views of shapes `[batch..., M, K]` and `[batch..., K, N]`, accumulated in `acc`:
-    /// the value of the product at each domain position (a load of the product buffer).
+    /// The kernel's matrix product of buffers `lhs` and `rhs` (each read in its own
+    /// dtype) through views of shapes `[batch..., M, K]` and `[batch..., K, N]`,
+    /// accumulated in `acc`: the value of the product at each domain position (a load of
+    /// the product buffer).
     pub(super) fn contraction(
         &mut self,
         lhs: (NodeId, View),
         rhs: (NodeId, View),
-        dtype: DType,
         acc: DType,
         block_rows: usize,
         g: &Graph,
     ) -> ValueId {
-        let l = self.input(lhs.0, dtype, g);
-        let r = self.input(rhs.0, dtype, g);
+        let l = self.input(lhs.0, g.node(lhs.0).dtype, g);
+        let r = self.input(rhs.0, g.node(rhs.0).dtype, g);
         self.contraction = Some(Contraction {
             lhs: l,
             lhs_view: lhs.1,

@@ -29,7 +29,7 @@ impl Fuser<'_> {
         for &n in &self.order {
             let p = match self.role[&n] {
                 Role::Input => Placement::Input,
-                Role::Const | Role::View => Placement::Folded,
+                Role::Const | Role::View | Role::Widened => Placement::Folded,
                 Role::Member(_) => continue,
             };
             placement.insert(n, p);
@@ -164,7 +164,9 @@ impl Fuser<'_> {
 impl Fuser<'_> {
     /// The matrix product `m` as the kernel's contraction: each operand's view padded
     /// and broadcast to the output's batch axes (a GEMM reads views through strides, no
-    /// copy), the product accumulated in f32 for half types, then cast to `m`'s dtype.
+    /// copy), read in its buffer's own dtype (a widened half operand stays half: the
+    /// GEMM widens it), the product accumulated in f32 for half types, then cast to
+    /// `m`'s dtype.
     fn lower_contraction(&mut self, kb: &mut KernelBuilder, m: NodeId) -> ValueId {
         let node = self.g.node(m);
         let out = node.shape.dims().to_vec();
@@ -188,7 +190,7 @@ impl Fuser<'_> {
         let (rows, _) = gemm_block_rows(&node.shape, acc.size_bytes(), &self.target);
         let rhs = operands.pop().expect("matmul has two operands");
         let lhs = operands.pop().expect("matmul has two operands");
-        let p = kb.contraction(lhs, rhs, dtype, acc, rows, self.g);
+        let p = kb.contraction(lhs, rhs, acc, rows, self.g);
         if node.dtype == acc {
             p
         } else {

@@ -25,7 +25,11 @@
 //! 6. Any other view is an index map: a chain of views over a buffer becomes one [`View`]
 //!    in the reading kernel's load. When a reshape cannot be expressed over the strides
 //!    it sees (flattening a transpose), the view below it is copied into a buffer first.
-//! 7. A value is stored (a kernel boundary) when it is an output of the graph, when a
+//! 7. A matrix product starts a group of its own whose element-wise consumers join it as
+//!    its epilogue (rule 1, one consumer at a time); a reduction or a view of the product
+//!    is a boundary. A widening cast of a half operand read only by products is no node
+//!    of its own: the product reads the half buffer and widens it (exact).
+//! 8. A value is stored (a kernel boundary) when it is an output of the graph, when a
 //!    node outside its kernel reads it, or when it is read through a view (the view
 //!    reads memory, not the registers of the kernel computing it). Each stored value
 //!    records why.
@@ -74,6 +78,10 @@ pub fn schedule_for(g: &Graph, target: &TargetDesc) -> Schedule {
 pub fn schedule_with(g: &Graph, target: &TargetDesc, fuse: bool) -> Schedule {
     let mut f = Fuser::new(g, target.clone());
     f.fuse = fuse;
+    if fuse {
+        // Before grouping: a widened operand is never a group member.
+        f.mark_widened();
+    }
     f.form_groups();
     if fuse {
         f.merge_siblings();

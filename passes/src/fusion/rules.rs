@@ -1,7 +1,7 @@
 //! The grouping rules (1, 2 and 4 of the `fusion` docs): which ops join which group as the
 //! graph is walked in topological order, and which sibling groups merge afterwards.
 
-use super::group::Fuser;
+use super::group::{Fuser, Role};
 use ndfuse_ir::{Level, NodeId, Op, Shape};
 
 impl Fuser<'_> {
@@ -9,6 +9,9 @@ impl Fuser<'_> {
     pub(super) fn form_groups(&mut self) {
         for n in self.order.clone() {
             let node = self.g.node(n);
+            if self.role[&n] == Role::Widened {
+                continue; // read through by the product that uses it
+            }
             match &node.op {
                 Op::Input { .. } | Op::Const { .. } => {}
                 Op::View(v) => self.try_alias(n, v),
