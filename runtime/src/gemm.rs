@@ -1,10 +1,12 @@
 //! Matrix products of contraction kernels on the CPU: the GEMM that fills a kernel's
-//! product (the `gemm` crate for floats, a plain loop for integers), one block of rows at
-//! a time, each block followed at once by the JIT-compiled epilogue over exactly its
-//! positions, so the block is still in cache when the epilogue reads it.
+//! product (the `gemm` crate for floats, a plain loop for integers), a few blocks of rows
+//! at a time, each followed at once by the JIT-compiled epilogue over exactly their
+//! positions, so they are still in cache when the epilogue reads them.
 //!
-//! The work is cut into *units*, one per (batch position, block of `block_rows` rows of
-//! M), in row-major order of the domain. When there are at least as many units as
+//! The work is cut into *units*, one per (batch position, group of whole blocks of
+//! `block_rows` rows of M, at least `GEMM_MIN_ROWS` rows: one GEMM call, whose packing of
+//! the rhs needs that many rows to pay off), in row-major order of the domain; the
+//! epilogue runs over a unit's blocks one by one right after its GEMM. When there are at least as many units as
 //! threads, units run batch-parallel (each unit's GEMM on one thread); otherwise units
 //! run one after another and each GEMM splits its rows and columns over the threads.
 //! Either way a product element is one sequence of multiply-adds over K in an order the
@@ -44,14 +46,7 @@ pub(crate) fn run_contraction(
         return Ok(());
     }
     let ops = Operands::of(c, args[c.lhs], args[c.rhs])?;
-    let (nbatch, m, _, _) = c.extents();
-    let blocks = m.div_ceil(c.block_rows);
-    let units = Units {
-        c,
-        compiled,
-        blocks,
-        units: nbatch * blocks,
-    };
+    let units = Units::new(c, compiled);
     // The product's storage pointer is taken before `product` is reborrowed shared for
     // the epilogue: `Vec::as_mut_ptr` and `Vec::as_ptr` (which the epilogue's argument
     // check uses) never create a reference to the elements, so the GEMM's writes through
@@ -482,23 +477,50 @@ impl<T> ProductPtr<T> {
 // returns only when every unit has finished.
 unsafe impl<T: Send> Sync for ProductPtr<T> {}
 
-/// The units of one contraction run (see the module docs).
+/// Fewest rows of M one GEMM call fills. Every call packs all of the rhs (K x N) again,
+/// for 2 * rows flops per packed element: at the 32 or 64 rows of a 512 KiB block with
+/// N = 4096 or 2048 the packing (memory-bound, K * N elements) cost as much as the
+/// multiply-adds (4096x1024 @ 1024x4096: 30 GFLOP/s in blocks of 32 rows, against
+/// 100-180 in calls of 256 rows or more, on this 2-core VM). So a call fills a group of
+/// whole blocks of at least this many rows, and the epilogue then runs block by block
+/// over it: the group (256 rows x N) stays in the last-level cache, so this is still no
+/// second sweep through memory. A constant, so groups depend on shapes only.
+const GEMM_MIN_ROWS: usize = 256;
+
+/// The units of one contraction run (see the module docs): a unit is one batch position's
+/// group of `group` blocks of `block_rows` rows, filled by one GEMM call.
 struct Units<'k> {
     c: &'k Contraction,
     compiled: &'k CompiledKernel,
-    /// Blocks of rows per batch position.
-    blocks: usize,
-    /// Batch positions times blocks.
+    /// Blocks per GEMM call.
+    group: usize,
+    /// Groups per batch position.
+    groups: usize,
+    /// Batch positions times groups.
     units: usize,
 }
 
-impl Units<'_> {
-    /// Unit `u`'s block, and its range of row-major positions of the domain.
+impl<'k> Units<'k> {
+    /// The units of contraction `c`, whose epilogue is `compiled`.
+    fn new(c: &'k Contraction, compiled: &'k CompiledKernel) -> Self {
+        let (nbatch, m, _, _) = c.extents();
+        let group = GEMM_MIN_ROWS.div_ceil(c.block_rows).max(1);
+        let groups = m.div_ceil(c.block_rows * group);
+        Units {
+            c,
+            compiled,
+            group,
+            groups,
+            units: nbatch * groups,
+        }
+    }
+
+    /// Unit `u`'s rows, and its range of row-major positions of the domain.
     fn block(&self, u: usize) -> (Block, Range<usize>) {
         let (_, m, n, k) = self.c.extents();
-        let (batch, blk) = (u / self.blocks, u % self.blocks);
-        let row0 = blk * self.c.block_rows;
-        let rows = self.c.block_rows.min(m - row0);
+        let (batch, g) = (u / self.groups, u % self.groups);
+        let row0 = g * self.group * self.c.block_rows;
+        let rows = (self.group * self.c.block_rows).min(m - row0);
         let start = (batch * m + row0) * n;
         let block = Block {
             batch,
@@ -510,9 +532,29 @@ impl Units<'_> {
         (block, start..start + rows * n)
     }
 
-    /// Fills every block of the product (`base`, the storage of `product`) and runs the
-    /// epilogue over each into `outs`: batch-parallel when there are at least as many
-    /// units as threads, else unit by unit with each GEMM spread over the threads.
+    /// Runs the epilogue over positions `range` (one unit's), one block of `block_rows`
+    /// rows at a time.
+    fn epilogue(
+        &self,
+        inputs: &[&HostArray],
+        outs: &mut [&mut HostArray],
+        range: Range<usize>,
+    ) -> Result<(), RuntimeError> {
+        let (_, _, n, _) = self.c.extents();
+        let step = self.c.block_rows * n;
+        let mut start = range.start;
+        while start < range.end {
+            let end = (start + step).min(range.end);
+            self.compiled.run_range(inputs, outs, start, end)?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Fills the product (`base`, the storage of `product`) unit by unit, each followed by
+    /// the epilogue over its blocks into `outs`: batch-parallel when there are at least
+    /// as many units as threads, else one unit after another with each GEMM spread over
+    /// the threads.
     fn run<T: Accum>(
         &self,
         (lhs, rhs): (&Mat<'_, T>, &Mat<'_, T>),
@@ -525,7 +567,7 @@ impl Units<'_> {
         inputs.push(product);
         let fill = |u: usize, par: Parallelism| -> Range<usize> {
             let (block, range) = self.block(u);
-            // SAFETY: `range` is unit u's block: rows <= M - row0, so it ends at or below
+            // SAFETY: `range` is unit u's rows: rows <= M - row0, so it ends at or below
             // (batch + 1) * M * N <= numel, the product's length (`check_args`); units are
             // disjoint; and no other access touches these elements while the slice lives
             // (see `ProductPtr`; it ends before this unit's epilogue runs).
@@ -546,9 +588,7 @@ impl Units<'_> {
             (0..self.units).into_par_iter().try_for_each(|u| {
                 let range = fill(u, Parallelism::None);
                 let mut outs = outs.lock().unwrap_or_else(PoisonError::into_inner);
-                self.compiled
-                    .run_range(&inputs, &mut outs, range.start, range.end)
-                    .map_err(RuntimeError::from)
+                self.epilogue(&inputs, &mut outs, range)
             })
         } else {
             let par = if threads > 1 {
@@ -558,8 +598,7 @@ impl Units<'_> {
             };
             for u in 0..self.units {
                 let range = fill(u, par);
-                self.compiled
-                    .run_range(&inputs, outs, range.start, range.end)?;
+                self.epilogue(&inputs, outs, range)?;
             }
             Ok(())
         }
