@@ -143,23 +143,39 @@ pub fn random(ctx: &Context, spec: &str, seed: u64) -> Result<(String, Tensor), 
         _ => (-10.0, 10.0),
     };
     // Draw in f64 and round once into the dtype, as rand_uniform does for its own
-    // default dtype: the same seed gives the same values whatever --dtype says.
-    let f64_ctx = Context::builder()
-        .dtype(DType::F64)
-        .build()
-        .map_err(|e| e.reason())?;
-    let vals = f64_ctx
-        .rand_uniform(&shape, low, high, s)
-        .eval()
-        .map_err(|e| format!("--random {spec}: {}", e.reason()))?
-        .to_f64_vec();
-    let vals: Vec<f64> = match dtype {
-        DType::Bool => vals.iter().map(|&v| f64::from(u8::from(v < 0.5))).collect(),
-        d if d.is_int() => vals.iter().map(|v| v.floor()).collect(),
-        _ => vals,
+    // default dtype: the same seed gives the same values whatever --dtype says. Every
+    // buffer is allocated fallibly: a shape too large for the memory is one line.
+    let flag_spec = format!("--random {spec}");
+    let oom = |e: Error| format!("{flag_spec}: {}", e.reason());
+    let vals = ctx.rand_uniform_f64s(&shape, low, high, s).map_err(oom)?;
+    let data = match dtype {
+        DType::F64 => Storage::F64(vals),
+        DType::Bool => try_storage(&flag_spec, dtype, &shape, |i| {
+            f64::from(u8::from(vals[i] < 0.5))
+        })?,
+        d if d.is_int() => try_storage(&flag_spec, dtype, &shape, |i| vals[i].floor())?,
+        _ => try_storage(&flag_spec, dtype, &shape, |i| vals[i])?,
     };
-    let t = tensor_from_storage(ctx, Storage::from_f64s(dtype, &vals), &shape)?;
+    let t = tensor_from_storage(ctx, data, &shape)?;
     Ok((name.to_string(), t))
+}
+
+/// Storage of `dtype` and `shape` with element `i` converted from `f(i)`, or the one
+/// line of `--random SPEC` / `--shape SPEC` (`flag_spec`) when the memory is short.
+fn try_storage(
+    flag_spec: &str,
+    dtype: DType,
+    shape: &[usize],
+    f: impl FnMut(usize) -> f64,
+) -> Result<Storage, String> {
+    let n = shape.iter().product();
+    Storage::try_from_fn(dtype, n, f).ok_or_else(|| {
+        let e = Error::OutOfMemory {
+            bytes: n as u128 * dtype.size_bytes() as u128,
+            what: format!("{dtype}{}", ndfuse_ir::Shape::from(shape)),
+        };
+        format!("{flag_spec}: {}", e.reason())
+    })
 }
 
 /// `--shape NAME=SHAPE[:DTYPE]` for `explain`: a zero-filled leaf. Explain never
@@ -167,8 +183,8 @@ pub fn random(ctx: &Context, spec: &str, seed: u64) -> Result<(String, Tensor), 
 pub fn zeros(ctx: &Context, spec: &str) -> Result<(String, Tensor, DType, Vec<usize>), String> {
     let (name, rest) = split_named("--shape", spec)?;
     let (shape, dtype) = parse_shape_spec("--shape", spec, rest, ctx.default_dtype())?;
-    let n = shape.iter().product();
-    let t = tensor_from_storage(ctx, Storage::zeros(dtype, n), &shape)?;
+    let data = try_storage(&format!("--shape {spec}"), dtype, &shape, |_| 0.0)?;
+    let t = tensor_from_storage(ctx, data, &shape)?;
     Ok((name.to_string(), t, dtype, shape))
 }
 

@@ -858,3 +858,96 @@ fn explain_shows_the_matmul_node_and_the_product_in_its_kernel() {
         r.stdout
     );
 }
+
+/// Whether a huge allocation fails at malloc here: Linux's default heuristic
+/// overcommit (mode 0) and strict accounting (mode 2) refuse one larger than the memory
+/// and swap; "always" (mode 1) grants it lazily and the fill would be killed instead.
+fn huge_allocations_fail() -> bool {
+    match std::fs::read_to_string("/proc/sys/vm/overcommit_memory") {
+        Ok(mode) => mode.trim() != "1",
+        Err(_) => {
+            eprintln!("skipped: no /proc/sys/vm/overcommit_memory to tell how malloc behaves");
+            false
+        }
+    }
+}
+
+/// Total memory and swap, bytes (Linux).
+fn memory_and_swap() -> Option<u128> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| -> Option<u128> {
+        let line = info.lines().find(|l| l.starts_with(key))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    };
+    Some((kib("MemTotal:")? + kib("SwapTotal:")?) * 1024)
+}
+
+/// Asserts a failed run: exit status 1, one stderr line starting with `prefix`, no
+/// signal (an abort or a stack overflow would show as `code: None`).
+fn assert_one_line_error(r: &Run, prefix: &str) {
+    assert_eq!(
+        r.code,
+        Some(1),
+        "exit status (None: killed by a signal); stderr: {}",
+        r.stderr
+    );
+    assert_eq!(r.stderr.lines().count(), 1, "one line: {}", r.stderr);
+    assert!(
+        r.stderr.starts_with(prefix),
+        "{:?} should start with {prefix:?}",
+        r.stderr
+    );
+}
+
+#[test]
+fn inputs_too_large_for_the_memory_are_one_line_not_an_abort() {
+    // Bytes beyond isize::MAX: refused before any allocation, on every machine.
+    let r = ndfuse(&["eval", "x+1", "--random", "x=1152921504606846976:f64"]);
+    assert_one_line_error(
+        &r,
+        "error: --random x=1152921504606846976:f64: out of memory: 9223372036854775808 bytes",
+    );
+    let r = ndfuse(&["explain", "x+1", "--shape", "x=2305843009213693952x1"]);
+    assert_one_line_error(
+        &r,
+        "error: --shape x=2305843009213693952x1: out of memory: 9223372036854775808 bytes",
+    );
+    // Bytes beyond usize: refused while the shape is read.
+    let r = ndfuse(&["explain", "x+1", "--shape", "x=4611686018427387904x4"]);
+    assert_one_line_error(&r, "error: --shape x=4611686018427387904x4: shape '4611686018427387904x4' is too large to allocate");
+    if !huge_allocations_fail() {
+        eprintln!("skipped the malloc cases: overcommit_memory is 1 (always)");
+        return;
+    }
+    // 8 TB: more than this machine has, so malloc itself says no.
+    let r = ndfuse(&["eval", "x+1", "--random", "x=1000000x1000000"]);
+    assert_one_line_error(
+        &r,
+        "error: --random x=1000000x1000000: out of memory: 8000000000000 bytes",
+    );
+    let r = ndfuse(&["explain", "x+1", "--shape", "x=1000000x1000000"]);
+    assert_one_line_error(
+        &r,
+        "error: --shape x=1000000x1000000: out of memory: 4000000000000 bytes",
+    );
+    // An output of 4 TB from an input of 4 MB: the runtime's buffer, after the cache
+    // was emptied and the allocation retried.
+    let r = ndfuse(&[
+        "eval",
+        "reshape(x,[-1,1]) + reshape(x,[1,-1])",
+        "--random",
+        "x=1000000",
+    ]);
+    assert_one_line_error(
+        &r,
+        "error: evaluation failed: out of memory: 4000000000000 bytes",
+    );
+    // The issue's own case, where it is larger than the memory and swap here.
+    if memory_and_swap().is_some_and(|m| m < 80_000_000_000) {
+        let r = ndfuse(&["eval", "x+1", "--random", "x=100000x100000"]);
+        assert_one_line_error(
+            &r,
+            "error: --random x=100000x100000: out of memory: 80000000000 bytes",
+        );
+    }
+}

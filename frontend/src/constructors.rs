@@ -3,7 +3,7 @@
 
 use crate::array::Array;
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::{shape_bytes, try_storage, Error, Result};
 use crate::random::SplitMix64;
 use crate::tensor::Tensor;
 use ndfuse_ir::{DType, Element, HostArray, Scalar, Shape, Storage};
@@ -56,8 +56,19 @@ impl Context {
         self.full_dtype(shape, value, self.default_dtype())
     }
 
-    /// `shape` filled with `value` converted to `dtype` (numpy's cast rules).
+    /// `shape` filled with `value` converted to `dtype` (numpy's cast rules). Nothing is
+    /// allocated until `eval`; a shape whose byte size exceeds the address space gives a
+    /// tensor carrying [`Error::OutOfMemory`].
     pub fn full_dtype(&self, shape: &[usize], value: f64, dtype: DType) -> Tensor {
+        if shape_bytes(shape, dtype) > isize::MAX as u128 {
+            return Tensor::poisoned(
+                self,
+                Error::OutOfMemory {
+                    bytes: shape_bytes(shape, dtype),
+                    what: format!("full {dtype}{}", Shape::from(shape)),
+                },
+            );
+        }
         Tensor::constant(self, Scalar::F(value), dtype, Shape::from(shape))
     }
 
@@ -82,35 +93,80 @@ impl Context {
                 at: Location::caller(),
             });
         }
+        // `as usize` saturates: a range too long to hold is refused by the allocation.
         let n = ((stop - start) / step).ceil().max(0.0) as usize;
-        let vals: Vec<f64> = (0..n).map(|i| start + i as f64 * step).collect();
-        Ok(self.leaf_f64(&vals, Shape(vec![n])))
+        let dtype = self.default_dtype();
+        let data = try_storage(
+            dtype,
+            &[n],
+            || format!("arange {dtype}[{n}]"),
+            |i| start + i as f64 * step,
+        )?;
+        Ok(self.leaf(data, Shape(vec![n])))
     }
 
     /// Uniform random values in `[low, high)` of the default dtype, from `seed`: the
-    /// same seed gives the same tensor in every release.
+    /// same seed gives the same tensor in every release. A shape too large for the
+    /// memory gives a tensor carrying [`Error::OutOfMemory`] (after the host cache freed
+    /// what it held).
     pub fn rand_uniform(&self, shape: &[usize], low: f64, high: f64, seed: u64) -> Tensor {
-        let mut rng = SplitMix64::new(seed);
-        let shape = Shape::from(shape);
-        let vals: Vec<f64> = (0..shape.numel())
-            .map(|_| low + (high - low) * rng.next_f64())
-            .collect();
-        self.leaf_f64(&vals, shape)
+        let dtype = self.default_dtype();
+        self.rand_leaf("rand_uniform", shape, dtype, uniform(low, high, seed))
+    }
+
+    /// The values [`Context::rand_uniform`] draws for `shape`, in f64 before they are
+    /// rounded into a dtype: for callers that map them their own way (the command's
+    /// integer and bool inputs). `Err(Error::OutOfMemory)` when they do not fit.
+    pub fn rand_uniform_f64s(
+        &self,
+        shape: &[usize],
+        low: f64,
+        high: f64,
+        seed: u64,
+    ) -> Result<Vec<f64>> {
+        let what = || format!("rand_uniform f64{}", Shape::from(shape));
+        match try_storage(DType::F64, shape, what, uniform(low, high, seed))? {
+            Storage::F64(v) => Ok(v),
+            _ => unreachable!("try_storage of F64 gives F64 storage (a bug otherwise)"),
+        }
     }
 
     /// Normal random values with `mean` and `std` of the default dtype, from `seed`.
+    /// A shape too large for the memory gives a tensor carrying [`Error::OutOfMemory`].
     pub fn rand_normal(&self, shape: &[usize], mean: f64, std: f64, seed: u64) -> Tensor {
         let mut rng = SplitMix64::new(seed);
-        let shape = Shape::from(shape);
-        let vals: Vec<f64> = (0..shape.numel())
-            .map(|_| mean + std * rng.next_normal())
-            .collect();
-        self.leaf_f64(&vals, shape)
+        let dtype = self.default_dtype();
+        self.rand_leaf("rand_normal", shape, dtype, move |_| {
+            mean + std * rng.next_normal()
+        })
     }
 
-    fn leaf_f64(&self, vals: &[f64], shape: Shape) -> Tensor {
-        let arr = HostArray::new(shape, Storage::from_f64s(self.default_dtype(), vals))
-            .expect("value count matches the shape by construction");
+    /// A leaf of `dtype` and `shape` whose element `i` is `f(i)`, or a tensor carrying
+    /// the allocation's failure.
+    fn rand_leaf(
+        &self,
+        what: &str,
+        shape: &[usize],
+        dtype: DType,
+        f: impl FnMut(usize) -> f64,
+    ) -> Tensor {
+        let shape = Shape::from(shape);
+        let what = || format!("{what} {dtype}{shape}");
+        match try_storage(dtype, shape.dims(), what, f) {
+            Ok(data) => self.leaf(data, shape),
+            Err(e) => Tensor::poisoned(self, e),
+        }
+    }
+
+    fn leaf(&self, data: Storage, shape: Shape) -> Tensor {
+        let arr =
+            HostArray::new(shape, data).expect("value count matches the shape by construction");
         Tensor::leaf(self, arr)
     }
+}
+
+/// The stream of `rand_uniform`: element `i` is the `i`-th draw (called in order).
+fn uniform(low: f64, high: f64, seed: u64) -> impl FnMut(usize) -> f64 {
+    let mut rng = SplitMix64::new(seed);
+    move |_| low + (high - low) * rng.next_f64()
 }

@@ -82,15 +82,78 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// Memory for a buffer whose size the user chose (a constructor's data, a `.npy`
+    /// file's array, an output or intermediate of an evaluation) could not be had, even
+    /// after the host cache freed what it held; or its size does not fit this
+    /// platform's address space. Nothing was allocated.
+    #[error("out of memory: {} for {what}", bytes_text(*.bytes))]
+    OutOfMemory {
+        /// The size asked for (`u128::MAX`: more than any count of bytes).
+        bytes: u128,
+        /// What the memory was for (`rand_uniform f32[100000, 100000]`).
+        what: String,
+    },
     /// Evaluation failed in a backend.
     #[error(transparent)]
     Runtime(Arc<ndfuse_runtime::RuntimeError>),
 }
 
 impl From<ndfuse_runtime::RuntimeError> for Error {
+    /// A buffer the runtime could not allocate becomes [`Error::OutOfMemory`]: its size
+    /// came from the user's shapes. Every other failure stays a runtime error.
     fn from(e: ndfuse_runtime::RuntimeError) -> Error {
-        Error::Runtime(Arc::new(e))
+        use ndfuse_runtime::{AllocError, RuntimeError};
+        match e {
+            RuntimeError::Alloc(
+                AllocError::OutOfMemory { memory, bytes } | AllocError::TooLarge { memory, bytes },
+            ) => Error::OutOfMemory {
+                bytes: bytes as u128,
+                what: format!("a {memory} buffer of the evaluation"),
+            },
+            e => Error::Runtime(Arc::new(e)),
+        }
     }
+}
+
+/// `N bytes`, or what a byte count beyond the address space means.
+fn bytes_text(bytes: u128) -> String {
+    if bytes > usize::MAX as u128 {
+        "more bytes than this platform can address".into()
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+/// The bytes `dims` of `dtype` hold, saturating at `u128::MAX` (which no allocation
+/// can have, so an overflowing shape is refused like any other huge one).
+pub(crate) fn shape_bytes(dims: &[usize], dtype: DType) -> u128 {
+    dims.iter()
+        .try_fold(dtype.size_bytes() as u128, |a, &d| a.checked_mul(d as u128))
+        .unwrap_or(u128::MAX)
+}
+
+/// Storage of `dtype` for `dims`, element `i` being `f(i)` (converted by the cast
+/// rules), allocated fallibly: when memory is short the host cache is emptied and the
+/// allocation tried once more (as the runtime does for its own buffers), then
+/// [`Error::OutOfMemory`] naming `what`. An element count or byte size beyond `usize`
+/// is refused before anything is allocated.
+pub(crate) fn try_storage(
+    dtype: DType,
+    dims: &[usize],
+    what: impl FnOnce() -> String,
+    mut f: impl FnMut(usize) -> f64,
+) -> Result<ndfuse_ir::Storage> {
+    let bytes = shape_bytes(dims, dtype);
+    let oom = |what: String| Error::OutOfMemory { bytes, what };
+    if bytes > isize::MAX as u128 {
+        return Err(oom(what()));
+    }
+    let len: usize = dims.iter().product();
+    if let Some(s) = ndfuse_ir::Storage::try_from_fn(dtype, len, &mut f) {
+        return Ok(s);
+    }
+    ndfuse_runtime::host_cache().trim();
+    ndfuse_ir::Storage::try_from_fn(dtype, len, f).ok_or_else(|| oom(what()))
 }
 
 impl Error {

@@ -45,11 +45,52 @@ const MAGIC: &[u8; 6] = b"\x93NUMPY";
 /// well-formed `.npy` of a dtype ndfuse has (the reason says which byte or field).
 pub fn read_npy(path: impl AsRef<Path>) -> Result<Array> {
     let path = path.as_ref();
+    // `fs::read` reserves the file's size fallibly: a file too large for the memory is
+    // an I/O error ("out of memory"), not an abort.
     let bytes = fs::read(path).map_err(|e| io_error("read", path, e))?;
-    parse(&bytes).map(Array).map_err(|why| Error::Npy {
-        path: path.to_path_buf(),
-        why,
+    parse(&bytes).map(Array).map_err(|r| match r {
+        Refused::Corrupt(why) => Error::Npy {
+            path: path.to_path_buf(),
+            why,
+        },
+        Refused::OutOfMemory { bytes } => Error::OutOfMemory {
+            bytes: bytes as u128,
+            what: format!("the array of {}", path.display()),
+        },
     })
+}
+
+/// Why a file's bytes give no array.
+#[derive(Debug, PartialEq)]
+enum Refused {
+    /// Not a well-formed `.npy` of a dtype ndfuse has: the reason, in one line.
+    Corrupt(String),
+    /// The decoded array (`bytes`, at most the file's size) could not be allocated.
+    OutOfMemory {
+        /// The size asked for.
+        bytes: usize,
+    },
+}
+
+impl From<String> for Refused {
+    fn from(why: String) -> Refused {
+        Refused::Corrupt(why)
+    }
+}
+
+impl From<&str> for Refused {
+    fn from(why: &str) -> Refused {
+        Refused::Corrupt(why.to_string())
+    }
+}
+
+/// The items of `it` in a vector allocated fallibly (`None` when the memory is short):
+/// the length comes from a file's header, checked against the file's size first.
+fn try_collect<T>(it: impl ExactSizeIterator<Item = T>) -> Option<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(it.len()).ok()?;
+    v.extend(it);
+    Some(v)
 }
 
 /// Writes `array` to `path` as `.npy`, atomically: the data goes to a temporary file in
@@ -78,7 +119,8 @@ fn io_error(action: &'static str, path: &Path, e: std::io::Error) -> Error {
 impl Context {
     /// A leaf tensor holding the `.npy` file at `path` (see [`read_npy`]).
     pub fn load_npy(&self, path: impl AsRef<Path>) -> Result<Tensor> {
-        Ok(self.from_array(&read_npy(path)?))
+        // Moved into the leaf, not copied: the array may be as large as the memory.
+        Ok(Tensor::leaf(self, read_npy(path)?.0))
     }
 }
 
@@ -106,16 +148,20 @@ struct Header {
 }
 
 /// Parses a whole `.npy` file held in memory.
-fn parse(bytes: &[u8]) -> Result<HostArray, String> {
+/// The header's shape is checked against the file's size before anything is allocated,
+/// so a header claiming a huge shape is a truncated file, not an allocation.
+fn parse(bytes: &[u8]) -> Result<HostArray, Refused> {
     if bytes.len() < 8 || &bytes[..6] != MAGIC {
-        return Err("not a .npy file (it does not start with the \\x93NUMPY magic bytes)".into());
+        return Err(Refused::Corrupt(
+            "not a .npy file (it does not start with the \\x93NUMPY magic bytes)".into(),
+        ));
     }
     let (major, minor) = (bytes[6], bytes[7]);
     let (len_size, utf8) = match major {
         1 => (2, false),
         2 => (4, false),
         3 => (4, true),
-        _ => return Err(format!("unsupported .npy format version {major}.{minor}")),
+        _ => return Err(format!("unsupported .npy format version {major}.{minor}").into()),
     };
     let len_end = 8 + len_size;
     let len_bytes = bytes
@@ -146,51 +192,52 @@ fn parse(bytes: &[u8]) -> Result<HostArray, String> {
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
         .and_then(|n| n.checked_mul(header.dtype.size_bytes()).map(|b| (n, b)));
     let Some((count, need)) = count else {
-        return Err(format!(
+        return Err(Refused::Corrupt(format!(
             "corrupt .npy: shape {} is too large to address",
             shape_text(&header.shape)
-        ));
+        )));
     };
     if data.len() < need {
-        return Err(format!(
+        return Err(Refused::Corrupt(format!(
             "corrupt .npy: truncated: header says {}{} ({need} bytes of data) but the file holds {} bytes",
             header.dtype,
             shape_text(&header.shape),
             data.len()
-        ));
+        )));
     }
     if data.len() > need {
-        return Err(format!(
+        return Err(Refused::Corrupt(format!(
             "corrupt .npy: {} unexpected bytes after the {need} bytes of {}{}",
             data.len() - need,
             header.dtype,
             shape_text(&header.shape)
-        ));
+        )));
     }
     let storage = decode(header.dtype, header.big_endian, data, count)?;
     let storage = if header.fortran {
-        fortran_to_c(storage, &header.shape)
+        fortran_to_c(storage, &header.shape).ok_or(Refused::OutOfMemory { bytes: need })?
     } else {
         storage
     };
-    HostArray::new(Shape(header.shape), storage)
-        .ok_or_else(|| "internal error: decoded element count differs from the shape".into())
+    HostArray::new(Shape(header.shape), storage).ok_or_else(|| {
+        Refused::Corrupt("internal error: decoded element count differs from the shape".into())
+    })
 }
 
-fn decode(dtype: DType, big: bool, data: &[u8], count: usize) -> Result<Storage, String> {
+fn decode(dtype: DType, big: bool, data: &[u8], count: usize) -> Result<Storage, Refused> {
+    let oom = Refused::OutOfMemory { bytes: data.len() };
     macro_rules! words {
         ($t:ty, $n:literal) => {
-            data.chunks_exact($n)
-                .map(|c| {
-                    let mut w = [0u8; $n];
-                    w.copy_from_slice(c);
-                    if big {
-                        <$t>::from_be_bytes(w)
-                    } else {
-                        <$t>::from_le_bytes(w)
-                    }
-                })
-                .collect::<Vec<$t>>()
+            try_collect(data.chunks_exact($n).map(|c| {
+                let mut w = [0u8; $n];
+                w.copy_from_slice(c);
+                if big {
+                    <$t>::from_be_bytes(w)
+                } else {
+                    <$t>::from_le_bytes(w)
+                }
+            }))
+            .ok_or(oom)?
         };
     }
     Ok(match dtype {
@@ -201,12 +248,12 @@ fn decode(dtype: DType, big: bool, data: &[u8], count: usize) -> Result<Storage,
         DType::I64 => Storage::I64(words!(i64, 8)),
         DType::Bool => {
             if let Some(i) = data.iter().position(|&b| b > 1) {
-                return Err(format!(
+                return Err(Refused::Corrupt(format!(
                     "corrupt .npy: bool element {i} is the byte {:#04x}, not 0 or 1",
                     data[i]
-                ));
+                )));
             }
-            Storage::Bool(data.iter().map(|&b| b == 1).collect())
+            Storage::Bool(try_collect(data.iter().map(|&b| b == 1)).ok_or(oom)?)
         }
         // parse_descr never yields bf16 (numpy has no bf16), but a corrupt file must
         // not be able to reach a panic, so this is an error like any other.
@@ -215,19 +262,21 @@ fn decode(dtype: DType, big: bool, data: &[u8], count: usize) -> Result<Storage,
     .inspect(|s| debug_assert_eq!(s.len(), count, "decoded element count"))
 }
 
-/// Reorders column-major data (first axis fastest) to row-major.
-fn fortran_to_c(s: Storage, shape: &[usize]) -> Storage {
-    fn reorder<T: Copy>(v: Vec<T>, shape: &[usize]) -> Vec<T> {
+/// Reorders column-major data (first axis fastest) to row-major; `None` when the
+/// memory for the reordered copy is short.
+fn fortran_to_c(s: Storage, shape: &[usize]) -> Option<Storage> {
+    fn reorder<T: Copy>(v: Vec<T>, shape: &[usize]) -> Option<Vec<T>> {
         let rank = shape.len();
         if rank < 2 || v.is_empty() {
-            return v;
+            return Some(v);
         }
         // Offset of element (i0, .., in-1) in the file is sum(ik * fstride[k]).
         let mut fstride = vec![1usize; rank];
         for k in 1..rank {
             fstride[k] = fstride[k - 1] * shape[k - 1];
         }
-        let mut out = Vec::with_capacity(v.len());
+        let mut out = Vec::new();
+        out.try_reserve_exact(v.len()).ok()?;
         let mut idx = vec![0usize; rank];
         let mut off = 0usize;
         for _ in 0..v.len() {
@@ -243,17 +292,17 @@ fn fortran_to_c(s: Storage, shape: &[usize]) -> Storage {
                 idx[k] = 0;
             }
         }
-        out
+        Some(out)
     }
-    match s {
-        Storage::F16(v) => Storage::F16(reorder(v, shape)),
-        Storage::BF16(v) => Storage::BF16(reorder(v, shape)),
-        Storage::F32(v) => Storage::F32(reorder(v, shape)),
-        Storage::F64(v) => Storage::F64(reorder(v, shape)),
-        Storage::I32(v) => Storage::I32(reorder(v, shape)),
-        Storage::I64(v) => Storage::I64(reorder(v, shape)),
-        Storage::Bool(v) => Storage::Bool(reorder(v, shape)),
-    }
+    Some(match s {
+        Storage::F16(v) => Storage::F16(reorder(v, shape)?),
+        Storage::BF16(v) => Storage::BF16(reorder(v, shape)?),
+        Storage::F32(v) => Storage::F32(reorder(v, shape)?),
+        Storage::F64(v) => Storage::F64(reorder(v, shape)?),
+        Storage::I32(v) => Storage::I32(reorder(v, shape)?),
+        Storage::I64(v) => Storage::I64(reorder(v, shape)?),
+        Storage::Bool(v) => Storage::Bool(reorder(v, shape)?),
+    })
 }
 
 fn shape_text(shape: &[usize]) -> String {
@@ -781,6 +830,12 @@ mod tests {
                 file("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,), }", &[]),
                 "too large",
             ),
+            // 80 GB claimed by 16 bytes: refused against the file's size, before any
+            // allocation (issue 18).
+            (
+                file("{'descr': '<f8', 'fortran_order': True, 'shape': (100000, 100000), }", &[0; 16]),
+                "truncated: header says f64[100000,100000] (80000000000 bytes of data)",
+            ),
             (file("{'descr': '|b1', 'fortran_order': False, 'shape': (2,), }", &[1, 2]), "0x02"),
             (file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), } x", &[0; 8]), "after the header"),
             (file("{'descr': '<f4", &[]), "unterminated"),
@@ -788,7 +843,10 @@ mod tests {
         for (bytes, want) in cases {
             match parse(&bytes) {
                 Ok(a) => panic!("expected an error containing {want:?}, got {a:?}"),
-                Err(e) => assert!(e.contains(want), "{e:?} should contain {want:?}"),
+                Err(Refused::Corrupt(e)) => {
+                    assert!(e.contains(want), "{e:?} should contain {want:?}")
+                }
+                Err(other) => panic!("expected an error containing {want:?}, got {other:?}"),
             }
         }
     }

@@ -137,6 +137,32 @@ impl Storage {
         }
     }
 
+    /// `len` elements of `dtype`, element `i` being `f(i)` converted as by
+    /// [`Storage::from_f64s`], in one allocation that may fail: `None` when the memory
+    /// cannot be had (or `len` elements of `dtype` exceed the address space), where
+    /// `from_f64s` and `zeros` abort the process. For sizes a user chose.
+    pub fn try_from_fn(
+        dtype: DType,
+        len: usize,
+        mut f: impl FnMut(usize) -> f64,
+    ) -> Option<Storage> {
+        fn fill<T>(len: usize, g: impl FnMut(usize) -> T) -> Option<Vec<T>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(len).ok()?;
+            v.extend((0..len).map(g));
+            Some(v)
+        }
+        Some(match dtype {
+            DType::F16 => Storage::F16(fill(len, |i| to_f16(f(i)))?),
+            DType::BF16 => Storage::BF16(fill(len, |i| to_bf16(f(i)))?),
+            DType::F32 => Storage::F32(fill(len, |i| f(i) as f32)?),
+            DType::F64 => Storage::F64(fill(len, f)?),
+            DType::I32 => Storage::I32(fill(len, |i| f(i) as i64 as i32)?),
+            DType::I64 => Storage::I64(fill(len, |i| f(i) as i64)?),
+            DType::Bool => Storage::Bool(fill(len, |i| f(i) != 0.0)?),
+        })
+    }
+
     /// Storage of an int `dtype` (or bool) from i64 values, wrapped to the dtype.
     pub fn from_i64s(dtype: DType, vals: &[i64]) -> Storage {
         match dtype {
