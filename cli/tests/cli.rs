@@ -951,3 +951,29 @@ fn inputs_too_large_for_the_memory_are_one_line_not_an_abort() {
         );
     }
 }
+
+#[test]
+fn deep_nesting_is_one_line_not_a_stack_overflow() {
+    // Linux caps one argument at 128 KiB, so 26,000 `exp(` is about the deepest call
+    // nesting a command line can carry (the library test in frontend/tests/expr.rs goes
+    // to 100,000); a stack overflow would show here as a signal, not as exit status 1.
+    let deep =
+        |open: &str, n: usize, close: &str| format!("{}x{}", open.repeat(n), close.repeat(n));
+    let cases = [
+        (deep("exp(", 26_000, ")"), 401),
+        (deep("(", 60_000, ")"), 101),
+        (format!("x{}", "+1".repeat(60_000)), 199),
+        (format!("x{}", "[::1]".repeat(20_000)), 495),
+        (format!("{}x", "-".repeat(100_000)), 101),
+    ];
+    for (expr, column) in cases {
+        let r = ndfuse(&["eval", &expr, "--random", "x=3"]);
+        assert_one_line_error(
+            &r,
+            &format!("error at column {column}: expression nested deeper than 100 levels"),
+        );
+    }
+    // The limit itself evaluates.
+    let r = ndfuse(&["eval", &deep("exp(", 99, ")"), "--random", "x=3"]);
+    assert!(r.ok, "{}", r.stderr);
+}

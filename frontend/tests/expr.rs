@@ -164,3 +164,22 @@ fn matmul_precedence_and_associativity() {
         }
     }
 }
+
+#[test]
+fn nesting_deeper_than_the_limit_is_an_error_at_a_column() {
+    // 100,000 levels, parsed on a test thread (2 MiB of stack): the depth limit, not the
+    // stack, ends it (issue 18).
+    let n = 100_000;
+    let deep = format!("{}x{}", "exp(".repeat(n), ")".repeat(n));
+    match Expr::parse(&deep) {
+        Err(Error::Expr { column, message }) => {
+            assert_eq!(
+                (column, message.as_str()),
+                (401, "expression nested deeper than 100 levels")
+            );
+        }
+        other => panic!("expected the depth error, got {other:?}"),
+    }
+    let chain = format!("x{}", "*1".repeat(n));
+    assert!(Expr::parse(&chain).is_err_and(|e| e.to_string().contains("nested deeper")));
+}

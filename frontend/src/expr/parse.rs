@@ -12,6 +12,17 @@
 //! | 4     | unary `-`, `+`                 | prefix                   |
 //! | 5     | `**`                           | right; binds tighter than a unary minus on its left (`-a ** 2` is `-(a ** 2)`), looser than one on its right (`a ** -b`) |
 //! | 6     | calls `f(..)`, subscripts `x[..]` | postfix               |
+//!
+//! # Depth
+//!
+//! An expression may nest at most [`MAX_DEPTH`] levels: each call, parenthesis, list,
+//! unary operator, infix operator in a chain and subscript is a level of the AST, and
+//! both this parser and the lowering recurse once per level. Deeper text is refused
+//! with `expression nested deeper than 100 levels` at the column where the limit is
+//! crossed, so that no input, however deep, can overflow the stack. Why 100: a level
+//! costs about 7 KiB of stack to parse and as much to lower in a debug build, and
+//! 150 levels were measured to fit a 2 MiB thread (a spawned or test thread; the main
+//! thread has 8 MiB), so 100 leaves a third spare there; no real expression nests so.
 
 use std::fmt;
 
@@ -316,14 +327,29 @@ fn lex_number(src: &str, start: usize) -> Result<(Lit, usize), ExprError> {
     Ok((lit, i))
 }
 
+/// The deepest nesting an expression may have (see the module documentation).
+pub const MAX_DEPTH: usize = 100;
+
+fn too_deep(pos: usize) -> ExprError {
+    ExprError::new(
+        pos,
+        format!("expression nested deeper than {MAX_DEPTH} levels"),
+    )
+}
+
 /// Parses a whole expression.
 pub fn parse(src: &str) -> Result<Node, ExprError> {
     let toks = lex(src)?;
-    let mut p = Parser { toks, at: 0 };
+    let mut p = Parser {
+        toks,
+        at: 0,
+        depth: 0,
+    };
     if p.peek() == &Tok::End {
         return Err(ExprError::new(0, "empty expression"));
     }
     let node = p.expr(0)?;
+    check_height(&node)?;
     match p.peek() {
         Tok::End => Ok(node),
         Tok::Sym("=") => Err(ExprError::new(
@@ -340,6 +366,60 @@ pub fn parse(src: &str) -> Result<Node, ExprError> {
 struct Parser {
     toks: Vec<(Tok, usize)>,
     at: usize,
+    /// Recursion depth plus the operators of the chains being parsed: at most
+    /// [`MAX_DEPTH`], which bounds both this parser's stack and the AST's height (to
+    /// about twice the limit; [`check_height`] then holds it to the limit).
+    depth: usize,
+}
+
+/// The children of a node, for walks that must not recurse.
+fn children(n: &Node) -> Vec<&Node> {
+    match &n.kind {
+        Kind::Lit(_) | Kind::Name(_) => Vec::new(),
+        Kind::List(v) => v.iter().collect(),
+        Kind::Unary { operand, .. } => vec![&**operand],
+        Kind::Binary { lhs, rhs, .. } => vec![&**lhs, &**rhs],
+        Kind::Call { args, kwargs, .. } => {
+            args.iter().chain(kwargs.iter().map(|k| &k.value)).collect()
+        }
+        Kind::Subscript { base, items } => {
+            let mut c = vec![&**base];
+            for item in items {
+                match item {
+                    IndexItem::Index(i) => c.push(&**i),
+                    IndexItem::Slice {
+                        start, stop, step, ..
+                    } => c.extend([start, stop, step].into_iter().flatten().map(|b| &**b)),
+                }
+            }
+            c
+        }
+    }
+}
+
+/// Refuses an AST higher than [`MAX_DEPTH`] (a long chain such as `x+1+1+...` is
+/// parsed by a loop, not by recursion, yet the lowering recurses once per level),
+/// naming the column of the lowest node that crosses the limit. Iterative.
+fn check_height(root: &Node) -> Result<(), ExprError> {
+    // Post-order with an explicit stack: (node, children pushed?), and the heights of
+    // finished children on a second stack.
+    let mut stack: Vec<(&Node, bool)> = vec![(root, false)];
+    let mut heights: Vec<usize> = Vec::new();
+    while let Some((n, expanded)) = stack.pop() {
+        let kids = children(n);
+        if !expanded {
+            stack.push((n, true));
+            stack.extend(kids.into_iter().map(|k| (k, false)));
+            continue;
+        }
+        let from = heights.len() - kids.len();
+        let h = 1 + heights.drain(from..).max().unwrap_or(0);
+        if h > MAX_DEPTH {
+            return Err(too_deep(n.pos));
+        }
+        heights.push(h);
+    }
+    Ok(())
 }
 
 /// Binding power of the operand of a prefix `-`/`+`: above `* /`, below `**`, so that
@@ -410,13 +490,32 @@ impl Parser {
         }
     }
 
+    /// One more level at `pos`, or the depth error.
+    fn deeper(&mut self, pos: usize) -> Result<(), ExprError> {
+        if self.depth >= MAX_DEPTH {
+            return Err(too_deep(pos));
+        }
+        self.depth += 1;
+        Ok(())
+    }
+
     fn expr(&mut self, min_bp: u8) -> Result<Node, ExprError> {
+        let entered = self.depth;
+        let node = self.expr_levels(min_bp);
+        self.depth = entered;
+        node
+    }
+
+    /// [`Parser::expr`], whose caller restores the depth.
+    fn expr_levels(&mut self, min_bp: u8) -> Result<Node, ExprError> {
+        self.deeper(self.pos())?;
         let mut lhs = self.prefix()?;
         while let Some(op) = binop(self.peek()) {
             let (l_bp, r_bp) = infix_bp(op);
             if l_bp < min_bp {
                 break;
             }
+            self.deeper(self.pos())?;
             let pos = self.bump().1;
             let rhs = self.expr(r_bp)?;
             if op.is_comparison() {
@@ -463,8 +562,17 @@ impl Parser {
     }
 
     fn postfix(&mut self) -> Result<Node, ExprError> {
+        let entered = self.depth;
+        let node = self.postfix_levels();
+        self.depth = entered;
+        node
+    }
+
+    /// [`Parser::postfix`], whose caller restores the depth.
+    fn postfix_levels(&mut self) -> Result<Node, ExprError> {
         let mut node = self.primary()?;
         while self.peek() == &Tok::Sym("[") {
+            self.deeper(self.pos())?;
             let open = self.bump().1;
             let items = self.subscript_items(open)?;
             node = Node {
