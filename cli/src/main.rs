@@ -266,6 +266,17 @@ fn explain_cmd(a: &ExplainArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The compiled-code caches' counters under `cfg`'s limits (a fresh process has
+/// compiled nothing, so they show the limits in force), one cache a line.
+fn code_caches(cfg: &ndfuse_runtime::Config) -> String {
+    let mut s = ndfuse_runtime::compile_cache_stats();
+    let kernels = ndfuse_runtime::CodeCacheLimits::kernels(cfg);
+    let graphs = ndfuse_runtime::CodeCacheLimits::graphs(cfg);
+    (s.kernels.max_entries, s.kernels.max_bytes) = (kernels.entries, kernels.bytes);
+    (s.graphs.max_entries, s.graphs.max_bytes) = (graphs.entries, graphs.bytes);
+    format!("  CPU kernels: {}\n  graphs:      {}", s.kernels, s.graphs)
+}
+
 fn backends() -> Result<(), Failure> {
     // What was found and rejected (with the reason), the priorities, what `auto` picks,
     // and every effective configuration value with where it came from.
@@ -290,9 +301,11 @@ fn backends() -> Result<(), Failure> {
         "backends compiled into this build:\n{registry}\nauto picks: {auto}\n\n\
          devices, in placement order (allow_multi_gpu = {}):\n{devices}\n\
          host buffer cache: {}\n\n\
+         compiled-code caches (this process):\n{}\n\n\
          configuration (effective value, then where it came from):\n{}",
         cfg.allow_multi_gpu(),
         cache.stats(),
+        code_caches(&cfg),
         cfg.explain()
     );
     let _ = std::io::stdout().lock().write_all(text.as_bytes());

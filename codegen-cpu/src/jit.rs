@@ -43,6 +43,10 @@ fn chunk_units(unit: Unit, unit_len: usize) -> usize {
     }
 }
 
+/// The page size the JIT's code mappings are counted in ([`CompiledKernel::code_bytes`]):
+/// 4 KiB on x86-64 and on aarch64 Linux.
+const CODE_PAGE: usize = 4096;
+
 /// A kernel compiled to machine code, ready to run on host arrays.
 ///
 /// It is `Send + Sync`: JIT code only reads its inputs and writes the range of outputs
@@ -71,6 +75,8 @@ pub struct CompiledKernel {
     scratch_slots: usize,
     /// Instructions of the element loops per element ([`Self::ops_per_element`]).
     ops_per_element: Option<f64>,
+    /// Executable memory the module maps ([`Self::code_bytes`]).
+    code_bytes: usize,
     /// Behind a mutex only to make the kernel `Sync` (`JITModule` is not); it is never
     /// locked, only freed when the kernel is dropped.
     _code: Mutex<CodeMemory>,
@@ -192,6 +198,7 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
     let mut clif_parts: Vec<(String, cranelift_codegen::ir::Function)> = Vec::new();
     let mut ids = Vec::with_capacity(phases.len());
     let mut ops_per_element: Option<f64> = None;
+    let mut code_bytes = 0;
     for &phase in &phases {
         let name = format!("{}{}", kernel.name, phase.suffix());
         let id = module
@@ -225,6 +232,11 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
             if let Some(ops) = crate::cost::ops_per_element(&ctx.func, &callee_ops) {
                 *ops_per_element.get_or_insert(0.0) += ops;
             }
+        }
+        // cranelift-jit maps each function that does not fit the rest of the last
+        // mapping into a new one of whole pages, so this bounds what it maps.
+        if let Some(code) = ctx.compiled_code() {
+            code_bytes += code.code_buffer().len().next_multiple_of(CODE_PAGE);
         }
         ids.push(id);
     }
@@ -273,6 +285,7 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
         stages,
         scratch_slots,
         ops_per_element,
+        code_bytes,
         _code: Mutex::new(code),
     })
 }
@@ -424,6 +437,15 @@ impl CompiledKernel {
     /// of `ndfuse bench` is this times the domain's elements over a measured peak rate.
     pub fn ops_per_element(&self) -> Option<f64> {
         self.ops_per_element
+    }
+
+    /// Bytes of executable memory the kernel's machine code occupies: each function's
+    /// code (with its constants) rounded up to whole 4 KiB pages, as cranelift-jit maps
+    /// it (an upper bound when two functions of a split kernel share a page). Freed when
+    /// the kernel is dropped. The kernel's other memory (its descriptions and the
+    /// Cranelift IR kept for [`Self::clif`]) lives on the heap and is not counted.
+    pub fn code_bytes(&self) -> usize {
+        self.code_bytes
     }
 
     /// How many chunks [`Self::run`] cuts the kernel into (1 for a kernel that runs on the

@@ -267,6 +267,23 @@ impl Context {
         ndfuse_runtime::host_cache_stats()
     }
 
+    /// What the compiled-code caches did so far and hold now: CPU kernels (entries and
+    /// bytes of machine code) and compiled graphs, with hits, misses, evictions and the
+    /// limits in force (`max_kernel_cache_entries`, `max_kernel_cache`,
+    /// `max_graph_cache_entries`). Shared by every context of the process.
+    ///
+    /// ```
+    /// let ctx = ndfuse::Context::new();
+    /// let x = ctx.rand_uniform(&[1000], -1.0, 1.0, 1);
+    /// drop(ctx.eval(&[&x.exp()])?);
+    /// let s = ctx.compile_cache_stats();
+    /// assert!(s.graphs.entries >= 1 && s.graphs.entries <= s.graphs.max_entries);
+    /// # Ok::<(), ndfuse::Error>(())
+    /// ```
+    pub fn compile_cache_stats(&self) -> ndfuse_runtime::CompileCacheStats {
+        ndfuse_runtime::compile_cache_stats()
+    }
+
     /// Frees every buffer the host cache holds (buffers in use stay); returns the bytes
     /// freed.
     pub fn trim_cache(&self) -> u64 {

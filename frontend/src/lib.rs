@@ -45,8 +45,9 @@ pub use error::{Error, Result};
 pub use expr::{Expr, ExprError};
 pub use ndfuse_ir::{DType, ReduceOp};
 pub use ndfuse_runtime::{
-    bind_thread, bound_device, unbind_thread, BackendKind, CacheStats, Config, ConfigSource,
-    CpuDevice, Device, DeviceId, DeviceKind, DeviceMove, DeviceSet, GpuDevice,
+    bind_thread, bound_device, unbind_thread, BackendKind, CacheStats, CodeCacheStats,
+    CompileCacheStats, Config, ConfigSource, CpuDevice, Device, DeviceId, DeviceKind, DeviceMove,
+    DeviceSet, GpuDevice,
 };
 pub use ops::{where_, Axes, Operand, SliceArg};
 pub use report::{DeviceArray, Report};

@@ -1,12 +1,13 @@
 //! The graph compile cache: the clean-up passes and fusion of a graph for a target, kept
 //! by the graph's fingerprint and the options it was compiled under.
 
+use crate::code_cache::{CodeCacheLimits, CodeCacheStats, Lru, Recency};
 use crate::config::Config;
 use crate::error::RuntimeError;
 use ndfuse_codegen_cpu::CompiledKernel;
 use ndfuse_ir::{verify, Graph, NodeId};
 use ndfuse_passes::{PassLog, Schedule};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// The clean-up passes on a copy of `g`, then fusion: the graph that runs, what each
 /// pass did, and the schedule. Input nodes keep their ids, so bindings stay valid.
@@ -32,17 +33,24 @@ pub(crate) fn compile(
         debug: cfg.debug(),
         target: target.name,
     };
-    if let Some(hit) = compile_cache()
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(&fingerprint)
-        .and_then(|entries| {
-            entries
-                .iter()
-                .find(|e| e.options.borrowed() == options && e.source.same_as(g))
-        })
-        .map(|e| Arc::clone(&e.compiled))
-    {
+    let hit = {
+        let mut cache = compile_cache()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The limits follow the configuration of this eval (a no-op when unchanged).
+        cache.set_limits(CodeCacheLimits::graphs(cfg));
+        let hit = cache
+            .get_mut(&fingerprint)
+            .and_then(|entries| {
+                entries
+                    .iter()
+                    .find(|e| e.options.borrowed() == options && e.source.same_as(g))
+            })
+            .map(|e| Arc::clone(&e.compiled));
+        cache.count(hit.is_some());
+        hit
+    };
+    if let Some(hit) = hit {
         return Ok((hit, true));
     }
     let mut opts = crate::env::pass_options_from(cfg);
@@ -93,23 +101,41 @@ pub(crate) fn compile(
     let mut cache = compile_cache()
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if cache.len() >= COMPILE_CACHE_GRAPHS {
-        // A plain bound: programs that build endless new graphs start over.
-        cache.clear();
-    }
-    let entries = cache.entry(fingerprint).or_default();
-    // Another thread may have compiled the same graph meanwhile: keep one entry.
-    if !entries
-        .iter()
-        .any(|e| e.options == entry.options && e.source.same_as(&entry.source))
-    {
-        entries.push(entry);
+    match cache.get_mut(&fingerprint) {
+        Some(entries) => {
+            // Another thread may have compiled the same graph meanwhile: keep one entry.
+            if !entries
+                .iter()
+                .any(|e| e.options == entry.options && e.source.same_as(&entry.source))
+            {
+                // Variants of one fingerprint (other options, or a hash collision) are
+                // few; the oldest goes beyond a handful, so one slot stays bounded too.
+                if entries.len() >= VARIANTS_PER_GRAPH {
+                    entries.remove(0);
+                }
+                entries.push(entry);
+            }
+        }
+        None => {
+            // Least recently used graphs go beyond `max_graph_cache_entries`; with
+            // them go their schedules, and their hold on nothing else (kernels are
+            // held weakly: see `Compiled::jit`).
+            cache.insert(fingerprint, vec![entry], 0);
+        }
     }
     Ok((compiled, false))
 }
 
-/// How many distinct graphs (by fingerprint) [`compile`] keeps.
-const COMPILE_CACHE_GRAPHS: usize = 256;
+/// Compiled variants kept per graph fingerprint (options differ, or graphs collide).
+const VARIANTS_PER_GRAPH: usize = 8;
+
+/// The graph cache's statistics (one entry per graph fingerprint).
+pub(crate) fn graph_cache_stats() -> CodeCacheStats {
+    compile_cache()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .stats()
+}
 
 /// The options a compiled graph depends on besides the graph: the disabled passes,
 /// whether IR is recorded, the debug level and the target. `D` is the list's storage:
@@ -141,12 +167,12 @@ struct CompileEntry {
 }
 
 /// Compiled graphs by [`Graph::fingerprint`] (the hash is already one, so the map
-/// does not hash it again with SipHash).
-type CompileCache = Mutex<rustc_hash::FxHashMap<u64, Vec<CompileEntry>>>;
+/// does not hash it again with SipHash), least recently used evicted first.
+type CompileCache = Mutex<Lru<u64, Vec<CompileEntry>>>;
 
 fn compile_cache() -> &'static CompileCache {
     static CACHE: OnceLock<CompileCache> = OnceLock::new();
-    CACHE.get_or_init(Default::default)
+    CACHE.get_or_init(|| Mutex::new(Lru::new(CodeCacheLimits::graphs(&Config::default()))))
 }
 
 /// What [`compile`] produces.
@@ -163,5 +189,25 @@ pub(crate) struct Compiled {
     /// found or compiled it, so that re-evaluations skip `supports` and hashing the
     /// kernel description into the kernel cache (`None` until then, and for steps the
     /// interpreter runs).
-    pub(crate) jit: Mutex<Vec<Option<Arc<CompiledKernel>>>>,
+    pub(crate) jit: Mutex<Vec<Option<KernelRef>>>,
+}
+
+/// A compiled graph's hold on a kernel of the kernel cache: weak, so that the kernel
+/// cache alone decides how long code lives (a strong hold would keep an evicted
+/// kernel's code alive for as long as the graph stays cached); with the entry's
+/// recency, so that re-evaluations keep their kernels recent without a look-up.
+#[derive(Clone)]
+pub(crate) struct KernelRef {
+    pub(crate) kernel: Weak<CompiledKernel>,
+    pub(crate) used: Recency,
+}
+
+impl KernelRef {
+    /// The kernel, marked used, unless the kernel cache evicted it and no evaluation
+    /// holds it any more.
+    pub(crate) fn get(&self) -> Option<Arc<CompiledKernel>> {
+        let k = self.kernel.upgrade()?;
+        self.used.touch();
+        Some(k)
+    }
 }

@@ -36,6 +36,9 @@
 //! | `max_grid_size` | integer | 4096 | upper bound on CUDA blocks per launch |
 //! | `max_block_size` | integer | 256 | upper bound on CUDA threads per block |
 //! | `allow_multi_gpu` | bool | false | spread threads over every GPU (ND4J's `allowMultiGPU`) |
+//! | `max_kernel_cache_entries` | integer | 1024 | compiled CPU kernels kept in memory; the least recently used go beyond |
+//! | `max_kernel_cache` | bytes | 64 MiB | machine code of the CPU kernels kept in memory |
+//! | `max_graph_cache_entries` | integer | 256 | compiled graphs (passes, fusion, schedule) kept in memory |
 //! | `kernel_cache_dir` | path | none | where compiled kernels are kept on disk; none = memory only |
 //! | `debug` | 0..4 | 0 | 1: a line per kernel, 2: + fusion report, 3: + IR after each pass, 4: + generated code |
 //! | `dump_dir` | path | none | IR before and after each pass written here |
@@ -178,6 +181,24 @@ pub const KEYS: &[KeyInfo] = &[
         "true or false",
         "false",
         "spread threads over every GPU",
+    ),
+    key(
+        "max_kernel_cache_entries",
+        "a positive integer",
+        "1024",
+        "compiled CPU kernels kept in memory",
+    ),
+    key(
+        "max_kernel_cache",
+        "a size in bytes",
+        "67108864",
+        "machine code of the CPU kernels kept",
+    ),
+    key(
+        "max_graph_cache_entries",
+        "a positive integer",
+        "256",
+        "compiled graphs kept in memory",
     ),
     key(
         "kernel_cache_dir",
@@ -342,6 +363,9 @@ pub struct Config {
     max_grid_size: u32,
     max_block_size: u32,
     allow_multi_gpu: bool,
+    max_kernel_cache_entries: u32,
+    max_kernel_cache: u64,
+    max_graph_cache_entries: u32,
     kernel_cache_dir: Option<PathBuf>,
     debug: u8,
     dump_dir: Option<PathBuf>,
@@ -369,6 +393,11 @@ impl Default for Config {
             max_grid_size: 4096,
             max_block_size: 256,
             allow_multi_gpu: false,
+            // A kernel's code is a page or two (4-8 KiB) and its heap about as much
+            // again: the defaults hold a few thousand shapes' worth of kernels.
+            max_kernel_cache_entries: 1024,
+            max_kernel_cache: 64 << 20,
+            max_graph_cache_entries: 256,
             kernel_cache_dir: None,
             debug: 0,
             dump_dir: None,
@@ -437,6 +466,18 @@ impl Config {
     pub fn allow_multi_gpu(&self) -> bool {
         self.allow_multi_gpu
     }
+    /// Compiled CPU kernels kept in memory (`max_kernel_cache_entries`).
+    pub fn max_kernel_cache_entries(&self) -> u32 {
+        self.max_kernel_cache_entries
+    }
+    /// Bytes of machine code of the CPU kernels kept in memory (`max_kernel_cache`).
+    pub fn max_kernel_cache(&self) -> u64 {
+        self.max_kernel_cache
+    }
+    /// Compiled graphs kept in memory (`max_graph_cache_entries`).
+    pub fn max_graph_cache_entries(&self) -> u32 {
+        self.max_graph_cache_entries
+    }
     /// Where compiled kernels are kept on disk (none: memory only).
     pub fn kernel_cache_dir(&self) -> Option<&Path> {
         self.kernel_cache_dir.as_deref()
@@ -481,6 +522,9 @@ impl Config {
             "max_grid_size" => self.max_grid_size.to_string(),
             "max_block_size" => self.max_block_size.to_string(),
             "allow_multi_gpu" => self.allow_multi_gpu.to_string(),
+            "max_kernel_cache_entries" => self.max_kernel_cache_entries.to_string(),
+            "max_kernel_cache" => self.max_kernel_cache.to_string(),
+            "max_graph_cache_entries" => self.max_graph_cache_entries.to_string(),
             "kernel_cache_dir" => path(&self.kernel_cache_dir),
             "debug" => self.debug.to_string(),
             "dump_dir" => path(&self.dump_dir),
@@ -578,6 +622,9 @@ impl Config {
                     _ => return Err(bad()),
                 }
             }
+            "max_kernel_cache_entries" => self.max_kernel_cache_entries = positive_u32()?,
+            "max_kernel_cache" => self.max_kernel_cache = unsigned()?,
+            "max_graph_cache_entries" => self.max_graph_cache_entries = positive_u32()?,
             "kernel_cache_dir" => self.kernel_cache_dir = path()?,
             "debug" => {
                 self.debug = u8::try_from(int()?)

@@ -9,7 +9,8 @@
 
 use crate::alloc::{host_cache, Limits};
 use crate::backend_kind::BackendKind;
-use crate::compile::{compile, Compiled};
+use crate::code_cache::{CodeCacheLimits, CompileCacheStats, Lru};
+use crate::compile::{compile, graph_cache_stats, Compiled, KernelRef};
 use crate::config::Config;
 use crate::device_id::DeviceId;
 use crate::error::RuntimeError;
@@ -25,21 +26,44 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Compiled kernels by description: a hit skips Cranelift entirely. Descriptions carry
-/// shapes, strides and dtypes, so equal descriptions compile to identical code.
-fn kernel_cache() -> &'static Mutex<HashMap<Kernel, Arc<CompiledKernel>>> {
-    static CACHE: OnceLock<Mutex<HashMap<Kernel, Arc<CompiledKernel>>>> = OnceLock::new();
-    CACHE.get_or_init(Default::default)
+/// shapes, strides and dtypes, so equal descriptions compile to identical code. Bounded
+/// by `max_kernel_cache_entries` and `max_kernel_cache` (bytes of machine code), least
+/// recently used evicted first; an evicted kernel's code is unmapped when the last
+/// evaluation running it drops it (each kernel owns its own JIT module).
+type KernelCache = Mutex<Lru<Kernel, Arc<CompiledKernel>>>;
+
+fn kernel_cache() -> &'static KernelCache {
+    static CACHE: OnceLock<KernelCache> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(Lru::new(CodeCacheLimits::kernels(&Config::default()))))
+}
+
+fn lock_kernels() -> std::sync::MutexGuard<'static, Lru<Kernel, Arc<CompiledKernel>>> {
+    kernel_cache()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Operations per element of the CPU JIT's compiled code for `kernel`
 /// ([`CompiledKernel::ops_per_element`]), when the kernel cache holds it (any
-/// evaluation that ran it compiled it); `None` otherwise.
+/// evaluation that ran it compiled it, unless it was evicted since); `None` otherwise.
 pub fn jit_ops_per_element(kernel: &Kernel) -> Option<f64> {
-    kernel_cache()
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    lock_kernels()
         .get(kernel)
-        .and_then(|c| c.ops_per_element())
+        .and_then(|(c, _)| c.ops_per_element())
+}
+
+/// What the compiled-code caches did so far and hold now: CPU kernels (with bytes of
+/// machine code) and compiled graphs; hits, misses, evictions, entries, limits.
+///
+/// ```
+/// let s = ndfuse_runtime::compile_cache_stats();
+/// assert!(s.kernels.entries <= s.kernels.max_entries.max(1));
+/// ```
+pub fn compile_cache_stats() -> CompileCacheStats {
+    CompileCacheStats {
+        kernels: lock_kernels().stats(),
+        graphs: graph_cache_stats(),
+    }
 }
 
 /// A buffer of the evaluation: borrowed from the caller or produced by a step.
@@ -73,6 +97,7 @@ pub(crate) fn run_cpu(
     // The limits follow the configuration of this eval (a no-op when unchanged).
     let cache = host_cache();
     cache.set_limits(Limits::host(cfg));
+    lock_kernels().set_limits(CodeCacheLimits::kernels(cfg));
     let (compiled_graph, compile_cached) =
         compile(g, false, cfg, &ndfuse_passes::TargetDesc::cpu())?;
     let Compiled {
@@ -109,11 +134,12 @@ pub(crate) fn run_cpu(
                     jit.lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                 };
-                let known = lock()[i].clone();
+                // The kernel an earlier run found, unless the kernel cache evicted it.
+                let known = lock()[i].as_ref().and_then(KernelRef::get);
                 let (results, path, compiled_in, code) =
                     run_kernel(kernel, known, &args, debug, pool)?;
                 if let Some(code) = code {
-                    lock()[i].get_or_insert(code);
+                    lock()[i] = Some(code);
                 }
                 compile_time += compiled_in;
                 let ran = start.elapsed().saturating_sub(compiled_in);
@@ -201,36 +227,43 @@ pub(crate) fn run_cpu(
 pub(crate) fn compiled(
     kernel: &Kernel,
 ) -> Result<(Option<Arc<CompiledKernel>>, StepPath, Duration), RuntimeError> {
+    let (c, path, took) = compiled_ref(kernel)?;
+    Ok((c.map(|(c, _)| c), path, took))
+}
+
+/// A kernel from the kernel cache with the entry's hold for a compiled graph to keep.
+type Held = (Arc<CompiledKernel>, KernelRef);
+
+/// [`compiled`], with the kernel cache entry's hold for a compiled graph to keep.
+fn compiled_ref(kernel: &Kernel) -> Result<(Option<Held>, StepPath, Duration), RuntimeError> {
     if let Err(reason) = ndfuse_codegen_cpu::supports(kernel) {
         return Ok((None, StepPath::KernelInterp { reason }, Duration::ZERO));
     }
-    let cached = kernel_cache()
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(kernel)
-        .cloned();
+    let held = |(c, used): (&Arc<CompiledKernel>, &crate::code_cache::Recency)| {
+        let r = KernelRef {
+            kernel: Arc::downgrade(c),
+            used: used.clone(),
+        };
+        (Arc::clone(c), r)
+    };
+    let cached = lock_kernels().get(kernel).map(held);
     Ok(match cached {
         Some(c) => (Some(c), StepPath::Jit { cached: true }, Duration::ZERO),
         None => {
+            // Compiled outside the lock: other threads' look-ups go on meanwhile.
             let c = Arc::new(ndfuse_codegen_cpu::compile(kernel)?);
             let took = c.compile_time();
-            kernel_cache()
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(kernel.clone(), Arc::clone(&c));
+            let bytes = c.code_bytes() as u64;
+            let c = held(lock_kernels().insert(kernel.clone(), c, bytes));
             (Some(c), StepPath::Jit { cached: false }, took)
         }
     })
 }
 
 /// What [`run_kernel`] returns: the outputs, the path, the compile time, and the
-/// compiled kernel that ran (`None` when the interpreter ran it).
-type KernelRun = (
-    Vec<HostArray>,
-    StepPath,
-    Duration,
-    Option<Arc<CompiledKernel>>,
-);
+/// kernel cache's hold on the kernel it looked up (`None` when it ran `known`, or when
+/// the interpreter ran it).
+type KernelRun = (Vec<HostArray>, StepPath, Duration, Option<KernelRef>);
 
 /// Runs one kernel: `known` (the compiled kernel an earlier run of the same compiled
 /// graph used), else JIT-compiled (see [`compiled`]), or in the interpreter when the
@@ -242,9 +275,18 @@ fn run_kernel(
     debug: u8,
     pool: Option<&rayon::ThreadPool>,
 ) -> Result<KernelRun, RuntimeError> {
-    let (compiled, path, took) = match known {
-        Some(c) => (Some(c), StepPath::Jit { cached: true }, Duration::ZERO),
-        None => compiled(kernel)?,
+    let (compiled, held, path, took) = match known {
+        Some(c) => (
+            Some(c),
+            None,
+            StepPath::Jit { cached: true },
+            Duration::ZERO,
+        ),
+        None => {
+            let (c, path, took) = compiled_ref(kernel)?;
+            let (c, held) = c.unzip();
+            (c, held, path, took)
+        }
     };
     if let (Some(c), StepPath::Jit { cached: false }, 4..) = (&compiled, &path, debug) {
         eprintln!("ndfuse: Cranelift IR of {}\n{}", kernel.name, c.clif());
@@ -281,7 +323,7 @@ fn run_kernel(
         Some(pool) => pool.install(|| run(&mut out_refs))?,
         None => run(&mut out_refs)?,
     }
-    Ok((outs, path, took, Some(compiled)))
+    Ok((outs, path, took, held))
 }
 
 /// The pool for `cpu_threads` workers, `None` for 0 (use the current pool). One pool per

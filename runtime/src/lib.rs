@@ -14,6 +14,7 @@
 mod alloc;
 mod backend;
 mod backend_kind;
+mod code_cache;
 mod compile;
 mod config;
 mod cpu;
@@ -37,10 +38,11 @@ pub use backend::{
     choose, Backend, CpuBackend, CudaBackend, DeviceInfo, InterpBackend, Registry, RegistryEntry,
 };
 pub use backend_kind::BackendKind;
+pub use code_cache::{CodeCacheLimits, CodeCacheStats, CompileCacheStats};
 pub use config::{
     Config, ConfigBuilder, ConfigError, ConfigSource, KeyInfo, CONFIG_FILE, CONFIG_VAR, KEYS,
 };
-pub use cpu::jit_ops_per_element;
+pub use cpu::{compile_cache_stats, jit_ops_per_element};
 #[cfg(feature = "cuda")]
 pub use cuda::{device as cuda_device, device_count as cuda_device_count, CudaDevice, DeviceAlloc};
 pub use device_id::{DeviceId, DeviceKind, DeviceMove};
