@@ -132,7 +132,40 @@ pub fn include_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-type MemoryCache = Mutex<HashMap<(String, String), Arc<Compiled>>>;
+/// Images by (arch, source), each with when it was last used. Bounded: the runtime keeps
+/// its own (configurable) cache of loaded modules in front of this one, so this one only
+/// serves a kernel loaded again (on another device, or after the runtime evicted it).
+type MemoryCache = Mutex<HashMap<(String, String), (Arc<Compiled>, u64)>>;
+
+/// The most images the memory cache keeps; the least recently used go first.
+const MEMORY_CACHE_ENTRIES: usize = 256;
+
+/// The most image bytes the memory cache keeps.
+const MEMORY_CACHE_BYTES: usize = 64 << 20;
+
+/// Uses of the memory cache, for its recency.
+static MEMORY_CLOCK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn tick() -> u64 {
+    MEMORY_CLOCK.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Drops least recently used images, never `keep`, until the cache is within
+/// [`MEMORY_CACHE_ENTRIES`] and [`MEMORY_CACHE_BYTES`].
+fn evict(cache: &mut HashMap<(String, String), (Arc<Compiled>, u64)>, keep: &(String, String)) {
+    let mut bytes: usize = cache.values().map(|(c, _)| c.image.len()).sum();
+    while cache.len() > MEMORY_CACHE_ENTRIES || bytes > MEMORY_CACHE_BYTES {
+        let oldest = cache
+            .iter()
+            .filter(|(k, _)| *k != keep)
+            .min_by_key(|(_, (_, used))| *used)
+            .map(|(k, _)| k.clone());
+        let Some((c, _)) = oldest.and_then(|k| cache.remove(&k)) else {
+            break;
+        };
+        bytes -= c.image.len();
+    }
+}
 
 fn memory_cache() -> &'static MemoryCache {
     static CACHE: OnceLock<MemoryCache> = OnceLock::new();
@@ -159,7 +192,8 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// Compiles `kernel` (from memory or disk when cached).
 pub fn compile(kernel: &CudaKernel, opts: &CompileOptions) -> Result<Arc<Compiled>, CudaError> {
     let key = (opts.arch.clone(), kernel.source.clone());
-    if let Some(hit) = memory_cache().lock().expect("cache lock").get(&key) {
+    if let Some((hit, used)) = memory_cache().lock().expect("cache lock").get_mut(&key) {
+        *used = tick();
         let mut c = (**hit).clone();
         c.origin = Origin::Memory;
         c.millis = 0.0;
@@ -194,10 +228,9 @@ pub fn compile(kernel: &CudaKernel, opts: &CompileOptions) -> Result<Arc<Compile
             origin,
             millis: start.elapsed().as_secs_f64() * 1e3,
         });
-        memory_cache()
-            .lock()
-            .expect("cache lock")
-            .insert(key.clone(), Arc::clone(&c));
+        let mut cache = memory_cache().lock().expect("cache lock");
+        cache.insert(key.clone(), (Arc::clone(&c), tick()));
+        evict(&mut cache, &key);
         c
     };
     if let Some(dir) = &opts.cache_dir {
@@ -335,6 +368,33 @@ fn write_cached(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_cache_evicts_the_least_recently_used() {
+        let image = |n: usize| Compiled {
+            kernel: "k".to_string(),
+            image: vec![0; n],
+            kind: ImageKind::Ptx,
+            origin: Origin::Nvrtc,
+            millis: 0.0,
+        };
+        let key = |i: usize| ("sm_80".to_string(), format!("src {i}"));
+        let mut cache = HashMap::new();
+        for i in 0..MEMORY_CACHE_ENTRIES + 10 {
+            cache.insert(key(i), (Arc::new(image(1)), i as u64));
+        }
+        // Key 3 was used last; the 10 oldest others go.
+        cache.get_mut(&key(3)).expect("present").1 = u64::MAX;
+        evict(&mut cache, &key(0));
+        assert_eq!(cache.len(), MEMORY_CACHE_ENTRIES);
+        assert!(cache.contains_key(&key(0)) && cache.contains_key(&key(3)));
+        assert!(!cache.contains_key(&key(1)) && !cache.contains_key(&key(11)));
+        assert!(cache.contains_key(&key(12)));
+        // One image over the byte limit stays alone.
+        cache.insert(key(9999), (Arc::new(image(MEMORY_CACHE_BYTES + 1)), 0));
+        evict(&mut cache, &key(9999));
+        assert_eq!(cache.len(), 1);
+    }
 
     #[test]
     fn fnv_is_stable() {

@@ -54,7 +54,8 @@ pub struct CodeCacheLimits {
 }
 
 impl CodeCacheLimits {
-    /// The CPU kernel cache's limits (`max_kernel_cache_entries`, `max_kernel_cache`).
+    /// The kernel caches' limits (`max_kernel_cache_entries`, `max_kernel_cache`): CPU
+    /// kernels, and each CUDA device's loaded modules.
     pub fn kernels(cfg: &Config) -> CodeCacheLimits {
         CodeCacheLimits {
             entries: cfg.max_kernel_cache_entries().into(),
@@ -157,6 +158,25 @@ pub(crate) struct Lru<K, V> {
     stats: CodeCacheStats,
 }
 
+impl<K, V> Lru<K, V> {
+    /// The statistics, with the entries and bytes held now.
+    pub(crate) fn stats(&self) -> CodeCacheStats {
+        CodeCacheStats {
+            entries: self.map.len() as u64,
+            bytes: self.bytes,
+            max_entries: self.limits.entries,
+            max_bytes: self.limits.bytes,
+            ..self.stats
+        }
+    }
+}
+
+impl<K, V> fmt::Debug for Lru<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lru").field("stats", &self.stats()).finish()
+    }
+}
+
 impl<K: Hash + Eq + Clone, V> Lru<K, V> {
     /// An empty cache with `limits`.
     pub(crate) fn new(limits: CodeCacheLimits) -> Lru<K, V> {
@@ -256,17 +276,6 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
             };
             self.bytes = self.bytes.saturating_sub(slot.bytes);
             self.stats.evictions += 1;
-        }
-    }
-
-    /// The statistics, with the entries and bytes held now.
-    pub(crate) fn stats(&self) -> CodeCacheStats {
-        CodeCacheStats {
-            entries: self.map.len() as u64,
-            bytes: self.bytes,
-            max_entries: self.limits.entries,
-            max_bytes: self.limits.bytes,
-            ..self.stats
         }
     }
 }

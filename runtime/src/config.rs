@@ -36,8 +36,8 @@
 //! | `max_grid_size` | integer | 4096 | upper bound on CUDA blocks per launch |
 //! | `max_block_size` | integer | 256 | upper bound on CUDA threads per block |
 //! | `allow_multi_gpu` | bool | false | spread threads over every GPU (ND4J's `allowMultiGPU`) |
-//! | `max_kernel_cache_entries` | integer | 1024 | compiled CPU kernels kept in memory; the least recently used go beyond |
-//! | `max_kernel_cache` | bytes | 64 MiB | machine code of the CPU kernels kept in memory |
+//! | `max_kernel_cache_entries` | integer | 1024 | compiled kernels kept in memory (CPU; CUDA modules per device); the least recently used go beyond |
+//! | `max_kernel_cache` | bytes | 64 MiB | their machine code (CPU) or images (CUDA) |
 //! | `max_graph_cache_entries` | integer | 256 | compiled graphs (passes, fusion, schedule) kept in memory |
 //! | `kernel_cache_dir` | path | none | where compiled kernels are kept on disk; none = memory only |
 //! | `debug` | 0..4 | 0 | 1: a line per kernel, 2: + fusion report, 3: + IR after each pass, 4: + generated code |
@@ -186,13 +186,13 @@ pub const KEYS: &[KeyInfo] = &[
         "max_kernel_cache_entries",
         "a positive integer",
         "1024",
-        "compiled CPU kernels kept in memory",
+        "compiled kernels kept in memory",
     ),
     key(
         "max_kernel_cache",
         "a size in bytes",
         "67108864",
-        "machine code of the CPU kernels kept",
+        "machine code of the kernels kept",
     ),
     key(
         "max_graph_cache_entries",
@@ -466,11 +466,12 @@ impl Config {
     pub fn allow_multi_gpu(&self) -> bool {
         self.allow_multi_gpu
     }
-    /// Compiled CPU kernels kept in memory (`max_kernel_cache_entries`).
+    /// Compiled kernels kept in memory: CPU kernels, and CUDA modules per device
+    /// (`max_kernel_cache_entries`).
     pub fn max_kernel_cache_entries(&self) -> u32 {
         self.max_kernel_cache_entries
     }
-    /// Bytes of machine code of the CPU kernels kept in memory (`max_kernel_cache`).
+    /// Bytes of machine code (CPU) or module images (CUDA) kept (`max_kernel_cache`).
     pub fn max_kernel_cache(&self) -> u64 {
         self.max_kernel_cache
     }

@@ -20,6 +20,7 @@
 //! `AllocError::OutOfMemory`, which the caller can act on (move to another device).
 
 use crate::alloc::{AllocError, Cache, Limits, Pooled, RawAlloc};
+use crate::code_cache::{CodeCacheLimits, Lru};
 use crate::config::Config;
 use crate::error::RuntimeError;
 use crate::step_path::StepPath;
@@ -123,7 +124,10 @@ pub struct CudaDevice {
     /// Host arrays kept on the device ([`CudaDevice::make_resident`]), by address, with
     /// a weak handle that says whether the array still lives.
     resident: Mutex<HashMap<usize, Resident>>,
-    modules: Mutex<HashMap<(String, String), Arc<Loaded>>>,
+    /// Loaded modules by (arch, source), bounded like the CPU kernel cache
+    /// (`max_kernel_cache_entries`, `max_kernel_cache` bytes of image), least recently
+    /// used unloaded first (when the last launch holding it is done).
+    modules: Mutex<Lru<(String, String), Arc<Loaded>>>,
 }
 
 /// A host array's copy on the device.
@@ -185,7 +189,7 @@ pub fn device(ordinal: usize, cfg: &Config) -> Result<Arc<CudaDevice>, RuntimeEr
         cache,
         staging,
         resident: Mutex::new(HashMap::new()),
-        modules: Mutex::new(HashMap::new()),
+        modules: Mutex::new(Lru::new(CodeCacheLimits::kernels(cfg))),
     });
     map.insert(ordinal, Arc::clone(&d));
     Ok(d)
@@ -242,13 +246,12 @@ impl CudaDevice {
     fn load(&self, k: &CudaKernel, cfg: &Config) -> Result<Arc<Loaded>, RuntimeError> {
         let arch = format!("sm_{}{}", self.capability.0, self.capability.1);
         let key = (arch.clone(), k.source.clone());
-        if let Some(l) = self
-            .modules
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
         {
-            return Ok(Arc::clone(l));
+            let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+            modules.set_limits(CodeCacheLimits::kernels(cfg));
+            if let Some((l, _)) = modules.get(&key) {
+                return Ok(Arc::clone(l));
+            }
         }
         let opts = CompileOptions {
             arch,
@@ -278,11 +281,10 @@ impl CudaDevice {
             functions,
             origin: compiled.origin,
         });
-        self.modules
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, Arc::clone(&loaded));
-        Ok(loaded)
+        let bytes = compiled.image.len() as u64;
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        let (held, _) = modules.insert(key, loaded, bytes);
+        Ok(Arc::clone(held))
     }
 
     /// Keeps a copy of `a` on the device for every later evaluation that reads it, for

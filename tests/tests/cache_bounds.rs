@@ -54,6 +54,7 @@ fn shape(i: usize) -> [usize; 2] {
 
 #[test]
 fn new_shapes_forever_keep_memory_bounded() {
+    let rss_start = resident();
     let shapes = env_usize("CACHE_BOUNDS_SHAPES").unwrap_or(3000);
     let defaults = std::env::var("CACHE_BOUNDS_DEFAULTS").is_ok_and(|v| v == "1");
     let (kernel_cap, kernel_bytes, graph_cap): (u64, u64, u64) = if defaults {
@@ -128,9 +129,10 @@ fn new_shapes_forever_keep_memory_bounded() {
     maps_max = maps_max.max(maps1);
     let per_shape = took.as_secs_f64() * 1e3 / (shapes - warm).max(1) as f64;
     println!(
-        "{shapes} shapes ({warm} warm-up): resident {:.1} -> {:.1} MB (peak {:.1} MB), \
+        "{shapes} shapes ({warm} warm-up): resident {:.1} MB at the start, {:.1} -> {:.1} MB (peak {:.1} MB), \
          code mapped {} -> {} KiB (peak {} KiB); {per_shape:.3} ms a shape after \
          warm-up; re-evaluating a cached shape {hit_ms:.3} ms, an evicted one {miss_ms:.3} ms\n{s}",
+        rss_start as f64 / 1e6,
         rss0 as f64 / 1e6,
         rss1 as f64 / 1e6,
         rss_max as f64 / 1e6,
