@@ -132,39 +132,60 @@ impl Fuser<'_> {
 
     /// Like [`Fuser::resolve`], but looks through `n` even when `n` is copied (to
     /// build the copy itself).
+    ///
+    /// Iterative: a chain of a hundred thousand views is walked down to where its value
+    /// lives, then its index maps are applied on the way back up, on the heap.
     pub(super) fn resolve_below(&mut self, n: NodeId) -> Source {
-        match (&self.g.node(n).op, self.role[&n]) {
-            (Op::Const { value }, _) => Source::Const(*value),
-            // The product reads the half buffer itself (only products read a widened cast).
-            (Op::Cast { .. }, Role::Widened) => self.resolve(self.g.operands(n)[0]),
-            (Op::View(v), role) if role == Role::View || self.copies.contains(&n) => {
-                let operand = self.g.operands(n)[0];
-                match self.resolve(operand) {
-                    Source::Const(c) => Source::Const(c),
-                    Source::Buffer { base, view } => match apply_view(&view, v) {
-                        Some(view) => Source::Buffer { base, view },
-                        None => {
-                            // Rule 6: the reshape needs its operand contiguous.
-                            self.store(
-                                operand,
-                                "reshaped in a way its strides cannot express".into(),
-                            );
-                            self.copies.insert(operand);
-                            let view = apply_view(
-                                &View::contiguous(self.g.node(operand).shape.clone()),
-                                v,
-                            )
-                            .expect("any view of a contiguous buffer is expressible");
-                            Source::Buffer {
-                                base: operand,
-                                view,
-                            }
-                        }
-                    },
-                }
+        // The views to apply, the topmost first.
+        let mut views: Vec<NodeId> = Vec::new();
+        let mut m = n;
+        let mut source = loop {
+            // Below `n`, a copied node is read from its own buffer.
+            if m != n && self.copies.contains(&m) {
+                break self.buffer(m);
             }
-            _ => self.buffer(n),
+            match (&self.g.node(m).op, self.role[&m]) {
+                (Op::Const { value }, _) => break Source::Const(*value),
+                // The product reads the half buffer itself (only products read a
+                // widened cast).
+                (Op::Cast { .. }, Role::Widened) => m = self.g.operands(m)[0],
+                (Op::View(_), role) if role == Role::View || self.copies.contains(&m) => {
+                    views.push(m);
+                    m = self.g.operands(m)[0];
+                }
+                _ => break self.buffer(m),
+            }
+        };
+        while let Some(m) = views.pop() {
+            let Op::View(v) = &self.g.node(m).op else {
+                unreachable!("only views are pushed")
+            };
+            source = match source {
+                Source::Const(c) => Source::Const(c),
+                Source::Buffer { base, view } => match apply_view(&view, v) {
+                    Some(view) => Source::Buffer { base, view },
+                    None => {
+                        // Rule 6: the reshape needs its operand contiguous.
+                        let operand = self.g.operands(m)[0];
+                        self.store(
+                            operand,
+                            "reshaped in a way its strides cannot express".into(),
+                        );
+                        self.copies.insert(operand);
+                        let view = apply_view(
+                            &View::contiguous(self.g.node(operand).shape.clone()),
+                            v,
+                        )
+                        .expect("any view of a contiguous buffer is expressible");
+                        Source::Buffer {
+                            base: operand,
+                            view,
+                        }
+                    }
+                },
+            };
         }
+        source
     }
 
     fn buffer(&mut self, n: NodeId) -> Source {
