@@ -321,9 +321,16 @@ enum Py {
     Dict(Vec<(Py, Py)>),
 }
 
+/// How deep brackets may nest in a header: numpy's own nest two levels (a dict holding a
+/// tuple), structured dtypes a few more. Deeper text is refused, so that a header of
+/// 64 KiB (v1) or 4 GiB (v2) of `[` cannot overflow the stack of the recursive parser.
+const MAX_HEADER_NESTING: usize = 32;
+
 struct PyParser<'a> {
     s: &'a [u8],
     i: usize,
+    /// Open brackets around the value being parsed.
+    depth: usize,
 }
 
 impl PyParser<'_> {
@@ -372,6 +379,19 @@ impl PyParser<'_> {
     }
 
     fn value(&mut self) -> Result<Py, String> {
+        if self.depth >= MAX_HEADER_NESTING {
+            return Err(format!(
+                "brackets nested deeper than {MAX_HEADER_NESTING} levels at byte {}",
+                self.i
+            ));
+        }
+        self.depth += 1;
+        let v = self.value_within();
+        self.depth -= 1;
+        v
+    }
+
+    fn value_within(&mut self) -> Result<Py, String> {
         self.ws();
         let Some(&c) = self.s.get(self.i) else {
             return Err("the header ends where a value was expected".into());
@@ -455,6 +475,7 @@ fn parse_header(text: &str) -> Result<Header, String> {
     let mut p = PyParser {
         s: text.as_bytes(),
         i: 0,
+        depth: 0,
     };
     let Py::Dict(entries) = p.value()? else {
         return Err("the header is not a dict".into());
