@@ -85,6 +85,8 @@ const NOT_KEYS: &[&str] = &[
     // Whether the CPU code generator's inline math uses FMA (ndfuse_codegen_cpu::use_fma),
     // read once per process when the host ISA is built.
     "NDFUSE_CPU_FMA",
+    // How many cases the fuzz suites run (tests/tests/fuzz_support).
+    "NDFUSE_FUZZ_CASES",
 ];
 
 /// Variables accepted as aliases of keys: ND4J's names for the priorities, and
