@@ -172,11 +172,9 @@ impl Fuser<'_> {
                             "reshaped in a way its strides cannot express".into(),
                         );
                         self.copies.insert(operand);
-                        let view = apply_view(
-                            &View::contiguous(self.g.node(operand).shape.clone()),
-                            v,
-                        )
-                        .expect("any view of a contiguous buffer is expressible");
+                        let view =
+                            apply_view(&View::contiguous(self.g.node(operand).shape.clone()), v)
+                                .expect("any view of a contiguous buffer is expressible");
                         Source::Buffer {
                             base: operand,
                             view,
