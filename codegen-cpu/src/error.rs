@@ -30,4 +30,14 @@ pub enum CodegenError {
         /// Which argument is wrong and how.
         detail: String,
     },
+    /// The scratch of a split reduction (result and partial slots of every row, so
+    /// sized by the user's shapes) could not be allocated; nothing ran.
+    #[error("kernel {kernel}: out of memory: {bytes} bytes of split-reduction scratch")]
+    OutOfMemory {
+        /// The kernel's name.
+        kernel: String,
+        /// The bytes asked for (more than `usize` can count when the slot count is
+        /// near `usize::MAX`).
+        bytes: u128,
+    },
 }

@@ -482,7 +482,7 @@ impl CompiledKernel {
         inputs: &[&HostArray],
         outputs: &mut [&mut HostArray],
     ) -> Result<(), CodegenError> {
-        let mut scratch = vec![0u64; self.scratch_slots];
+        let mut scratch = zeroed_scratch(&self.name, self.scratch_slots)?;
         let ptrs = self.checked_pointers(inputs, outputs, &mut scratch, 0, self.extent)?;
         for stage in &self.stages {
             invoke_chunks(stage, &ptrs, 0, stage.extent);
@@ -506,7 +506,7 @@ impl CompiledKernel {
         start: usize,
         end: usize,
     ) -> Result<(), CodegenError> {
-        let mut scratch = vec![0u64; self.scratch_slots];
+        let mut scratch = zeroed_scratch(&self.name, self.scratch_slots)?;
         let ptrs = self.checked_pointers(inputs, outputs, &mut scratch, start, end)?;
         if start < end {
             for stage in &self.stages {
@@ -580,5 +580,35 @@ impl CompiledKernel {
             ptrs.push(scratch.as_mut_ptr().cast());
         }
         Ok(ptrs)
+    }
+}
+
+/// The zeroed scratch of a split kernel, `slots` 8-byte slots: its size comes from the
+/// user's shapes, so memory that cannot be had is an error, not an abort.
+fn zeroed_scratch(kernel: &str, slots: usize) -> Result<Vec<u64>, CodegenError> {
+    let mut scratch = Vec::new();
+    if scratch.try_reserve_exact(slots).is_err() {
+        return Err(CodegenError::OutOfMemory {
+            kernel: kernel.to_string(),
+            bytes: slots as u128 * 8,
+        });
+    }
+    scratch.resize(slots, 0);
+    Ok(scratch)
+}
+
+#[cfg(test)]
+mod scratch_tests {
+    #[test]
+    fn scratch_beyond_memory_is_an_error() {
+        let e = super::zeroed_scratch("k0_sum", usize::MAX).expect_err("no memory for it");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "kernel k0_sum: out of memory: {} bytes of split-reduction scratch",
+                usize::MAX as u128 * 8
+            )
+        );
+        assert_eq!(super::zeroed_scratch("k0_sum", 3).expect("small"), vec![0; 3]);
     }
 }
