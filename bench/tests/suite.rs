@@ -153,10 +153,10 @@ fn the_matmul_cases_report_flops_against_the_widest_fma_peak() {
         ]
     );
     let fma = &report.machine.fma;
-    assert!(
-        fma.flops_1t > 0.0 && fma.flops_all >= 0.5 * fma.flops_1t,
-        "{fma:?}"
-    );
+    // Figures only, no speed compared: the tiny probe is microseconds, thread start-up
+    // included, on a machine others may be using.
+    assert!(fma.flops_1t > 0.0 && fma.flops_all > 0.0, "{fma:?}");
+    assert_eq!(fma.threads, report.machine.cores, "{fma:?}");
     // The probe is the widest the CPU has, chosen at run time.
     #[cfg(target_arch = "x86_64")]
     {
