@@ -583,6 +583,106 @@ impl CompiledKernel {
     }
 }
 
+impl CompiledKernel {
+    /// Runs the kernel over several disjoint ranges of positions of its domain at once,
+    /// one rayon task per range on the current pool: task `u` first calls `before(u)` on
+    /// its worker, then runs the code over `ranges[u]` on that same worker (so what
+    /// `before` wrote is still in that core's cache). For the contraction kernels of the
+    /// runtime, `before` fills unit `u`'s block of the product.
+    ///
+    /// Only for kernels without reduce axes and of one stage (not split); anything else
+    /// is [`CodegenError::Args`]. Arguments are checked once, as [`Self::run`] checks
+    /// them, and `ranges` must be sorted, disjoint and within `0..numel`; nothing runs
+    /// when a check fails. The first error of a `before` is returned (other tasks may
+    /// have run by then; a task whose `before` fails does not run the code). Each range
+    /// is one call of the code, so the outputs are the same bits whatever the thread
+    /// count (a position's value never depends on the range around it).
+    pub fn run_units<E>(
+        &self,
+        inputs: &[&HostArray],
+        outputs: &mut [&mut HostArray],
+        ranges: &[std::ops::Range<usize>],
+        before: impl Fn(usize) -> Result<(), E> + Sync,
+    ) -> Result<(), E>
+    where
+        E: From<CodegenError> + Send,
+    {
+        let bad = |detail: String| {
+            E::from(CodegenError::Args {
+                kernel: self.name.clone(),
+                detail,
+            })
+        };
+        let [stage] = &self.stages[..] else {
+            return Err(bad(format!(
+                "run_units needs a kernel of one stage, this one has {}",
+                self.stages.len()
+            )));
+        };
+        if self.unit != Unit::Positions || self.scratch_slots != 0 {
+            return Err(bad(
+                "run_units needs a kernel without reduce axes".to_string()
+            ));
+        }
+        let mut prev_end = 0;
+        for r in ranges {
+            if r.start < prev_end || r.start > r.end || r.end > self.extent {
+                return Err(bad(format!(
+                    "ranges must be sorted, disjoint and within {} 0..{}: {}..{} after ..{prev_end}",
+                    self.unit.name(),
+                    self.extent,
+                    r.start,
+                    r.end
+                )));
+            }
+            prev_end = r.end;
+        }
+        let ptrs = self
+            .checked_pointers(inputs, outputs, &mut [], 0, self.extent)
+            .map_err(E::from)?;
+        let entry = stage.entry;
+
+        /// The pointer array shared by the tasks of one `run_units` call (only it
+        /// builds one).
+        struct UnitPtrs<'a>(&'a [*mut u8]);
+        impl UnitPtrs<'_> {
+            /// A method, so that closures capture the `Sync` wrapper, not the slice.
+            fn get(&self) -> &[*mut u8] {
+                self.0
+            }
+        }
+        // SAFETY: the tasks that share the array write disjoint elements and never
+        // write what another reads: the kernel has one stage and no reduce axes
+        // (checked above), so a call over positions `[start, end)` writes only the
+        // output elements at those positions, and the ranges are disjoint (checked
+        // above); the code only reads inputs (never writes through an input pointer),
+        // and outputs are distinct from inputs and from each other (borrowed `&mut`
+        // here for the whole call). The arrays stay borrowed until `try_for_each`
+        // returns, which is after every task has finished, so no pointer outlives them.
+        unsafe impl Sync for UnitPtrs<'_> {}
+
+        let shared = UnitPtrs(&ptrs);
+        let as_i64 = |v: usize| i64::try_from(v).expect("numel fits i64: checked by supports()");
+        (0..ranges.len()).into_par_iter().try_for_each(|u| {
+            before(u)?;
+            let r = &ranges[u];
+            if r.start < r.end {
+                // SAFETY: `checked_pointers` checked, before building the pointers, one
+                // pointer per kernel buffer (inputs, then outputs), each to an array of
+                // the buffer's dtype and exact length, outputs distinct (`&mut`); the
+                // kernel has no scratch (checked above). `0 <= start < end <= numel`
+                // (checked above), and `supports` proved every load of every domain
+                // position inside its buffer; stores go to positions `< numel` of
+                // outputs of `numel` elements. Calls running at once on other threads
+                // cover disjoint ranges, so they write disjoint elements (see
+                // `UnitPtrs`). Bool outputs receive only 0 or 1.
+                unsafe { entry(shared.get().as_ptr(), as_i64(r.start), as_i64(r.end)) };
+            }
+            Ok(())
+        })
+    }
+}
+
 /// The zeroed scratch of a split kernel, `slots` 8-byte slots: its size comes from the
 /// user's shapes, so memory that cannot be had is an error, not an abort.
 fn zeroed_scratch(kernel: &str, slots: usize) -> Result<Vec<u64>, CodegenError> {

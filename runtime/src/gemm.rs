@@ -5,10 +5,13 @@
 //!
 //! The work is cut into *units*, one per (batch position, group of whole blocks of
 //! `block_rows` rows of M, at least `GEMM_MIN_ROWS` rows: one GEMM call, whose packing of
-//! the rhs needs that many rows to pay off), in row-major order of the domain; the
-//! epilogue runs over a unit's blocks one by one right after its GEMM. When there are at least as many units as
-//! threads, units run batch-parallel (each unit's GEMM on one thread); otherwise units
-//! run one after another and each GEMM splits its rows and columns over the threads.
+//! the rhs needs that many rows to pay off), in row-major order of the domain. When there
+//! are at least as many units as threads, units run batch-parallel: each unit's GEMM on
+//! one thread, then at once on the same thread the epilogue over the unit's positions,
+//! the units' epilogues running concurrently ([`CompiledKernel::run_units`]); otherwise
+//! units run one after another, each GEMM splitting its rows and columns over the threads
+//! and then the epilogue over the unit's blocks in parallel. An identity epilogue (a bare
+//! product) runs no epilogue: the GEMM writes straight into the output.
 //! Either way a product element is one sequence of multiply-adds over K in an order the
 //! `gemm` crate fixes from shapes and strides (it blocks K but never splits it across
 //! threads: its threads share out tiles of M x N, and the K blocks of a tile run in
@@ -27,12 +30,17 @@ use ndfuse_ir::{Contraction, DType, Expr, HostArray, Kernel, Storage, View};
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::ops::Range;
-use std::sync::{Mutex, PoisonError};
 
 /// Runs contraction kernel `kernel` (whose contraction is `c`) with `compiled`, its
-/// epilogue: fills `product` (the kernel's last input, scratch of `c.dtype` and
-/// `domain.numel()` elements) block by block and runs the epilogue over each block into
-/// `outs`. `args` are the kernel's other inputs, in order. Runs on the current rayon pool.
+/// epilogue, into `outs`; `args` are the kernel's other inputs, in order. Runs on the
+/// current rayon pool.
+///
+/// An identity epilogue (the body stores the product unchanged, see [`is_identity`]) has
+/// the GEMM write straight into the one output: `product` is left untouched (a fresh
+/// scratch buffer's pages are never faulted in), and no epilogue runs. Otherwise
+/// `product` (the kernel's last input, scratch of `c.dtype` and `domain.numel()`
+/// elements) is filled unit by unit, each unit followed at once, on the same thread, by
+/// the epilogue over its positions.
 pub(crate) fn run_contraction(
     kernel: &Kernel,
     c: &Contraction,
@@ -41,40 +49,78 @@ pub(crate) fn run_contraction(
     product: &mut HostArray,
     outs: &mut [&mut HostArray],
 ) -> Result<(), RuntimeError> {
-    check_args(kernel, c, args, product)?;
+    check_args(kernel, c, args)?;
     if kernel.domain.numel() == 0 {
         return Ok(());
     }
     let ops = Operands::of(c, args[c.lhs], args[c.rhs])?;
     let units = Units::new(c, compiled);
+    // Not reached: `check_product` checked the dtype.
+    let bad = || {
+        bad_args(
+            kernel,
+            "the GEMM's destination is not of the contraction's dtype",
+        )
+    };
+    if is_identity(kernel, c) {
+        let [out] = outs else {
+            return Err(bad_args(kernel, "an identity epilogue has one output"));
+        };
+        check_product(kernel, c, out, "output 0")?;
+        return match &ops {
+            Operands::F32(l, r) => units.fill_only((l, r), f32::base(out).ok_or_else(bad)?),
+            Operands::F64(l, r) => units.fill_only((l, r), f64::base(out).ok_or_else(bad)?),
+            Operands::I32(l, r) => units.fill_only((l, r), i32::base(out).ok_or_else(bad)?),
+            Operands::I64(l, r) => units.fill_only((l, r), i64::base(out).ok_or_else(bad)?),
+        };
+    }
+    check_loads(kernel, c)?;
+    check_product(kernel, c, product, "the product scratch")?;
     // The product's storage pointer is taken before `product` is reborrowed shared for
     // the epilogue: `Vec::as_mut_ptr` and `Vec::as_ptr` (which the epilogue's argument
     // check uses) never create a reference to the elements, so the GEMM's writes through
-    // this pointer and the epilogue's reads of other blocks do not invalidate each other.
-    let no_scratch = || {
-        bad_args(
-            kernel,
-            "the product scratch is not of the contraction's dtype",
-        )
-    };
+    // this pointer and the epilogue's reads of other units do not invalidate each other.
     match &ops {
         Operands::F32(l, r) => {
-            let base = f32::base(product).ok_or_else(no_scratch)?;
+            let base = f32::base(product).ok_or_else(bad)?;
             units.run((l, r), base, product, args, outs)
         }
         Operands::F64(l, r) => {
-            let base = f64::base(product).ok_or_else(no_scratch)?;
+            let base = f64::base(product).ok_or_else(bad)?;
             units.run((l, r), base, product, args, outs)
         }
         Operands::I32(l, r) => {
-            let base = i32::base(product).ok_or_else(no_scratch)?;
+            let base = i32::base(product).ok_or_else(bad)?;
             units.run((l, r), base, product, args, outs)
         }
         Operands::I64(l, r) => {
-            let base = i64::base(product).ok_or_else(no_scratch)?;
+            let base = i64::base(product).ok_or_else(bad)?;
             units.run((l, r), base, product, args, outs)
         }
     }
+}
+
+/// Whether the epilogue of `kernel` is the identity: no reduce axes, a body of one
+/// load of the product through its contiguous view, stored into the one output, of the
+/// product's dtype and `domain.numel()` elements. Then the output holds exactly the
+/// product, and the GEMM can write it there. From the kernel description alone.
+pub(crate) fn is_identity(kernel: &Kernel, c: &Contraction) -> bool {
+    let numel = kernel.domain.numel();
+    let one_load = match &kernel.body[..] {
+        [ins] => {
+            ins.dtype == c.dtype
+                && matches!(&ins.expr, Expr::Load { input, view }
+                    if *input == c.product && *view == View::contiguous(kernel.domain.clone()))
+        }
+        _ => false,
+    };
+    let one_store = match (&kernel.stores[..], &kernel.outputs[..]) {
+        ([store], [out]) => {
+            store.value.0 == 0 && store.output == 0 && out.dtype == c.dtype && out.len == numel
+        }
+        _ => false,
+    };
+    kernel.reduce_axes.is_empty() && one_load && one_store
 }
 
 /// The kernel-argument error for `kernel`.
@@ -93,12 +139,7 @@ fn bad_args(kernel: &Kernel, detail: impl Into<String>) -> RuntimeError {
 /// operand view reads inside its actual array (again, cheaply, so nothing here rests on
 /// another crate's check alone), and that the body loads the product only through its
 /// contiguous view (so the epilogue of one block reads that block only).
-fn check_args(
-    kernel: &Kernel,
-    c: &Contraction,
-    args: &[&HostArray],
-    product: &HostArray,
-) -> Result<(), RuntimeError> {
+fn check_args(kernel: &Kernel, c: &Contraction, args: &[&HostArray]) -> Result<(), RuntimeError> {
     let bad = |detail: String| bad_args(kernel, detail);
     if args.len() + 1 != kernel.inputs.len() || c.product != args.len() {
         return Err(bad(format!(
@@ -119,15 +160,6 @@ fn check_args(
             )));
         }
     }
-    if product.dtype() != c.dtype || product.len() != kernel.domain.numel() {
-        return Err(bad(format!(
-            "the product scratch is {}[{}], the kernel needs {}[{}]",
-            product.dtype(),
-            product.len(),
-            c.dtype,
-            kernel.domain.numel()
-        )));
-    }
     for (what, input, view) in [("lhs", c.lhs, &c.lhs_view), ("rhs", c.rhs, &c.rhs_view)] {
         let len = args.get(input).map_or(0, |a| a.len());
         if view.strides.len() != view.shape.rank() || view.shape.rank() < 2 {
@@ -141,13 +173,43 @@ fn check_args(
             }
         }
     }
+    Ok(())
+}
+
+/// Checks that the body loads the product only through its contiguous view, so that the
+/// epilogue over one unit's positions reads that unit's product elements only.
+fn check_loads(kernel: &Kernel, c: &Contraction) -> Result<(), RuntimeError> {
     let identity = View::contiguous(kernel.domain.clone());
     let strided = kernel.body.iter().any(|ins| {
         matches!(&ins.expr, Expr::Load { input, view } if *input == c.product && *view != identity)
     });
     if strided {
-        return Err(bad(
-            "the body loads the product through a non-contiguous view".to_string(),
+        return Err(bad_args(
+            kernel,
+            "the body loads the product through a non-contiguous view",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `array` (`what`), which the GEMM fills, is `domain.numel()` elements of
+/// `c.dtype`: the units' slices of it rely on that.
+fn check_product(
+    kernel: &Kernel,
+    c: &Contraction,
+    array: &HostArray,
+    what: &str,
+) -> Result<(), RuntimeError> {
+    if array.dtype() != c.dtype || array.len() != kernel.domain.numel() {
+        return Err(bad_args(
+            kernel,
+            format!(
+                "{what} is {}[{}], the product needs {}[{}]",
+                array.dtype(),
+                array.len(),
+                c.dtype,
+                kernel.domain.numel()
+            ),
         ));
     }
     Ok(())
@@ -458,7 +520,8 @@ macro_rules! int_accum {
 int_accum!(i32, I32);
 int_accum!(i64, I64);
 
-/// The product's storage shared by the units that fill disjoint blocks of it.
+/// The storage the GEMM fills (the product scratch, or an identity epilogue's output),
+/// shared by the units that fill disjoint ranges of it.
 struct ProductPtr<T>(*mut T);
 
 impl<T> ProductPtr<T> {
@@ -469,12 +532,15 @@ impl<T> ProductPtr<T> {
     }
 }
 
-// SAFETY: the pointer is shared only by `Units::run`'s units, each of which makes an
-// exclusive slice of its own block of rows (blocks are disjoint ranges of the product,
-// see `Units::block_slice`) and the epilogue of a unit reads only its own block (its
-// loads of the product are the contiguous view, checked by `check_args`), so no element
-// is accessed by two threads at once; the storage outlives the parallel loop, which
-// returns only when every unit has finished.
+// SAFETY: the pointer is shared only by the units of one `Units::run` or
+// `Units::fill_only`. Each unit makes an exclusive slice of its own range of positions
+// (`Units::fill`: units are disjoint ranges of rows, see `Units::block`) and drops it
+// before its epilogue runs; the epilogue over a unit's range, run by `run_units` on the
+// same worker after that unit's fill, reads only that range of the product (its loads of
+// the product are the contiguous view, checked by `check_loads`), and in the
+// GEMM-parallel order the epilogue of a unit starts only once its GEMM has returned. So
+// no element is accessed by two threads at once. The storage outlives the parallel
+// loops, which return only when every unit has finished.
 unsafe impl<T: Send> Sync for ProductPtr<T> {}
 
 /// Fewest rows of M one GEMM call fills. Every call packs all of the rhs (K x N) again,
@@ -482,9 +548,8 @@ unsafe impl<T: Send> Sync for ProductPtr<T> {}
 /// N = 4096 or 2048 the packing (memory-bound, K * N elements) cost as much as the
 /// multiply-adds (4096x1024 @ 1024x4096: 30 GFLOP/s in blocks of 32 rows, against
 /// 100-180 in calls of 256 rows or more, on this 2-core VM). So a call fills a group of
-/// whole blocks of at least this many rows, and the epilogue then runs block by block
-/// over it: the group (256 rows x N) stays in the last-level cache, so this is still no
-/// second sweep through memory. A constant, so groups depend on shapes only.
+/// whole blocks of at least this many rows (a unit), and the epilogue then runs over the
+/// unit on the same thread right after it. A constant, so units depend on shapes only.
 const GEMM_MIN_ROWS: usize = 256;
 
 /// The units of one contraction run (see the module docs): a unit is one batch position's
@@ -532,32 +597,72 @@ impl<'k> Units<'k> {
         (block, start..start + rows * n)
     }
 
-    /// Runs the epilogue over positions `range` (one unit's), one block of `block_rows`
-    /// rows at a time.
-    fn epilogue(
+    /// Whether units run batch-parallel (each unit's GEMM on one thread): when there are
+    /// at least as many units as threads. Otherwise each GEMM spreads over the threads.
+    /// Either way the units, and so the bits, are the same.
+    fn batch_parallel(&self) -> bool {
+        self.units >= rayon::current_num_threads()
+    }
+
+    /// Fills unit `u` of the destination whose storage is `base` (the product scratch or
+    /// an identity epilogue's output, `numel` elements of `T`, checked by
+    /// `check_product`), with the GEMM's threads `par`.
+    fn fill<T: Accum>(
         &self,
-        inputs: &[&HostArray],
-        outs: &mut [&mut HostArray],
-        range: Range<usize>,
+        (lhs, rhs): (&Mat<'_, T>, &Mat<'_, T>),
+        base: &ProductPtr<T>,
+        u: usize,
+        par: Parallelism,
+    ) {
+        let (block, range) = self.block(u);
+        // SAFETY: `range` is unit u's rows: rows <= M - row0, so it ends at or below
+        // (batch + 1) * M * N <= numel, the destination's length (`check_product`);
+        // units are disjoint, and no other access touches these elements while the
+        // slice lives (see `ProductPtr`: the epilogue over them runs after this returns).
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(base.get().add(range.start), range.len()) };
+        if block.k == 0 {
+            dst.fill(T::default());
+        } else {
+            T::fill(lhs, rhs, block, dst, par);
+        }
+    }
+
+    /// The GEMM's threads when units run one after another.
+    fn gemm_threads() -> Parallelism {
+        match rayon::current_num_threads() {
+            0 | 1 => Parallelism::None,
+            t => Parallelism::Rayon(t),
+        }
+    }
+
+    /// Fills an identity epilogue's output (`base`) with the product: nothing else runs.
+    fn fill_only<T: Accum>(
+        &self,
+        ops: (&Mat<'_, T>, &Mat<'_, T>),
+        base: ProductPtr<T>,
     ) -> Result<(), RuntimeError> {
-        let (_, _, n, _) = self.c.extents();
-        let step = self.c.block_rows * n;
-        let mut start = range.start;
-        while start < range.end {
-            let end = (start + step).min(range.end);
-            self.compiled.run_range(inputs, outs, start, end)?;
-            start = end;
+        if self.batch_parallel() {
+            (0..self.units)
+                .into_par_iter()
+                .for_each(|u| self.fill(ops, &base, u, Parallelism::None));
+        } else {
+            let par = Self::gemm_threads();
+            for u in 0..self.units {
+                self.fill(ops, &base, u, par);
+            }
         }
         Ok(())
     }
 
     /// Fills the product (`base`, the storage of `product`) unit by unit, each followed by
-    /// the epilogue over its blocks into `outs`: batch-parallel when there are at least
-    /// as many units as threads, else one unit after another with each GEMM spread over
-    /// the threads.
+    /// the epilogue over its positions into `outs`: batch-parallel, each unit's GEMM and
+    /// then its epilogue on one worker, the units' epilogues running at once
+    /// ([`CompiledKernel::run_units`]); or one unit after another, each GEMM spread over
+    /// the threads and then the epilogue over its blocks of `block_rows` rows in parallel.
     fn run<T: Accum>(
         &self,
-        (lhs, rhs): (&Mat<'_, T>, &Mat<'_, T>),
+        ops: (&Mat<'_, T>, &Mat<'_, T>),
         base: ProductPtr<T>,
         product: &HostArray,
         args: &[&HostArray],
@@ -565,40 +670,27 @@ impl<'k> Units<'k> {
     ) -> Result<(), RuntimeError> {
         let mut inputs: Vec<&HostArray> = args.to_vec();
         inputs.push(product);
-        let fill = |u: usize, par: Parallelism| -> Range<usize> {
-            let (block, range) = self.block(u);
-            // SAFETY: `range` is unit u's rows: rows <= M - row0, so it ends at or below
-            // (batch + 1) * M * N <= numel, the product's length (`check_args`); units are
-            // disjoint; and no other access touches these elements while the slice lives
-            // (see `ProductPtr`; it ends before this unit's epilogue runs).
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut(base.get().add(range.start), range.len()) };
-            if block.k == 0 {
-                dst.fill(T::default());
-            } else {
-                T::fill(lhs, rhs, block, dst, par);
-            }
-            range
-        };
-        let threads = rayon::current_num_threads();
-        if self.units >= threads {
-            // The epilogue writes outputs through `&mut`; units take turns at it right
-            // after their own GEMM (it is O(rows * N) against the GEMM's O(rows * N * K)).
-            let outs = Mutex::new(outs);
-            (0..self.units).into_par_iter().try_for_each(|u| {
-                let range = fill(u, Parallelism::None);
-                let mut outs = outs.lock().unwrap_or_else(PoisonError::into_inner);
-                self.epilogue(&inputs, &mut outs, range)
-            })
+        if self.batch_parallel() {
+            let ranges: Vec<Range<usize>> = (0..self.units).map(|u| self.block(u).1).collect();
+            self.compiled
+                .run_units(&inputs, outs, &ranges, |u| -> Result<(), RuntimeError> {
+                    self.fill(ops, &base, u, Parallelism::None);
+                    Ok(())
+                })
         } else {
-            let par = if threads > 1 {
-                Parallelism::Rayon(threads)
-            } else {
-                Parallelism::None
-            };
+            let par = Self::gemm_threads();
+            let (_, _, n, _) = self.c.extents();
+            let step = self.c.block_rows * n;
             for u in 0..self.units {
-                let range = fill(u, par);
-                self.epilogue(&inputs, outs, range)?;
+                self.fill(ops, &base, u, par);
+                let range = self.block(u).1;
+                let blocks: Vec<Range<usize>> = range
+                    .clone()
+                    .step_by(step)
+                    .map(|s| s..(s + step).min(range.end))
+                    .collect();
+                self.compiled
+                    .run_units(&inputs, outs, &blocks, |_| Ok::<(), RuntimeError>(()))?;
             }
             Ok(())
         }

@@ -357,3 +357,107 @@ fn one_two_and_four_threads_give_the_same_bits() {
         }
     }
 }
+
+/// Evaluates `outs` on the CPU backend and returns them with the report's kernel count,
+/// asserting that the JIT ran every kernel.
+fn eval_jit(ctx: &Context, outs: &[&Tensor], what: &str) -> (Vec<Array>, usize) {
+    ctx.set_backend(BackendKind::Cpu);
+    let (got, report) = ctx.eval_report(outs).expect("the CPU evaluates");
+    let paths = &report.evaluation().paths;
+    assert!(
+        paths.iter().all(|p| matches!(p, StepPath::Jit { .. })) && !paths.is_empty(),
+        "{what}: not run by the JIT: {paths:?}\n{}",
+        report.annotated_graph()
+    );
+    (got, report.kernel_count())
+}
+
+/// A bare product (an identity epilogue: the GEMM writes straight into the output) and
+/// the same product stored by an epilogue that also computes something else (the general
+/// path: the GEMM fills the product scratch and the compiled epilogue copies it into the
+/// output) give the same bits, for f32, f64 and i32, over shapes of one unit, many
+/// units, a batch, and a transposed operand; on 1, 2 and 4 threads.
+#[test]
+fn identity_epilogue_matches_the_general_path() {
+    for dtype in [DType::F32, DType::F64, DType::I32] {
+        let ctx = Context::new();
+        let x = input(&ctx, &[300, 70], dtype, range(dtype), 22);
+        let w = input(&ctx, &[70, 513], dtype, range(dtype), 23);
+        let q = input(&ctx, &[3, 65, 129], dtype, range(dtype), 24);
+        let kt = input(&ctx, &[3, 33, 129], dtype, range(dtype), 25).permute(&[0, 2, 1]);
+        let tall = input(&ctx, &[1100, 40], dtype, range(dtype), 26);
+        let tall_w = input(&ctx, &[40, 7], dtype, range(dtype), 27);
+        for (what, a, b) in [
+            ("300x70 @ 70x513", &x, &w),
+            ("3x65x129 @ transpose(3x33x129)", &q, &kt),
+            ("1100x40 @ 40x7", &tall, &tall_w),
+        ] {
+            let what = format!("{dtype} {what}");
+            let bare = a.matmul(b);
+            let (identity, kernels) = eval_jit(&ctx, &[&bare], &what);
+            assert_eq!(kernels, 1, "{what}: the bare product is one kernel");
+            // The product and product + 1 from one kernel of two outputs.
+            let product = a.matmul(b);
+            let plus_one = &product + 1.0;
+            for threads in [1, 2, 4] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .expect("a thread pool");
+                let (general, kernels) =
+                    pool.install(|| eval_jit(&ctx, &[&product, &plus_one], &what));
+                assert_eq!(kernels, 1, "{what}: the product and its use are one kernel");
+                let (p, q) = (identity[0].to_f64_vec(), general[0].to_f64_vec());
+                assert_eq!(p.len(), q.len(), "{what}");
+                assert!(
+                    p.iter().zip(&q).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: the identity epilogue and the general path differ on {threads} threads"
+                );
+                let (bare_threads, _) = pool.install(|| eval_jit(&ctx, &[&bare], &what));
+                let r = bare_threads[0].to_f64_vec();
+                assert!(
+                    p.iter().zip(&r).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: the identity epilogue differs between 1 and {threads} threads"
+                );
+            }
+        }
+    }
+}
+
+/// An epilogue that reads the product through a non-contiguous view (its transpose, or
+/// its rows reversed) cannot read it block by block; whatever kernels the graph becomes,
+/// the result matches the reference.
+#[test]
+fn product_read_through_a_view() {
+    let dtype = DType::F32;
+    let ctx = Context::new();
+    let k = 300;
+    let x = input(&ctx, &[257, k], dtype, range(dtype), 28);
+    let w = input(&ctx, &[k, 257], dtype, range(dtype), 29);
+    let p = x.matmul(&w);
+    let scale = abs64(&x).matmul(&abs64(&w));
+    let reversed = SliceArg::new(None, None, -1);
+    for (what, y, scale) in [
+        (
+            "p + transpose(p)",
+            &p + &p.transpose(),
+            &scale + &scale.transpose(),
+        ),
+        (
+            "p * 2 + p[::-1]",
+            &p * 2.0 + p.slice(&[reversed]),
+            &scale * 2.0 + scale.slice(&[reversed]),
+        ),
+    ] {
+        ctx.set_backend(BackendKind::Interp);
+        let want = ctx.eval(&[&y, &scale]).expect("the reference evaluates");
+        let (got, _) = eval_jit(&ctx, &[&y], what);
+        compare(
+            &got[0],
+            &want[0],
+            &want[1],
+            Tol::new(k, dtype, 4.0, 0.0),
+            what,
+        );
+    }
+}
