@@ -27,6 +27,7 @@ mod scalar;
 mod vals;
 mod views;
 
+use error::room_for;
 pub use error::InterpError;
 pub use kernel::eval_kernel;
 pub use scalar::{binary_f64, binary_i64, compare_f64, compare_i64, unary_f64, unary_i64};
@@ -147,6 +148,7 @@ pub fn eval(
         let value = match &node.op {
             Op::Input { .. } => Tensor::from_host(&inputs[&id]),
             _ => {
+                room_for_node(node)?;
                 let args: Vec<&Tensor> = ops
                     .iter()
                     .map(|o| values.get(o).expect("operands come first in topological order and live until their last user (a bug)"))
@@ -184,6 +186,14 @@ pub fn eval(
                 .into_host()
         })
         .collect())
+}
+
+/// [`InterpError::OutOfMemory`] unless the value of `node` can be held: 8 bytes an
+/// element as the interpreter computes it, plus the element of its dtype it becomes.
+fn room_for_node(node: &Node) -> Result<(), InterpError> {
+    room_for(node.shape.dims(), 8 + node.dtype.size_bytes(), || {
+        format!("{} {}{}", node.op.name(), node.dtype, node.shape)
+    })
 }
 
 /// A verification failure of a lone node, for [`eval_node`].
@@ -234,6 +244,7 @@ pub fn eval_node(node: &Node, operands: &[&HostArray]) -> Result<HostArray, Inte
             }
         }
     }
+    room_for_node(node)?;
     let args: Vec<Tensor> = operands.iter().map(|a| Tensor::from_host(a)).collect();
     let refs: Vec<&Tensor> = args.iter().collect();
     Ok(compute(node, &refs).into_host())

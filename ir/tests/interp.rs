@@ -2215,3 +2215,53 @@ fn eval_kernel_fills_a_contraction_through_strided_views_then_runs_its_epilogue(
     let e = eval_kernel(&k, &[&lt, &r, &bias, &prod]).expect_err("product bound");
     assert!(e.to_string().contains("takes 3 inputs, got 4"), "{e}");
 }
+
+// ------------------------------------------------------------------------------------
+// Out of memory (issue 18): a step too large is an error, never an abort
+// ------------------------------------------------------------------------------------
+
+/// A broadcast of one element to `dims`: a result of the user's size from a tiny input.
+fn broadcast_node(dims: &[usize]) -> Node {
+    Node {
+        op: view(ViewOp::BroadcastTo(Shape::from(dims))),
+        dtype: F64,
+        shape: Shape::from(dims),
+    }
+}
+
+#[test]
+fn a_step_beyond_the_address_space_is_out_of_memory() {
+    let one = floats(F64, &[1, 1, 1], &[2.0]);
+    // 2^60 elements of 16 bytes (f64 as computed and as stored): beyond isize::MAX.
+    let huge = [1 << 20, 1 << 20, 1 << 20];
+    let e = eval_node(&broadcast_node(&huge), &[&one]).expect_err("too large");
+    assert!(
+        matches!(&e, InterpError::OutOfMemory { bytes, what }
+            if *bytes == 1u128 << 64 && what.starts_with("broadcast_to f64")),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "out of memory: more bytes than this platform can address for broadcast_to f64[1048576,1048576,1048576]"
+    );
+    // A shape whose element count overflows usize is refused the same way.
+    let overflow = [1 << 40, 1 << 40, 1];
+    let e = eval_node(&broadcast_node(&overflow), &[&one]).expect_err("overflows");
+    assert!(matches!(e, InterpError::OutOfMemory { .. }), "{e:?}");
+    // Through a whole graph: the step fails, not the process.
+    let mut g = Graph::new();
+    let x = g.add_input("x", F64, Shape::new([1, 1, 1]));
+    let b = g
+        .add(Op::View(ViewOp::BroadcastTo(Shape::from(&huge[..]))), &[x])
+        .expect("broadcast");
+    let y = g.add(Op::Unary(U::Neg), &[b]).expect("neg");
+    g.add_output(y);
+    let e = eval(&g, &HashMap::from([(x, one.clone())])).expect_err("too large");
+    assert!(matches!(e, InterpError::OutOfMemory { .. }), "{e:?}");
+    // Small steps still run.
+    assert_floats(
+        &eval_node(&broadcast_node(&[2, 1, 2]), &[&one]).expect("small"),
+        &[2.0; 4],
+        "small broadcast",
+    );
+}

@@ -53,6 +53,16 @@ pub fn eval_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<Vec<HostArr
         kernel: kernel.name.clone(),
         detail,
     })?;
+    // Every output as computed (8 bytes an element) and stored, and the product.
+    let elem_bytes = kernel
+        .outputs
+        .iter()
+        .map(|b| 8 + b.dtype.size_bytes())
+        .sum::<usize>()
+        + if kernel.contraction.is_some() { 8 } else { 0 };
+    super::error::room_for(kernel.domain.dims(), elem_bytes, || {
+        format!("kernel {} over {}", kernel.name, kernel.domain)
+    })?;
     let mut bufs: Vec<Vals> = inputs
         .iter()
         .map(|a| Vals::from_storage(a.storage()))
