@@ -19,7 +19,7 @@ use crate::gemm::run_contraction;
 use crate::step_path::StepPath;
 use ndfuse_codegen_cpu::CompiledKernel;
 use ndfuse_ir::interp;
-use ndfuse_ir::{Graph, HostArray, Kernel, NodeId};
+use ndfuse_ir::{Graph, HostArray, Kernel, NodeId, Storage};
 use ndfuse_passes::Step;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -196,16 +196,16 @@ pub(crate) fn run_cpu(
         .map(|(k, o)| {
             let last_mention = !outs[k + 1..].contains(o);
             match bufs.remove(o) {
-                Some(Buf::Owned(a)) if last_mention => a,
+                Some(Buf::Owned(a)) if last_mention => Ok(a),
                 Some(b) => {
-                    let copy = b.get().clone();
+                    let copy = copy_of(b.get());
                     bufs.insert(*o, b);
                     copy
                 }
                 None => panic!("output {o} was never computed (a scheduling bug)"),
             }
         })
-        .collect();
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Evaluation {
         outputs,
         backend: BackendKind::Cpu,
@@ -219,6 +219,24 @@ pub(crate) fn run_cpu(
         device: DeviceId::cpu(0),
         moves: Vec::new(),
     })
+}
+
+/// A copy of `a` in a buffer of the host cache. Its size is the user's, so memory that
+/// cannot be had (after the cache freed what it held) is [`RuntimeError::Alloc`], as for
+/// every other buffer of an evaluation, not an abort.
+fn copy_of(a: &HostArray) -> Result<HostArray, RuntimeError> {
+    let mut copy = host_cache().array(a.dtype(), a.shape().clone())?;
+    match (copy.storage_mut(), a.storage()) {
+        (Storage::F16(d), Storage::F16(s)) => d.copy_from_slice(s),
+        (Storage::BF16(d), Storage::BF16(s)) => d.copy_from_slice(s),
+        (Storage::F32(d), Storage::F32(s)) => d.copy_from_slice(s),
+        (Storage::F64(d), Storage::F64(s)) => d.copy_from_slice(s),
+        (Storage::I32(d), Storage::I32(s)) => d.copy_from_slice(s),
+        (Storage::I64(d), Storage::I64(s)) => d.copy_from_slice(s),
+        (Storage::Bool(d), Storage::Bool(s)) => d.copy_from_slice(s),
+        _ => unreachable!("the copy has its source's dtype and length (a bug otherwise)"),
+    }
+    Ok(copy)
 }
 
 /// A compiled kernel from the cache, or freshly compiled and cached; `None` with the

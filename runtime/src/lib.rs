@@ -53,3 +53,5 @@ pub use error::{DeviceError, RuntimeError};
 pub use evaluation::Evaluation;
 pub use executor::{execute, explain, Explanation};
 pub use step_path::StepPath;
+/// The CPU code generator's error, which [`RuntimeError::Codegen`] carries.
+pub use ndfuse_codegen_cpu::CodegenError;
