@@ -110,6 +110,15 @@ impl From<ndfuse_runtime::RuntimeError> for Error {
                 bytes: bytes as u128,
                 what: format!("a {memory} buffer of the evaluation"),
             },
+            RuntimeError::Interp(ndfuse_ir::interp::InterpError::OutOfMemory { bytes, what }) => {
+                Error::OutOfMemory { bytes, what }
+            }
+            RuntimeError::Codegen(ndfuse_runtime::CodegenError::OutOfMemory { kernel, bytes }) => {
+                Error::OutOfMemory {
+                    bytes,
+                    what: format!("the split-reduction scratch of kernel {kernel}"),
+                }
+            }
             e => Error::Runtime(Arc::new(e)),
         }
     }

@@ -46,8 +46,8 @@ const MAGIC: &[u8; 6] = b"\x93NUMPY";
 pub fn read_npy(path: impl AsRef<Path>) -> Result<Array> {
     let path = path.as_ref();
     // `fs::read` reserves the file's size fallibly: a file too large for the memory is
-    // an I/O error ("out of memory"), not an abort.
-    let bytes = fs::read(path).map_err(|e| io_error("read", path, e))?;
+    // an error of kind `OutOfMemory`, not an abort.
+    let bytes = fs::read(path).map_err(|e| read_error(path, e))?;
     parse(&bytes).map(Array).map_err(|r| match r {
         Refused::Corrupt(why) => Error::Npy {
             path: path.to_path_buf(),
@@ -106,6 +106,19 @@ pub fn write_npy(path: impl AsRef<Path>, array: &Array) -> Result<()> {
         why,
     })?;
     write_atomic(path, &bytes).map_err(|e| io_error("write", path, e))
+}
+
+/// Why reading `path` failed: memory for its bytes that could not be had is
+/// [`Error::OutOfMemory`] for the file's size, anything else [`Error::Io`].
+fn read_error(path: &Path, e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::OutOfMemory {
+        return Error::OutOfMemory {
+            // Without the size (the file went away meanwhile), more than any.
+            bytes: fs::metadata(path).map_or(u128::MAX, |m| u128::from(m.len())),
+            what: format!("the file {}", path.display()),
+        };
+    }
+    io_error("read", path, e)
 }
 
 fn io_error(action: &'static str, path: &Path, e: std::io::Error) -> Error {
@@ -758,6 +771,28 @@ mod tests {
         }
         // Nothing but the six files: no temporary file is left behind.
         assert_eq!(fs::read_dir(&dir).expect("dir").count(), 6);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_too_large_for_memory_is_out_of_memory() {
+        // `fs::read` reports a failed reservation of the file's size as this kind; a
+        // file larger than the memory cannot be made portably, so the kind is given.
+        let dir = scratch("oom");
+        let path = dir.join("big.npy");
+        fs::write(&path, [0u8; 300]).expect("write");
+        let e = read_error(&path, std::io::ErrorKind::OutOfMemory.into());
+        assert!(
+            matches!(&e, Error::OutOfMemory { bytes: 300, what } if what.contains("big.npy")),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("out of memory: 300 bytes for the file "),
+            "{e}"
+        );
+        let e = read_error(&path, std::io::ErrorKind::PermissionDenied.into());
+        assert!(matches!(&e, Error::Io { action: "read", .. }), "{e:?}");
         let _ = fs::remove_dir_all(&dir);
     }
 

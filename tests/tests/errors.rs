@@ -181,3 +181,21 @@ fn reading_results_as_the_wrong_type() {
     );
     assert!(out.as_slice::<half::f16>().is_err());
 }
+
+/// An output whose size the user chose beyond the address space (a broadcast of one
+/// element to 2^60 f64s) is `Error::OutOfMemory` on every host backend (issue 18), never
+/// an abort: the interpreter refuses the step, the CPU runtime its buffer.
+#[test]
+fn an_output_beyond_the_address_space_is_out_of_memory() {
+    let ctx = Context::new();
+    let x = ctx.from_vec(vec![2.0f64], &[1, 1, 1]).expect("x");
+    let huge = (&x.broadcast_to(&[1 << 20, 1 << 20, 1 << 20]) + 1.0).exp();
+    for backend in [ndfuse::BackendKind::Interp, ndfuse::BackendKind::Cpu] {
+        ctx.set_backend(backend);
+        let e = huge.eval().expect_err("too large");
+        assert!(matches!(e, Error::OutOfMemory { .. }), "{backend:?}: {e:?}");
+        assert!(e.to_string().starts_with("out of memory: "), "{backend:?}: {e}");
+    }
+    // The context still evaluates afterwards.
+    assert_eq!(x.exp().eval().expect("small").to_vec::<f64>().expect("f64"), [2f64.exp()]);
+}
