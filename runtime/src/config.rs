@@ -890,7 +890,17 @@ impl Config {
             .parse()
             .map_err(|e: toml::de::Error| ConfigError::Parse {
                 path: path.to_path_buf(),
-                message: e.to_string(),
+                // One line: toml's Display quotes the offending line, which may hold
+                // control bytes or binary garbage, under a caret on lines of its own.
+                message: match e.span() {
+                    Some(span) => {
+                        let before = &text.as_bytes()[..span.start.min(text.len())];
+                        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+                        let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+                        format!("{} at line {line}, column {column}", e.message().trim())
+                    }
+                    None => e.message().trim().to_string(),
+                },
             })?;
         for (key, value) in &table {
             let origin = ConfigSource::File {
