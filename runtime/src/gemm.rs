@@ -549,8 +549,14 @@ unsafe impl<T: Send> Sync for ProductPtr<T> {}
 /// multiply-adds (4096x1024 @ 1024x4096: 30 GFLOP/s in blocks of 32 rows, against
 /// 100-180 in calls of 256 rows or more, on this 2-core VM). So a call fills a group of
 /// whole blocks of at least this many rows (a unit), and the epilogue then runs over the
-/// unit on the same thread right after it. A constant, so units depend on shapes only.
-const GEMM_MIN_ROWS: usize = 256;
+/// unit on the same thread right after it: the unit (at most a few MiB for the shapes
+/// that matter) is still in the last-level cache. Measured as the GEMM's thread CPU time
+/// summed over units (robust to the other builds on the VM), 2048^3 and 4096x1024 @
+/// 1024x4096, min of 12 runs: 128 rows 201 / 394 ms, 256 rows 184 / 353, 512 rows
+/// 177 / 350, 1024 rows 185 / 356. 512 also leaves both shapes at least two units per
+/// thread on 2 threads, so a thread slowed by other work does not hold up the rest. A
+/// constant, so units depend on shapes only.
+const GEMM_MIN_ROWS: usize = 512;
 
 /// The units of one contraction run (see the module docs): a unit is one batch position's
 /// group of `group` blocks of `block_rows` rows, filled by one GEMM call.

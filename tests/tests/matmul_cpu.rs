@@ -385,12 +385,13 @@ fn identity_epilogue_matches_the_general_path() {
         let w = input(&ctx, &[70, 513], dtype, range(dtype), 23);
         let q = input(&ctx, &[3, 65, 129], dtype, range(dtype), 24);
         let kt = input(&ctx, &[3, 33, 129], dtype, range(dtype), 25).permute(&[0, 2, 1]);
-        let tall = input(&ctx, &[1100, 40], dtype, range(dtype), 26);
-        let tall_w = input(&ctx, &[40, 7], dtype, range(dtype), 27);
+        // N = 4096 in f32: blocks of 32 rows, units of 512: three units in one matrix.
+        let tall = input(&ctx, &[1100, 8], dtype, range(dtype), 26);
+        let tall_w = input(&ctx, &[8, 4096], dtype, range(dtype), 27);
         for (what, a, b) in [
             ("300x70 @ 70x513", &x, &w),
             ("3x65x129 @ transpose(3x33x129)", &q, &kt),
-            ("1100x40 @ 40x7", &tall, &tall_w),
+            ("1100x8 @ 8x4096", &tall, &tall_w),
         ] {
             let what = format!("{dtype} {what}");
             let bare = a.matmul(b);
