@@ -230,3 +230,28 @@ fn an_f16_sum_cast_to_f64_is_compared_at_f16_precision() {
         .unwrap_or_else(|crash| panic!("{crash}"))
         .unwrap_or_else(|wrong| panic!("{wrong}"));
 }
+
+/// Regression (found by the release run): the mean over an empty axis times a 0-d value.
+/// The fused kernel has empty rows, so the interpreter runs it, and its row-level loads
+/// read nothing for an empty row: the product came out 0 where numpy and the graph
+/// reference give NaN (0 / 0). Also a bias added to sums over empty rows.
+#[test]
+fn a_row_value_of_an_empty_row_is_still_read() {
+    let (interp, cpu) = contexts();
+    for ctx in [interp, cpu] {
+        let x = ctx.zeros(&[0, 1, 1]);
+        let y = ctx.full(&[], 2.0);
+        let got = (x.mean(0) * &y).eval().expect("evaluates");
+        let v = got.to_vec::<f32>().expect("f32");
+        assert!(v.len() == 1 && v[0].is_nan(), "{:?}: {v:?}", ctx.backend());
+        let x = ctx.zeros(&[3, 0]);
+        let b = ctx.arange(1.0, 4.0, 1.0).expect("arange");
+        let got = (x.sum(1) + &b).eval().expect("evaluates");
+        assert_eq!(
+            got.to_vec::<f32>().expect("f32"),
+            vec![1.0, 2.0, 3.0],
+            "{:?}",
+            ctx.backend()
+        );
+    }
+}

@@ -171,6 +171,25 @@ fn eval_instr(
 /// row at a time. Row values are kept replicated along the row, so the element-wise maps
 /// apply unchanged; reductions combine in f64 (sums compensated) and round once to the
 /// instruction's compute dtype, as a kernel rounds its accumulator once.
+/// The one element a row-level load reads for row `r` of an empty row: `view` is
+/// permuted kept axes first, and its first `kept` axes are the kept ones. A view that
+/// reaches outside its buffer (which `Kernel::check` cannot bound over an empty domain)
+/// reads NaN, never out of bounds; kernels built by the passes never do.
+fn row_element(buf: &Vals, view: &View, kept: usize, r: usize, dtype: crate::dtype::DType) -> Vals {
+    let dims = &view.shape.dims()[..kept];
+    let mut rest = r;
+    let mut offset = view.offset;
+    for (a, &d) in dims.iter().enumerate().rev() {
+        let idx = rest % d.max(1);
+        rest /= d.max(1);
+        offset += idx as isize * view.strides[a];
+    }
+    match usize::try_from(offset).ok().filter(|&o| o < buf.len()) {
+        Some(o) => buf.gather(std::iter::once(o)),
+        None => Vals::fill(Scalar::F(f64::NAN), dtype, dtype, 1),
+    }
+}
+
 fn eval_row_program(kernel: &Kernel, bufs: &[Vals]) -> Vec<HostArray> {
     use crate::kernel::Level;
     let dims = kernel.domain.dims();
@@ -210,7 +229,11 @@ fn eval_row_program(kernel: &Kernel, bufs: &[Vals]) -> Vec<HostArray> {
         for (i, ins) in kernel.body.iter().enumerate() {
             let v = eval_instr(kernel, ins, &vals, width, |input, _| {
                 let view = views[i].as_ref().expect("loads have views");
-                if row_len == 0 {
+                if row_len == 0 && levels[i] == Level::Row {
+                    // An empty row still has its row values (`mean(x, axis=0) * y` over
+                    // zero rows of x reads y): the element at the row's kept index.
+                    row_element(&bufs[input], view, kept.len(), r, ins.dtype)
+                } else if row_len == 0 {
                     Vals::fill(Scalar::I(0), ins.dtype, ins.dtype, 0)
                 } else {
                     let offs =
