@@ -234,7 +234,9 @@ pub fn compile(kernel: &CudaKernel, opts: &CompileOptions) -> Result<Arc<Compile
         c
     };
     if let Some(dir) = &opts.cache_dir {
-        if let Some(image) = read_cached(dir, &stem, ext, &kernel.source) {
+        if let Some(image) =
+            read_cached(dir, &stem, ext, &kernel.source).filter(|image| image_is_whole(kind, image))
+        {
             return Ok(keep(image, Origin::Disk));
         }
     }
@@ -340,6 +342,46 @@ fn read_cached(dir: &Path, stem: &str, ext: &str, source: &str) -> Option<Vec<u8
     std::fs::read(dir.join(format!("{stem}.{ext}"))).ok()
 }
 
+/// Whether a cached image is whole enough to hand to the driver: a damaged file (cut
+/// short, overwritten, another file's bytes) is a miss and gets recompiled, not loaded.
+/// A cubin is a 64-bit ELF file whose section and program header tables lie inside
+/// it; PTX is text that declares its version and target and ends with a closing brace.
+fn image_is_whole(kind: ImageKind, image: &[u8]) -> bool {
+    match kind {
+        ImageKind::Cubin => {
+            let u16_at = |o: usize| {
+                image
+                    .get(o..o + 2)
+                    .map(|b| u64::from(u16::from_le_bytes([b[0], b[1]])))
+            };
+            let u64_at = |o: usize| {
+                image
+                    .get(o..o + 8)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .map(u64::from_le_bytes)
+            };
+            // ELF64 header: magic, class 2 (64-bit), data 1 (little-endian); e_phoff at
+            // 0x20, e_shoff at 0x28, e_phentsize/e_phnum at 0x36/0x38, e_shentsize/
+            // e_shnum at 0x3A/0x3C.
+            let table_fits =
+                |off: Option<u64>, size: Option<u64>, num: Option<u64>| match (off, size, num) {
+                    (Some(o), Some(s), Some(n)) => o
+                        .checked_add(s.saturating_mul(n))
+                        .is_some_and(|end| end <= image.len() as u64),
+                    _ => false,
+                };
+            image.len() >= 64
+                && image.starts_with(b"\x7fELF\x02\x01")
+                && table_fits(u64_at(0x20), u16_at(0x36), u16_at(0x38))
+                && table_fits(u64_at(0x28), u16_at(0x3A), u16_at(0x3C))
+        }
+        ImageKind::Ptx => std::str::from_utf8(image).is_ok_and(|text| {
+            let text = text.trim_end_matches(['\0', ' ', '\n', '\r', '\t']);
+            text.contains(".version") && text.contains(".target") && text.ends_with('}')
+        }),
+    }
+}
+
 fn write_cached(
     dir: &Path,
     stem: &str,
@@ -368,6 +410,40 @@ fn write_cached(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn damaged_cached_images_are_misses() {
+        let ptx = b".version 8.5\n.target sm_90\n.address_size 64\n.entry k() {\n ret;\n}\n\0";
+        assert!(image_is_whole(ImageKind::Ptx, ptx));
+        assert!(
+            !image_is_whole(ImageKind::Ptx, &ptx[..ptx.len() / 2]),
+            "cut short"
+        );
+        assert!(!image_is_whole(ImageKind::Ptx, b"\xff\xfe garbage"));
+        assert!(!image_is_whole(ImageKind::Ptx, b""));
+        // A minimal ELF64 header whose tables lie inside a 256-byte file.
+        let mut elf = vec![0u8; 256];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[0x20..0x28].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
+        elf[0x28..0x30].copy_from_slice(&128u64.to_le_bytes()); // e_shoff
+        elf[0x36..0x38].copy_from_slice(&56u16.to_le_bytes()); // e_phentsize
+        elf[0x38..0x3A].copy_from_slice(&1u16.to_le_bytes()); // e_phnum
+        elf[0x3A..0x3C].copy_from_slice(&64u16.to_le_bytes()); // e_shentsize
+        elf[0x3C..0x3E].copy_from_slice(&2u16.to_le_bytes()); // e_shnum
+        assert!(image_is_whole(ImageKind::Cubin, &elf));
+        assert!(
+            !image_is_whole(ImageKind::Cubin, &elf[..200]),
+            "section table cut off"
+        );
+        assert!(
+            !image_is_whole(ImageKind::Cubin, &elf[..40]),
+            "header cut off"
+        );
+        let mut wrong = elf.clone();
+        wrong[0] = b'X';
+        assert!(!image_is_whole(ImageKind::Cubin, &wrong), "not ELF");
+        assert!(!image_is_whole(ImageKind::Cubin, ptx), "text as a cubin");
+    }
 
     #[test]
     fn memory_cache_evicts_the_least_recently_used() {
