@@ -462,3 +462,121 @@ fn product_read_through_a_view() {
         );
     }
 }
+
+/// `CompiledKernel::run_units` (the runtime's batch-parallel epilogues): over disjoint
+/// ranges it writes what `run` writes there, after `before(u)` on each range; ranges
+/// that are unsorted, overlapping or past the domain, and kernels with reduce axes, are
+/// refused before anything runs; an error of `before` is returned.
+#[test]
+fn run_units_checks_its_ranges() {
+    use ndfuse_ir::{Buffer, Expr, HostArray, Instr, Kernel, Plan, Shape, Store, ValueId, View};
+    let n = 1000;
+    let domain = Shape::new([n]);
+    let mut kernel = Kernel {
+        name: "k0_exp".to_string(),
+        domain: domain.clone(),
+        reduce_axes: Vec::new(),
+        inputs: vec![Buffer {
+            dtype: DType::F32,
+            len: n,
+        }],
+        outputs: vec![Buffer {
+            dtype: DType::F32,
+            len: n,
+        }],
+        body: vec![
+            Instr {
+                dtype: DType::F32,
+                expr: Expr::Load {
+                    input: 0,
+                    view: View::contiguous(domain.clone()),
+                },
+            },
+            Instr {
+                dtype: DType::F32,
+                expr: Expr::Unary(ndfuse_ir::UnaryOp::Exp, ValueId(0)),
+            },
+        ],
+        stores: vec![Store {
+            value: ValueId(1),
+            output: 0,
+        }],
+        plan: Plan::Elementwise,
+        plan_reason: "hand-built".to_string(),
+        contraction: None,
+    };
+    let ck = ndfuse_codegen_cpu::compile(&kernel).expect("compiles");
+    let vals: Vec<f64> = (0..n).map(|i| i as f64 / 100.0 - 5.0).collect();
+    let x = HostArray::from_f64s(DType::F32, domain.clone(), &vals);
+    let mut whole = HostArray::zeros(DType::F32, domain.clone());
+    ck.run(&[&x], &mut [&mut whole]).expect("runs");
+    let ranges = [0..7, 7..300, 300..300, 512..1000];
+    let seen: Vec<std::sync::atomic::AtomicBool> =
+        ranges.iter().map(|_| Default::default()).collect();
+    let mut units = HostArray::zeros(DType::F32, domain.clone());
+    ck.run_units(&[&x], &mut [&mut units], &ranges, |u| {
+        seen[u].store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok::<(), ndfuse_codegen_cpu::CodegenError>(())
+    })
+    .expect("runs");
+    assert!(seen
+        .iter()
+        .all(|s| s.load(std::sync::atomic::Ordering::Relaxed)));
+    let (w, u) = (whole.to_f64s(), units.to_f64s());
+    for i in 0..n {
+        let want = if (300..512).contains(&i) { 0.0 } else { w[i] };
+        assert_eq!(u[i].to_bits(), want.to_bits(), "position {i}");
+    }
+    let ok = |_: usize| Ok::<(), ndfuse_codegen_cpu::CodegenError>(());
+    for bad in [
+        vec![7..300, 0..7],
+        vec![0..300, 299..400],
+        vec![0..300, 900..1001],
+        vec![0..7, std::ops::Range { start: 9, end: 8 }],
+    ] {
+        let mut out = HostArray::zeros(DType::F32, domain.clone());
+        let e = ck
+            .run_units(&[&x], &mut [&mut out], &bad, ok)
+            .expect_err("bad ranges");
+        assert!(e.to_string().contains("sorted, disjoint"), "{bad:?}: {e}");
+        assert!(out.to_f64s().iter().all(|&v| v == 0.0), "{bad:?}: ran");
+    }
+    let mut out = HostArray::zeros(DType::F32, domain.clone());
+    let e = ck
+        .run_units(&[&x], &mut [&mut out], &ranges, |u| {
+            if u == 2 {
+                Err(ndfuse_codegen_cpu::CodegenError::Args {
+                    kernel: "test".into(),
+                    detail: "before failed".into(),
+                })
+            } else {
+                Ok(())
+            }
+        })
+        .expect_err("before fails");
+    assert!(e.to_string().contains("before failed"), "{e}");
+    // A kernel with reduce axes is refused.
+    kernel.name = "k1_sum".to_string();
+    kernel.domain = Shape::new([10, 100]);
+    kernel.reduce_axes = vec![1];
+    kernel.outputs[0].len = 10;
+    kernel.body[0].expr = Expr::Load {
+        input: 0,
+        view: View::contiguous(kernel.domain.clone()),
+    };
+    kernel.body[1] = Instr {
+        dtype: DType::F32,
+        expr: Expr::Reduce(ndfuse_ir::Accumulate::Sum, ValueId(0)),
+    };
+    kernel.plan = Plan::Rows {
+        rows: 10,
+        row_len: 100,
+        contiguous: true,
+    };
+    let ck = ndfuse_codegen_cpu::compile(&kernel).expect("compiles");
+    let mut out = HostArray::zeros(DType::F32, Shape::new([10]));
+    let e = ck
+        .run_units(&[&x], &mut [&mut out], &[0..4, 4..10], ok)
+        .expect_err("reduce axes");
+    assert!(e.to_string().contains("without reduce axes"), "{e}");
+}
