@@ -595,8 +595,9 @@ impl CompiledKernel {
     /// them, and `ranges` must be sorted, disjoint and within `0..numel`; nothing runs
     /// when a check fails. The first error of a `before` is returned (other tasks may
     /// have run by then; a task whose `before` fails does not run the code). Each range
-    /// is one call of the code, so the outputs are the same bits whatever the thread
-    /// count (a position's value never depends on the range around it).
+    /// is one call of the code on one thread, whichever thread: when the ranges depend on
+    /// shapes only, so do the calls, and the outputs are the same bits whatever the
+    /// thread count.
     pub fn run_units<E>(
         &self,
         inputs: &[&HostArray],
