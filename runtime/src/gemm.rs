@@ -23,6 +23,7 @@
 //! f32 copies (O(MK + KN) work against the product's O(MNK)), then multiplied in f32.
 //! i32 and i64 use a simple loop with wrapping arithmetic: correct, not fast.
 
+use crate::alloc::AllocError;
 use crate::error::RuntimeError;
 use gemm::Parallelism;
 use ndfuse_codegen_cpu::{CodegenError, CompiledKernel};
@@ -258,8 +259,8 @@ impl<'a> Operands<'a> {
     /// The operands of `c` from their arrays: borrowed as they are, or (f16, bf16)
     /// widened to f32 copies.
     fn of(c: &Contraction, lhs: &'a HostArray, rhs: &'a HostArray) -> Result<Self, RuntimeError> {
-        let mat = |a: &'a HostArray, view: &View| -> Option<Operand<'a>> {
-            Some(match a.storage() {
+        let mat = |a: &'a HostArray, view: &View| -> Result<Option<Operand<'a>>, AllocError> {
+            Ok(Some(match a.storage() {
                 Storage::F32(v) => Operand::F32(Mat {
                     data: Cow::Borrowed(v),
                     view: view.clone(),
@@ -276,12 +277,12 @@ impl<'a> Operands<'a> {
                     data: Cow::Borrowed(v),
                     view: view.clone(),
                 }),
-                Storage::F16(v) => Operand::F32(widen(v, view, half::f16::to_f32)),
-                Storage::BF16(v) => Operand::F32(widen(v, view, half::bf16::to_f32)),
-                Storage::Bool(_) => return None,
-            })
+                Storage::F16(v) => Operand::F32(widen(v, view, half::f16::to_f32)?),
+                Storage::BF16(v) => Operand::F32(widen(v, view, half::bf16::to_f32)?),
+                Storage::Bool(_) => return Ok(None),
+            }))
         };
-        let pair = (mat(lhs, &c.lhs_view), mat(rhs, &c.rhs_view));
+        let pair = (mat(lhs, &c.lhs_view)?, mat(rhs, &c.rhs_view)?);
         Ok(match pair {
             (Some(Operand::F32(l)), Some(Operand::F32(r))) if c.dtype == DType::F32 => {
                 Operands::F32(l, r)
@@ -315,8 +316,13 @@ enum Operand<'a> {
 
 /// A contiguous f32 copy of what `view` reads from `src`: an axis of stride 0 (a
 /// broadcast) keeps one position in the copy and stride 0 in the new view, so a
-/// broadcast batch is widened once.
-fn widen<H: Copy>(src: &[H], view: &View, to_f32: fn(H) -> f32) -> Mat<'static, f32> {
+/// broadcast batch is widened once. Its size follows the user's shapes, so running out
+/// of memory for it is an error, not an abort.
+fn widen<H: Copy>(
+    src: &[H],
+    view: &View,
+    to_f32: fn(H) -> f32,
+) -> Result<Mat<'static, f32>, AllocError> {
     let dims = view.shape.dims();
     let kept: Vec<usize> = dims
         .iter()
@@ -333,7 +339,12 @@ fn widen<H: Copy>(src: &[H], view: &View, to_f32: fn(H) -> f32) -> Mat<'static, 
             step *= kept[a] as isize;
         }
     }
-    let mut data = Vec::with_capacity(total);
+    let mut data = Vec::new();
+    data.try_reserve_exact(total)
+        .map_err(|_| AllocError::OutOfMemory {
+            memory: "host".into(),
+            bytes: total.saturating_mul(4),
+        })?;
     if total > 0 {
         // An odometer over the kept positions; `off` follows it through the source.
         let mut idx = vec![0usize; dims.len()];
@@ -352,14 +363,14 @@ fn widen<H: Copy>(src: &[H], view: &View, to_f32: fn(H) -> f32) -> Mat<'static, 
             }
         }
     }
-    Mat {
+    Ok(Mat {
         data: Cow::Owned(data),
         view: View {
             shape: view.shape.clone(),
             strides,
             offset: 0,
         },
-    }
+    })
 }
 
 /// One block of the product: rows `row0..row0 + rows` of M of batch position `batch`.
