@@ -710,6 +710,9 @@ mod scratch_tests {
                 usize::MAX as u128 * 8
             )
         );
-        assert_eq!(super::zeroed_scratch("k0_sum", 3).expect("small"), vec![0; 3]);
+        assert_eq!(
+            super::zeroed_scratch("k0_sum", 3).expect("small"),
+            vec![0; 3]
+        );
     }
 }
