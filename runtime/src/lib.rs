@@ -52,6 +52,6 @@ pub use devices::{
 pub use error::{DeviceError, RuntimeError};
 pub use evaluation::Evaluation;
 pub use executor::{execute, explain, Explanation};
-pub use step_path::StepPath;
 /// The CPU code generator's error, which [`RuntimeError::Codegen`] carries.
 pub use ndfuse_codegen_cpu::CodegenError;
+pub use step_path::StepPath;
