@@ -29,6 +29,7 @@ mod contract;
 mod error;
 mod eval;
 pub mod expr;
+mod grad;
 mod graph_cache;
 #[cfg(feature = "ndarray")]
 mod interop;
@@ -43,6 +44,7 @@ pub use context::{Context, ContextBuilder};
 pub use contract::matmul;
 pub use error::{Error, Result};
 pub use expr::{Expr, ExprError};
+pub use grad::grad;
 pub use ndfuse_ir::{DType, ReduceOp};
 pub use ndfuse_runtime::{
     bind_thread, bound_device, unbind_thread, BackendKind, CacheStats, CodeCacheStats,
