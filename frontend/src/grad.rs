@@ -40,7 +40,8 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
     let ids = graph.outputs();
     let b = ndfuse_autodiff::grad(&graph, ids[0], &ids[1..]).map_err(|e| Error::Argument {
         what: "grad",
-        why: e.to_string(),
+        // The autodiff message starts with "grad: " too; say it once.
+        why: e.to_string().trim_start_matches("grad: ").to_string(),
         at,
     })?;
     let mut made: HashMap<NodeId, Tensor> = tensors.into_iter().collect();

@@ -236,3 +236,36 @@ fn a_loss_and_its_gradients_evaluate_as_one_graph() {
     // part (one kernel), the mean, x^T @ dy for dW, and the column sum for db.
     assert_eq!(n, 4, "{text}");
 }
+
+#[test]
+fn grad_in_the_expression_language() {
+    let ctx = interp();
+    let x = ctx
+        .from_vec(values(32, 1, -2.0, 2.0), &[4, 8])
+        .expect("leaf");
+    let y = ctx
+        .from_vec(values(32, 2, 0.0, 1.0), &[4, 8])
+        .expect("leaf");
+    let text = "grad(sum(softmax(x, axis=-1) * y), x)";
+    let got = ctx
+        .evaluate(text, &[("x", &x), ("y", &y)])
+        .expect("evaluate");
+    let want = ndfuse::grad(&(x.softmax(-1) * &y).sum(..), &[&x]).expect("grad");
+    let want = want[0].eval().expect("eval");
+    assert_eq!(
+        got.to_vec::<f64>().expect("f64"),
+        want.to_vec::<f64>().expect("f64")
+    );
+    // Bad uses: a loss that is not 0-d, a wrt that is not an input name.
+    let e = ctx
+        .evaluate("grad(x * y, x)", &[("x", &x), ("y", &y)])
+        .expect_err("a [4,8] loss");
+    assert!(
+        e.to_string().contains("0-d float value, got f64[4,8]"),
+        "{e}"
+    );
+    let e = ctx
+        .evaluate("grad(sum(x), x * 2)", &[("x", &x)])
+        .expect_err("an expression as x");
+    assert!(e.to_string().contains("x must be an input name"), "{e}");
+}

@@ -24,6 +24,8 @@ pub const FUNCTIONS: &[&str] = &[
     "reshape", "transpose", "permute", "broadcast_to", "expand_dims", "squeeze",
     // composites
     "softmax", "log_softmax", "layernorm",
+    // differentiation
+    "grad",
 ];
 
 /// "unknown function" with the closest known name when one is near.

@@ -522,6 +522,25 @@ impl<'a> Lowerer<'a> {
                     .unwrap_or(1e-5);
                 x.layernorm(axis, eps)
             }
+            "grad" => {
+                // grad(f, x): the gradient of the 0-d float `f` with respect to input `x`.
+                let a = bind(name, pos, args, kwargs, &["f", "x"])?;
+                let wrt = req(&a, 1);
+                if !matches!(wrt.kind, Kind::Name(_)) {
+                    return Err(ExprError::new(
+                        wrt.pos,
+                        "grad(f, x): x must be an input name (the gradient is with respect to an input)",
+                    ));
+                }
+                let f = self.tensor_arg(req(&a, 0))?;
+                let x = self.tensor_arg(wrt)?;
+                let g =
+                    crate::grad::grad(&f, &[&x]).map_err(|e| ExprError::new(pos, e.reason()))?;
+                match g.into_iter().next() {
+                    Some(g) => g,
+                    None => return Err(ExprError::new(pos, "grad gave no gradient (a bug)")),
+                }
+            }
             _ => return Err(ExprError::new(pos, unknown_function(name))),
         };
         self.checked(t, pos).map(Value::T)
