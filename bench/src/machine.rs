@@ -2,7 +2,7 @@
 //! (STREAM copy and triad), the peak rate of 128-bit vector multiplies and adds (the
 //! JIT's width), and the f32 FMA peak with the widest vectors the CPU has.
 
-use crate::peak::{measure_wide_fma_peak, FmaPeak};
+use crate::peak::{fastest_run, measure_wide_fma_peak, FmaPeak};
 use std::time::Instant;
 
 // ----- memory bandwidth -----
@@ -157,20 +157,11 @@ fn vector_chains(iterations: u64) -> f32 {
 pub fn measure_compute_peak(iterations: u64, trials: usize) -> ComputePeak {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let iterations = iterations.max(1);
-    let best = |threads: usize| -> f64 {
-        let mut fastest = f64::INFINITY;
-        for _ in 0..trials.max(1) {
-            let start = Instant::now();
-            std::thread::scope(|s| {
-                for _ in 0..threads {
-                    s.spawn(|| {
-                        std::hint::black_box(vector_chains(std::hint::black_box(iterations)))
-                    });
-                }
-            });
-            fastest = fastest.min(start.elapsed().as_secs_f64());
-        }
-        (CHAIN_OPS * iterations) as f64 * threads as f64 / fastest.max(1e-9)
+    let best = |threads: usize| {
+        let fastest = fastest_run(threads, trials, || {
+            std::hint::black_box(vector_chains(std::hint::black_box(iterations)));
+        });
+        (CHAIN_OPS * iterations) as f64 * threads as f64 / fastest
     };
     ComputePeak {
         trials: trials.max(1),

@@ -163,6 +163,22 @@ fn fma_chains(_: Width, _: u64) -> f32 {
     unreachable!("Width::detect finds no wide FMA off x86-64")
 }
 
+/// The fastest of `trials` runs (at least one) of `work` on each of `threads` threads at
+/// once (`std::thread::scope`), in seconds (never below a nanosecond).
+pub(crate) fn fastest_run(threads: usize, trials: usize, work: impl Fn() + Sync) -> f64 {
+    let mut fastest = f64::INFINITY;
+    for _ in 0..trials.max(1) {
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(&work);
+            }
+        });
+        fastest = fastest.min(start.elapsed().as_secs_f64());
+    }
+    fastest.max(1e-9)
+}
+
 /// Measures [`FmaPeak`] with the widest FMA the CPU has: `iterations` of the loop per
 /// thread, best of `trials`, on one thread and on every thread the OS offers. `None`
 /// where the CPU has neither AVX-512F nor AVX2+FMA (or is not x86-64): the 128-bit
@@ -172,20 +188,11 @@ pub fn measure_wide_fma_peak(iterations: u64, trials: usize) -> Option<FmaPeak> 
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let iterations = iterations.max(1);
     let flops_per_run = (2 * width.lanes() * CHAINS) as f64 * iterations as f64;
-    let best = |threads: usize| -> f64 {
-        let mut fastest = f64::INFINITY;
-        for _ in 0..trials.max(1) {
-            let start = Instant::now();
-            std::thread::scope(|s| {
-                for _ in 0..threads {
-                    s.spawn(|| {
-                        std::hint::black_box(fma_chains(width, std::hint::black_box(iterations)))
-                    });
-                }
-            });
-            fastest = fastest.min(start.elapsed().as_secs_f64());
-        }
-        flops_per_run * threads as f64 / fastest.max(1e-9)
+    let best = |threads: usize| {
+        let fastest = fastest_run(threads, trials, || {
+            std::hint::black_box(fma_chains(width, std::hint::black_box(iterations)));
+        });
+        flops_per_run * threads as f64 / fastest
     };
     Some(FmaPeak {
         isa: width.isa(),
