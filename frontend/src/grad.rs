@@ -4,11 +4,11 @@
 //! a loss and its gradients together is one graph that fuses forward and backward.
 
 use crate::error::{Error, Result};
-use crate::tensor::{Expr, Inner, Tensor};
-use ndfuse_ir::{Graph, HostArray, Node, NodeId, Op};
+use crate::graph_cache::lower_tensors;
+use crate::tensor::Tensor;
+use ndfuse_ir::{Graph, HostArray, NodeId, Op};
 use std::collections::HashMap;
 use std::panic::Location;
-use std::sync::Arc;
 
 /// The gradients of `loss`, a 0-d float tensor, with respect to each of `wrt`, as lazy
 /// tensors (nothing is evaluated) of the `wrt`'s dtypes and shapes.
@@ -94,41 +94,7 @@ fn ancestors(g: &Graph, roots: &[NodeId]) -> std::collections::HashSet<NodeId> {
 /// The IR graph of `outputs` (as `graph_cache::build_graph` lowers it) and the tensor
 /// behind each of its nodes, so the gradient nodes can point at the caller's tensors.
 fn lower(outputs: &[&Tensor]) -> Result<(Graph, Vec<(NodeId, Tensor)>)> {
-    let mut g = Graph::new();
-    let mut ids: HashMap<*const Inner, NodeId> = HashMap::new();
     let mut tensors = Vec::new();
-    for &t in outputs {
-        t.expr()?;
-    }
-    for &out in outputs {
-        // Iterative post-order: deep expression chains must not overflow the stack.
-        let mut stack: Vec<(&Tensor, bool)> = vec![(out, false)];
-        while let Some((t, expanded)) = stack.pop() {
-            let key = Arc::as_ptr(&t.inner);
-            if ids.contains_key(&key) {
-                continue;
-            }
-            let e: &Expr = t.expr()?;
-            if !expanded {
-                stack.push((t, true));
-                stack.extend(e.src.iter().rev().map(|s| (s, false)));
-                continue;
-            }
-            let id = if e.data.is_some() {
-                g.add_input(format!("in{}", tensors.len()), e.dtype, e.shape.clone())
-            } else {
-                let srcs: Vec<NodeId> = e.src.iter().map(|s| ids[&Arc::as_ptr(&s.inner)]).collect();
-                let node = Node {
-                    op: e.op.clone(),
-                    dtype: e.dtype,
-                    shape: e.shape.clone(),
-                };
-                g.add_node(node, &srcs)
-            };
-            ids.insert(key, id);
-            tensors.push((id, t.clone()));
-        }
-        g.add_output(ids[&Arc::as_ptr(&out.inner)]);
-    }
+    let g = lower_tensors(outputs, |id, t, _| tensors.push((id, t.clone())))?;
     Ok((g, tensors))
 }

@@ -11,7 +11,7 @@
 //! strongly through their expressions as long as the caller holds the outputs).
 
 use crate::error::Result;
-use crate::tensor::{Inner, Tensor};
+use crate::tensor::{Expr, Inner, Tensor};
 use ndfuse_ir::{Graph, HostArray, NodeId};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -98,9 +98,25 @@ pub(crate) fn graph_of(outputs: &[&Tensor]) -> Result<(Arc<Graph>, Bindings)> {
 /// leaves. Shared subexpressions become one node. Leaves are named `in0, in1, ...` in
 /// the order they are first reached, so equal expressions print identically.
 pub(crate) fn build_graph(outputs: &[&Tensor]) -> Result<(Graph, HashMap<NodeId, Arc<HostArray>>)> {
+    let mut data = HashMap::new();
+    let g = lower_tensors(outputs, |id, _, e| {
+        if let Some(arr) = &e.data {
+            data.insert(id, Arc::clone(arr));
+        }
+    })?;
+    Ok((g, data))
+}
+
+/// The walk under [`build_graph`]: the IR graph of `outputs`, calling `visit` with each
+/// node as it is added, the tensor behind it and its expression (for a caller that maps
+/// nodes back to tensors, as `grad` does).
+pub(crate) fn lower_tensors(
+    outputs: &[&Tensor],
+    mut visit: impl FnMut(NodeId, &Tensor, &Expr),
+) -> Result<Graph> {
     let mut g = Graph::new();
     let mut ids: HashMap<*const Inner, NodeId> = HashMap::new();
-    let mut data = HashMap::new();
+    let mut leaves = 0;
     for &t in outputs {
         t.expr()?;
     }
@@ -121,10 +137,9 @@ pub(crate) fn build_graph(outputs: &[&Tensor]) -> Result<(Graph, HashMap<NodeId,
                 continue;
             }
             let id = match &e.data {
-                Some(arr) => {
-                    let id = g.add_input(format!("in{}", data.len()), e.dtype, e.shape.clone());
-                    data.insert(id, Arc::clone(arr));
-                    id
+                Some(_) => {
+                    leaves += 1;
+                    g.add_input(format!("in{}", leaves - 1), e.dtype, e.shape.clone())
                 }
                 None => {
                     let srcs: Vec<NodeId> =
@@ -140,10 +155,11 @@ pub(crate) fn build_graph(outputs: &[&Tensor]) -> Result<(Graph, HashMap<NodeId,
                 }
             };
             ids.insert(key, id);
+            visit(id, t, e);
         }
         g.add_output(ids[&Arc::as_ptr(&out.inner)]);
     }
-    Ok((g, data))
+    Ok(g)
 }
 
 #[cfg(test)]
