@@ -20,16 +20,19 @@
 //!
 //! Operands: f32 and f64 are read in place through their views' strides (transposes,
 //! slices, broadcast batch axes: no copy). f16 and bf16 are widened once into contiguous
-//! f32 copies (O(MK + KN) work against the product's O(MNK)), then multiplied in f32.
+//! f32 copies (O(MK + KN) work against the product's O(MNK)), then multiplied in f32. The
+//! copies are buffers of the host cache, so a steady loop of evaluations reuses them (no
+//! fresh pages after the first), and are filled in parallel in chunks of rows fixed by
+//! the shapes alone (exact conversions: the bits depend on nothing else anyway).
 //! i32 and i64 use a simple loop with wrapping arithmetic: correct, not fast.
 
-use crate::alloc::AllocError;
+use crate::alloc::{host_cache, AllocError};
 use crate::error::RuntimeError;
 use gemm::Parallelism;
+use half::slice::HalfFloatSliceExt;
 use ndfuse_codegen_cpu::{CodegenError, CompiledKernel};
-use ndfuse_ir::{Contraction, DType, Expr, HostArray, Kernel, Storage, View};
+use ndfuse_ir::{Contraction, DType, Expr, HostArray, Kernel, Shape, Storage, View};
 use rayon::prelude::*;
-use std::borrow::Cow;
 use std::ops::Range;
 
 /// Runs contraction kernel `kernel` (whose contraction is `c`) with `compiled`, its
@@ -54,7 +57,16 @@ pub(crate) fn run_contraction(
     if kernel.domain.numel() == 0 {
         return Ok(());
     }
-    let ops = Operands::of(c, args[c.lhs], args[c.rhs])?;
+    // Owned here, so the copies go back to the host cache when the run returns.
+    let widened = (
+        Widened::of(args[c.lhs], &c.lhs_view)?,
+        Widened::of(args[c.rhs], &c.rhs_view)?,
+    );
+    let ops = Operands::of(
+        c,
+        (args[c.lhs], widened.0.as_ref()),
+        (args[c.rhs], widened.1.as_ref()),
+    )?;
     let units = Units::new(c, compiled);
     // Not reached: `check_product` checked the dtype.
     let bad = || {
@@ -220,12 +232,12 @@ fn check_product(
 /// `[batch..., rows, cols]`. Every offset the view reaches lies in `data` (checked by
 /// `check_args` for an operand read in place; by construction for a widened copy).
 #[derive(Debug)]
-struct Mat<'a, T: Clone> {
-    data: Cow<'a, [T]>,
+struct Mat<'a, T> {
+    data: &'a [T],
     view: View,
 }
 
-impl<T: Clone> Mat<'_, T> {
+impl<T> Mat<'_, T> {
     /// Offset of element `[b..., 0, 0]` for flat batch position `batch` (row-major over
     /// the batch axes; a broadcast batch axis has stride 0).
     fn batch_offset(&self, mut batch: usize) -> isize {
@@ -256,33 +268,29 @@ enum Operands<'a> {
 }
 
 impl<'a> Operands<'a> {
-    /// The operands of `c` from their arrays: borrowed as they are, or (f16, bf16)
-    /// widened to f32 copies.
-    fn of(c: &Contraction, lhs: &'a HostArray, rhs: &'a HostArray) -> Result<Self, RuntimeError> {
-        let mat = |a: &'a HostArray, view: &View| -> Result<Option<Operand<'a>>, AllocError> {
-            Ok(Some(match a.storage() {
-                Storage::F32(v) => Operand::F32(Mat {
-                    data: Cow::Borrowed(v),
-                    view: view.clone(),
-                }),
-                Storage::F64(v) => Operand::F64(Mat {
-                    data: Cow::Borrowed(v),
-                    view: view.clone(),
-                }),
-                Storage::I32(v) => Operand::I32(Mat {
-                    data: Cow::Borrowed(v),
-                    view: view.clone(),
-                }),
-                Storage::I64(v) => Operand::I64(Mat {
-                    data: Cow::Borrowed(v),
-                    view: view.clone(),
-                }),
-                Storage::F16(v) => Operand::F32(widen(v, view, half::f16::to_f32)?),
-                Storage::BF16(v) => Operand::F32(widen(v, view, half::bf16::to_f32)?),
-                Storage::Bool(_) => return Ok(None),
-            }))
+    /// The operands of `c` from their arrays, each with its widened f32 copy when it has
+    /// one ([`Widened::of`]): the copy when there is one, else the array as it is.
+    fn of(
+        c: &Contraction,
+        (lhs, lw): (&'a HostArray, Option<&'a Widened>),
+        (rhs, rw): (&'a HostArray, Option<&'a Widened>),
+    ) -> Result<Self, RuntimeError> {
+        let mat = |a: &'a HostArray, view: &View, w: Option<&'a Widened>| -> Option<Operand<'a>> {
+            let (storage, view) = match w {
+                Some(w) => (w.array.storage(), &w.view),
+                None => (a.storage(), view),
+            };
+            let view = view.clone();
+            Some(match storage {
+                Storage::F32(data) => Operand::F32(Mat { data, view }),
+                Storage::F64(data) => Operand::F64(Mat { data, view }),
+                Storage::I32(data) => Operand::I32(Mat { data, view }),
+                Storage::I64(data) => Operand::I64(Mat { data, view }),
+                // Half operands always come widened: `Widened::of`.
+                Storage::F16(_) | Storage::BF16(_) | Storage::Bool(_) => return None,
+            })
         };
-        let pair = (mat(lhs, &c.lhs_view)?, mat(rhs, &c.rhs_view)?);
+        let pair = (mat(lhs, &c.lhs_view, lw), mat(rhs, &c.rhs_view, rw));
         Ok(match pair {
             (Some(Operand::F32(l)), Some(Operand::F32(r))) if c.dtype == DType::F32 => {
                 Operands::F32(l, r)
@@ -314,16 +322,65 @@ enum Operand<'a> {
     I64(Mat<'a, i64>),
 }
 
+/// A half operand's contiguous f32 copy, a buffer of the host cache (back there when
+/// dropped), and the view that reads it in the operand's place.
+struct Widened {
+    array: HostArray,
+    view: View,
+}
+
+/// Elements of the copy one parallel chunk fills at least (whole rows of the kept
+/// extents, at least one): 256 KiB of f32, enough to amortise a task. A constant, so the
+/// chunks depend on shapes only.
+const WIDEN_CHUNK: usize = 1 << 16;
+
+impl Widened {
+    /// The f32 copy of `a` read through `view` when `a` is f16 or bf16, else `None` (the
+    /// operand is read in place).
+    fn of(a: &HostArray, view: &View) -> Result<Option<Widened>, AllocError> {
+        Ok(match a.storage() {
+            Storage::F16(v) => Some(widen(v, view)?),
+            Storage::BF16(v) => Some(widen(v, view)?),
+            _ => None,
+        })
+    }
+}
+
+/// The half types widened to f32, one element or a contiguous run at a time (the
+/// latter through `half`'s slice conversion, vectorised where the CPU can: F16C).
+trait Half: Copy + Send + Sync {
+    fn to_f32(self) -> f32;
+    fn to_f32s(src: &[Self], dst: &mut [f32]);
+}
+
+impl Half for half::f16 {
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    fn to_f32s(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+impl Half for half::bf16 {
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+    fn to_f32s(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
+
 /// A contiguous f32 copy of what `view` reads from `src`: an axis of stride 0 (a
 /// broadcast) keeps one position in the copy and stride 0 in the new view, so a
-/// broadcast batch is widened once. Its size follows the user's shapes, so running out
-/// of memory for it is an error, not an abort.
-fn widen<H: Copy>(
-    src: &[H],
-    view: &View,
-    to_f32: fn(H) -> f32,
-) -> Result<Mat<'static, f32>, AllocError> {
+/// broadcast batch is widened once. The copy is a host-cache buffer (a steady loop of
+/// evaluations reuses it); its size follows the user's shapes, so running out of memory
+/// for it is an error, not an abort. Its rows (of the last axis' kept extent) are filled
+/// in parallel, in chunks of whole rows fixed by the shape ([`WIDEN_CHUNK`]); every
+/// element is written, so a recycled buffer's old contents never show.
+fn widen<H: Half>(src: &[H], view: &View) -> Result<Widened, AllocError> {
     let dims = view.shape.dims();
+    let r = dims.len();
     let kept: Vec<usize> = dims
         .iter()
         .zip(&view.strides)
@@ -331,40 +388,46 @@ fn widen<H: Copy>(
         .collect();
     let total: usize = kept.iter().product();
     // Row-major strides over the kept extents; 0 where the view broadcasts.
-    let mut strides = vec![0isize; dims.len()];
+    let mut strides = vec![0isize; r];
     let mut step = 1isize;
-    for a in (0..dims.len()).rev() {
+    for a in (0..r).rev() {
         if view.strides[a] != 0 {
             strides[a] = step;
             step *= kept[a] as isize;
         }
     }
-    let mut data = Vec::new();
-    data.try_reserve_exact(total)
-        .map_err(|_| AllocError::OutOfMemory {
-            memory: "host".into(),
-            bytes: total.saturating_mul(4),
-        })?;
-    if total > 0 {
-        // An odometer over the kept positions; `off` follows it through the source.
-        let mut idx = vec![0usize; dims.len()];
-        let mut off = view.offset;
-        for _ in 0..total {
-            // In bounds: `check_args` bounded the view's span inside `src`.
-            data.push(to_f32(src[off as usize]));
-            for a in (0..dims.len()).rev() {
-                idx[a] += 1;
-                off += view.strides[a];
-                if idx[a] < kept[a] {
-                    break;
+    let mut array = host_cache().array(DType::F32, Shape::new([total]))?;
+    // Rank >= 2 (`check_args`), so there is a last axis; `total > 0` makes `row > 0`.
+    let (row, col_stride) = (kept[r - 1], view.strides[r - 1]);
+    if let (Storage::F32(data), true) = (array.storage_mut(), total > 0) {
+        let rows_per_chunk = (WIDEN_CHUNK / row).max(1);
+        let outer = &kept[..r - 1];
+        data.par_chunks_mut(rows_per_chunk * row)
+            .enumerate()
+            .for_each(|(ci, chunk)| {
+                for (i, dst) in chunk.chunks_exact_mut(row).enumerate() {
+                    // The source offset of kept row `first + i`'s first element.
+                    let mut q = ci * rows_per_chunk + i;
+                    let mut off = view.offset;
+                    for a in (0..r - 1).rev() {
+                        off += (q % outer[a]) as isize * view.strides[a];
+                        q /= outer[a];
+                    }
+                    // In bounds: `check_args` bounded the view's span inside `src`
+                    // (indexing checks it again; out of bounds would be a bug).
+                    if col_stride == 1 {
+                        let start = off as usize;
+                        H::to_f32s(&src[start..start + row], dst);
+                    } else {
+                        for (j, d) in dst.iter_mut().enumerate() {
+                            *d = src[(off + j as isize * col_stride) as usize].to_f32();
+                        }
+                    }
                 }
-                off -= view.strides[a] * kept[a] as isize;
-                idx[a] = 0;
-            }
-        }
+            });
     }
-    Ok(Mat {
-        data: Cow::Owned(data),
+    Ok(Widened {
+        array,
         view: View {
             shape: view.shape.clone(),
             strides,
@@ -717,7 +780,6 @@ impl<'k> Units<'k> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ndfuse_ir::Shape;
 
     /// Deterministic values in [-1, 1) with full mantissas (an LCG's top bits).
     fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -760,7 +822,7 @@ mod tests {
                 (k as isize, 1)
             };
             let lhs = Mat {
-                data: Cow::Borrowed(&a[..]),
+                data: &a[..],
                 view: View {
                     shape: Shape::new([m, k]),
                     strides: vec![lrs, lcs],
@@ -768,7 +830,7 @@ mod tests {
                 },
             };
             let rhs = Mat {
-                data: Cow::Borrowed(&b[..]),
+                data: &b[..],
                 view: View::contiguous(Shape::new([k, n])),
             };
             let block = Block {

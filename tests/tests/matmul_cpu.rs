@@ -580,3 +580,42 @@ fn run_units_checks_its_ranges() {
         .expect_err("reduce axes");
     assert!(e.to_string().contains("without reduce axes"), "{e}");
 }
+
+/// Half operands are widened into f32 buffers of the host cache, reused from one
+/// evaluation to the next: evaluating an f16 (bf16) product, then another of the same
+/// shapes and other values (whose copies land in the same buffers), then the first
+/// again, gives the first's bits again, and both agree with the reference. Shapes give
+/// copies of several parallel chunks, a transposed operand (widened element by element)
+/// and a broadcast batch (widened once).
+#[test]
+fn half_operands_reuse_their_widened_copies_exactly() {
+    for dtype in [DType::F16, DType::BF16] {
+        let ctx = Context::new();
+        let (m, n, k) = (300, 129, 700);
+        let x = input(&ctx, &[2, m, k], dtype, range(dtype), 30);
+        let wt = input(&ctx, &[n, k], dtype, range(dtype), 31).transpose();
+        let other_x = input(&ctx, &[2, m, k], dtype, (-4.0, 4.0), 32);
+        let other_wt = input(&ctx, &[n, k], dtype, (-4.0, 4.0), 33).transpose();
+        let y = x.matmul(&wt);
+        let scale = abs64(&x).matmul(&abs64(&wt));
+        let what = format!("{dtype} 2x{m}x{k} @ transpose({n}x{k})");
+        check(&ctx, &y, &scale, Tol::new(k, dtype, BARE.0, BARE.1), &what);
+        let (first, _) = eval_jit(&ctx, &[&y], &what);
+        let (other, _) = eval_jit(&ctx, &[&other_x.matmul(&other_wt)], &what);
+        let (again, _) = eval_jit(&ctx, &[&y], &what);
+        let (p, o, q) = (
+            first[0].to_f64_vec(),
+            other[0].to_f64_vec(),
+            again[0].to_f64_vec(),
+        );
+        assert_eq!(p.len(), q.len(), "{what}");
+        assert!(
+            p.iter().zip(&o).any(|(a, b)| a != b),
+            "{what}: the other product should differ (else the test proves nothing)"
+        );
+        assert!(
+            p.iter().zip(&q).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: a second evaluation differs from the first"
+        );
+    }
+}
