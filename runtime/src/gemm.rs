@@ -329,9 +329,10 @@ struct Widened {
     view: View,
 }
 
-/// Elements of the copy one parallel chunk fills at least (whole rows of the kept
-/// extents, at least one): 256 KiB of f32, enough to amortise a task. A constant, so the
-/// chunks depend on shapes only.
+/// Elements of the copy one parallel chunk fills: as many whole rows of the kept
+/// extents as fit in this many (one row when a row is longer), 256 KiB of f32, enough to
+/// amortise a task and to give every thread several. A constant, so the chunks depend on
+/// shapes only.
 const WIDEN_CHUNK: usize = 1 << 16;
 
 impl Widened {
