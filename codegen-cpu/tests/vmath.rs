@@ -528,3 +528,152 @@ fn ulp_distance_counts_floats_between() {
     assert_eq!(ulp_distance(f32::NAN, 1.0), u64::MAX);
     assert_eq!(ulp_distance(f32::MAX, f32::INFINITY), 1);
 }
+
+/// sigmoid as it is written, from exp's own bits: e = exp(-|x|) (the exp kernel, whose
+/// fast and general paths give the same bits), then 1/(1 + e) for x ≥ 0 and
+/// e/(1 + e) below, each rounded once as the kernel rounds them.
+fn sigmoid_from_exp_f32(x: f32, e: f32) -> f32 {
+    let num = if x >= 0.0 { 1.0 } else { e };
+    num / (1.0 + e)
+}
+
+fn sigmoid_from_exp_f64(x: f64, e: f64) -> f64 {
+    let num = if x >= 0.0 { 1.0 } else { e };
+    num / (1.0 + e)
+}
+
+/// `op` on f64 `xs` through the vector loop and the scalar loop (a transposed read).
+fn run_unary_f64(op: UnaryOp, xs: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let n = xs.len();
+    let input = HostArray::from_f64s(DType::F64, Shape::new([n]), xs);
+    let run = |k: &ndfuse_ir::Kernel| {
+        let mut out = HostArray::zeros(DType::F64, k.domain.clone());
+        compiled(k)
+            .run(&[&input], &mut [&mut out])
+            .unwrap_or_else(|e| panic!("{e}"));
+        out.as_slice::<f64>().expect("f64 output").to_vec()
+    };
+    let mut kb = KernelBuilder::new("k0_vmath_f64", &[n]);
+    let x = kb.load(DType::F64);
+    let y = kb.unary(op, x);
+    kb.store(y);
+    let vector = run(&kb.build());
+    let h = n / 2;
+    let mut kb = KernelBuilder::new("k0_vmath_f64_strided", &[2, h]);
+    let x = kb.load_view(DType::F64, n, view(&[2, h], &[1, 2], 0));
+    let y = kb.unary(op, x);
+    kb.store(y);
+    let t = run(&kb.build());
+    let mut scalar = vec![0.0; n];
+    for i in 0..2 {
+        for j in 0..h {
+            scalar[j * 2 + i] = t[i * h + j];
+        }
+    }
+    (vector, scalar)
+}
+
+/// Every f32 from `lo` to `hi` (both of one sign, `lo` nearer zero) and its negation.
+fn every_f32(lo: f32, hi: f32, v: &mut Vec<f32>) {
+    for b in lo.to_bits()..=hi.to_bits() {
+        v.push(f32::from_bits(b));
+        v.push(-f32::from_bits(b));
+    }
+}
+
+/// sigmoid gives today's bits where it saturates (x ≥ 40: 1, x ≤ exp's lower clamp:
+/// +0) without sending those lanes down exp's general path: every f32 around both
+/// thresholds and around exp's fast-path edge (87), a stride through all bit patterns
+/// (NaNs and infinities included), random f64s and the f64 thresholds, through the
+/// vector and the scalar loop; and again unfused, in a child process.
+#[test]
+fn sigmoid_saturated_lanes_keep_their_bits() {
+    let mut xs = edge_cases();
+    every_f32(36.0, 44.0, &mut xs);
+    every_f32(85.0, 90.0, &mut xs);
+    every_f32(100.0, 108.0, &mut xs);
+    xs.extend((0..=u32::MAX).step_by(4099).map(f32::from_bits));
+    if xs.len() % 2 == 1 {
+        xs.push(0.25);
+    }
+    let neg_abs: Vec<f32> = xs.iter().map(|x| -x.abs()).collect();
+    let (e, _) = run_unary(UnaryOp::Exp, &neg_abs);
+    let (vector, scalar) = run_unary(UnaryOp::Sigmoid, &xs);
+    for (i, &x) in xs.iter().enumerate() {
+        let want = sigmoid_from_exp_f32(x, e[i]);
+        for (got, lp) in [(vector[i], "vector"), (scalar[i], "scalar")] {
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "sigmoid({x:e}) in the {lp} loop: {got:e}, from exp {want:e}"
+            );
+        }
+    }
+    let at = |x: f32| xs.iter().position(|&v| v == x).expect("a threshold");
+    for x in [40.0f32, 104.0, f32::MAX, f32::INFINITY] {
+        assert_eq!(vector[at(x)], 1.0, "sigmoid({x:e})");
+    }
+    for x in [-104.0f32, -f32::MAX, f32::NEG_INFINITY] {
+        assert_eq!(vector[at(x)].to_bits(), 0.0f32.to_bits(), "sigmoid({x:e})");
+    }
+
+    let mut rng = Rng(12);
+    let mut ws: Vec<f64> = (0..1 << 18)
+        .map(|i| {
+            let r = rng.next();
+            let m = if i % 2 == 0 { 0.0 } else { 800.0 };
+            // Uniform over [-m - 60, m + 60]: the saturated range and its edges.
+            let u = (r >> 11) as f64 / (1u64 << 53) as f64;
+            (2.0 * u - 1.0) * (m + 60.0)
+        })
+        .collect();
+    for t in [40.0f64, 708.0, 745.133_219_101_941_1, 746.0, f64::MAX] {
+        let mut y = t;
+        for _ in 0..64 {
+            ws.extend([y, -y]);
+            y = f64::from_bits(y.to_bits() + 1);
+        }
+        let mut y = t;
+        for _ in 0..64 {
+            y = f64::from_bits(y.to_bits() - 1);
+            ws.extend([y, -y]);
+        }
+    }
+    ws.extend([0.0, -0.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 1.0]);
+    let neg_abs: Vec<f64> = ws.iter().map(|x| -x.abs()).collect();
+    let (e, _) = run_unary_f64(UnaryOp::Exp, &neg_abs);
+    let (vector, scalar) = run_unary_f64(UnaryOp::Sigmoid, &ws);
+    for (i, &x) in ws.iter().enumerate() {
+        let want = sigmoid_from_exp_f64(x, e[i]);
+        for (got, lp) in [(vector[i], "vector"), (scalar[i], "scalar")] {
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "f64 sigmoid({x:e}) in the {lp} loop: {got:e}, from exp {want:e}"
+            );
+        }
+    }
+    println!(
+        "sigmoid saturation ({}): {} f32 and {} f64 inputs keep their bits",
+        if use_fma() { "fused" } else { "unfused" },
+        xs.len(),
+        ws.len()
+    );
+
+    if std::env::var_os("NDFUSE_CPU_FMA").is_some() {
+        return; // The child itself, or a run that already chose.
+    }
+    let name = "sigmoid_saturated_lanes_keep_their_bits";
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([name, "--exact", "--nocapture"])
+        .env("NDFUSE_CPU_FMA", "0")
+        .output()
+        .expect("the test binary runs again");
+    let text = String::from_utf8_lossy(&out.stdout);
+    print!("{text}");
+    assert!(
+        out.status.success() && text.contains("sigmoid saturation (unfused)"),
+        "the unfused run failed:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
