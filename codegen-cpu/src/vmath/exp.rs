@@ -218,40 +218,14 @@ impl Math<'_, '_> {
         // The reference's forms: 1/(1 + e^-x) for x ≥ 0, e^x/(1 + e^x) below, both
         // with e = e^-|x|.
         let ax = self.b.ins().fabs(x);
-        // Saturated lanes take e = +0, which gives them their own bits: from x = 40 on,
-        // e ≤ e^-40·(1 + 2^-52) < 2^-53 (half an ulp of 1 in f64, and of f32's 2^-24),
-        // so 1 + e rounds to 1 and the result is 1/1 either way; from x = exp's lower
-        // clamp down (-104; f64: -746), exp returns exp(clamp) = +0 itself. Their
-        // argument becomes -0, so that exp stays on its fast path (|x| < 87) where
-        // gelu's large arguments would otherwise send every vector down the general
-        // one. The band between -87 and the clamp (subnormal e) still goes there, as
-        // does NaN (neither compare holds).
-        let p = self.p();
-        let hi = self.cmp_c(FloatCC::GreaterThanOrEqual, x, 40.0);
-        let lo = self.cmp_c(FloatCC::LessThanOrEqual, x, p.exp_lo);
-        let sat = self.b.ins().bor(hi, lo);
-        let a = self.zero_where(sat, ax);
-        let nx = self.b.ins().fneg(a);
+        let nx = self.b.ins().fneg(ax);
+        // exp's fast path where every lane has |x| < 87 (its general path clamps).
         let e = self.exp(nx);
-        let e = self.zero_where(sat, e);
         let one = self.f(1.0);
         let den = self.b.ins().fadd(one, e);
         let nonneg = self.cmp_c(FloatCC::GreaterThanOrEqual, x, 0.0);
         let num = self.sel(nonneg, one, e);
         self.b.ins().fdiv(num, den)
-    }
-
-    /// `mask ? +0 : x`: one and-not of the bits for vectors (their masks are all-ones
-    /// lanes), a select for scalars.
-    fn zero_where(&mut self, mask: Value, x: Value) -> Value {
-        if self.vector() {
-            let xb = self.as_int(x);
-            let v = self.b.ins().band_not(xb, mask);
-            self.as_float(v)
-        } else {
-            let zero = self.f(0.0);
-            self.sel(mask, zero, x)
-        }
     }
 
     pub(super) fn erf(&mut self, x: Value) -> Value {
