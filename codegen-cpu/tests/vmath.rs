@@ -489,16 +489,22 @@ fn small_kernels_call_the_shared_math_and_get_the_same_bits() {
 }
 
 /// The unfused math (hosts without FMA, or `NDFUSE_CPU_FMA=0`) is held to the same
-/// bounds: this binary runs its `_within_bound` tests again in a child process with
-/// FMA turned off (the choice is made once per process), and the child must say it
-/// ran them unfused.
+/// bounds: this binary runs its `_within_bound` tests (and the sigmoid saturation
+/// check, `_keep_their_bits`) again in a child process with FMA turned off (the choice
+/// is made once per process), and the child must say it ran them unfused.
 #[test]
 fn the_unfused_math_is_held_to_the_same_bounds() {
     if std::env::var_os("NDFUSE_CPU_FMA").is_some() {
         return; // The child itself, or a run that already chose.
     }
     let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["_within_bound", "--nocapture", "--test-threads", "2"])
+        .args([
+            "_within_bound",
+            "_keep_their_bits",
+            "--nocapture",
+            "--test-threads",
+            "2",
+        ])
         .env("NDFUSE_CPU_FMA", "0")
         .output()
         .expect("the test binary runs again");
@@ -517,6 +523,10 @@ fn the_unfused_math_is_held_to_the_same_bounds() {
             "the child did not run {op} unfused:\n{text}"
         );
     }
+    assert!(
+        text.contains("sigmoid saturation (unfused)"),
+        "the child did not run the sigmoid saturation check unfused:\n{text}"
+    );
 }
 
 #[test]
@@ -585,7 +595,8 @@ fn every_f32(lo: f32, hi: f32, v: &mut Vec<f32>) {
 /// around exp's fast-path edge (87) are those of `(x ≥ 0 ? 1 : e) / (1 + e)` with `e`
 /// from the exp kernel: every f32 around the thresholds, a stride through all bit
 /// patterns (NaNs and infinities included), random f64s and the f64 thresholds,
-/// through the vector and the scalar loop; and again unfused, in a child process. It
+/// through the vector and the scalar loop; and unfused (the unfused runner below runs
+/// it again in a child process). It
 /// pins those bits for a faster saturated path (one that skips exp's general path for
 /// such lanes was tried and cost gelu 20% on ordinary inputs, so it is not in).
 #[test]
@@ -660,22 +671,5 @@ fn sigmoid_saturated_lanes_keep_their_bits() {
         if use_fma() { "fused" } else { "unfused" },
         xs.len(),
         ws.len()
-    );
-
-    if std::env::var_os("NDFUSE_CPU_FMA").is_some() {
-        return; // The child itself, or a run that already chose.
-    }
-    let name = "sigmoid_saturated_lanes_keep_their_bits";
-    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
-        .args([name, "--exact", "--nocapture"])
-        .env("NDFUSE_CPU_FMA", "0")
-        .output()
-        .expect("the test binary runs again");
-    let text = String::from_utf8_lossy(&out.stdout);
-    print!("{text}");
-    assert!(
-        out.status.success() && text.contains("sigmoid saturation (unfused)"),
-        "the unfused run failed:\n{text}{}",
-        String::from_utf8_lossy(&out.stderr)
     );
 }
