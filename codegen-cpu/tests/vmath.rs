@@ -595,7 +595,7 @@ fn every_f32(lo: f32, hi: f32, v: &mut Vec<f32>) {
 /// around exp's fast-path edge (87) are those of `(x ≥ 0 ? 1 : e) / (1 + e)` with `e`
 /// from the exp kernel: every f32 around the thresholds, a stride through all bit
 /// patterns (NaNs and infinities included), random f64s and the f64 thresholds,
-/// through the vector and the scalar loop; and unfused (the unfused runner below runs
+/// through the vector and the scalar loop; and unfused (the unfused runner above runs
 /// it again in a child process). It
 /// pins those bits for a faster saturated path (one that skips exp's general path for
 /// such lanes was tried and cost gelu 20% on ordinary inputs, so it is not in).
