@@ -3,18 +3,12 @@
 //! that can only ever be 0 or 1). Every dtype is compiled, f16 and bf16 included (held
 //! in f32 registers, see `lower::convert`).
 
-use ndfuse_ir::{Expr, Kernel, Level, Plan, View};
+use ndfuse_ir::{Expr, Kernel, Level, Plan};
 
 /// Why kernels with empty rows and loads that stay put along the row go to the
 /// interpreter: such a load is a row value, but over an empty domain `Kernel::check`
 /// cannot bound its view, and the reference reads nothing for it.
 pub(crate) const EMPTY_ROW_LOAD_UNSUPPORTED: &str = "a row-level load in a kernel with empty rows (row_len 0) is not JIT-compiled: its view is not bounds-checked over an empty domain; the interpreter runs this kernel";
-
-/// Why a contraction kernel whose body reads its product other than element for element
-/// goes to the interpreter: the runtime fills the product one block of rows at a time and
-/// runs the body over that block only, so a load of the product must read exactly the
-/// position being computed (its contiguous view) and never a row of another block.
-pub(crate) const PRODUCT_LOAD_UNSUPPORTED: &str = "a contraction kernel that loads its product through a view other than the contiguous one (the product is filled block by block); the interpreter runs this kernel";
 
 /// Whether this code generator can compile `kernel`.
 ///
@@ -53,17 +47,9 @@ pub fn supports(kernel: &Kernel) -> Result<(), String> {
     // A contraction kernel compiles as an ordinary element-wise kernel: its product is
     // just its last input, which the runtime fills with a GEMM before each block of the
     // body runs (runtime/src/gemm.rs) and always binds (one pointer per input). `check`
-    // above bounded the operand views inside their buffers and made the product the
-    // last input of `domain.numel()` elements; the runtime relies on both, and on this:
-    if let Some(c) = &kernel.contraction {
-        let identity = View::contiguous(kernel.domain.clone());
-        let strided = kernel.body.iter().any(|ins| {
-            matches!(&ins.expr, Expr::Load { input, view } if *input == c.product && *view != identity)
-        });
-        if strided {
-            return Err(PRODUCT_LOAD_UNSUPPORTED.to_string());
-        }
-    }
+    // above bounded the operand views inside their buffers, made the product the last
+    // input of `domain.numel()` elements and made the body read it only in place
+    // (`Contraction::read_in_place`); the runtime relies on all three.
     if !kernel.reduce_axes.is_empty() && kernel.row_len() == 0 && kernel.rows() > 0 {
         let levels = kernel.levels();
         let row_load = kernel

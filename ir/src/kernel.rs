@@ -253,6 +253,17 @@ pub struct Contraction {
 }
 
 impl Contraction {
+    /// Whether `body` reads the product only at its own position (every load of input
+    /// `product` is the contiguous view of `domain`): what lets a backend fill the
+    /// product block by block and run the body on each block, or keep it in registers.
+    pub fn read_in_place(&self, domain: &Shape, body: &[Instr]) -> bool {
+        let identity = View::contiguous(domain.clone());
+        body.iter().all(|ins| match &ins.expr {
+            Expr::Load { input, view } if *input == self.product => *view == identity,
+            _ => true,
+        })
+    }
+
     /// The extents `(batch, m, n, k)`: batch positions, then the matrix sizes.
     pub fn extents(&self) -> (usize, usize, usize, usize) {
         let l = self.lhs_view.shape.dims();
@@ -604,7 +615,7 @@ impl Kernel {
 impl Kernel {
     /// The invariants of a contraction (see [`Contraction`]): operand views of the right
     /// shapes reading inside their buffers, the product as the last input, a plain
-    /// element-wise body.
+    /// element-wise body that reads the product only at its own position.
     fn check_contraction(&self, c: &Contraction, errs: &mut Vec<String>) {
         let d = self.domain.dims();
         let (l, r) = (c.lhs_view.shape.dims(), c.rhs_view.shape.dims());
@@ -629,6 +640,12 @@ impl Kernel {
         }
         if !self.reduce_axes.is_empty() {
             errs.push("a contraction's body (its epilogue) cannot reduce".to_string());
+        }
+        if !c.read_in_place(&self.domain, &self.body) {
+            errs.push(format!(
+                "the body loads the product in{} through a view other than its own position",
+                c.product
+            ));
         }
         if c.block_rows == 0 {
             errs.push("a contraction's block has no rows".to_string());

@@ -2214,6 +2214,15 @@ fn eval_kernel_fills_a_contraction_through_strided_views_then_runs_its_epilogue(
     let prod = floats(F32, &[8], &[0.0; 8]);
     let e = eval_kernel(&k, &[&lt, &r, &bias, &prod]).expect_err("product bound");
     assert!(e.to_string().contains("takes 3 inputs, got 4"), "{e}");
+    // The body may read the product only at its own position (a backend fills it block
+    // by block, or keeps it in registers): a transposed load of it is malformed.
+    let mut transposed = k.clone();
+    transposed.body[0] = ins(F32, load(3, &[2, 2, 2], &[4, 1, 2], 0));
+    let errs = transposed.check().expect_err("product read transposed");
+    assert!(
+        errs.iter().any(|e| e.contains("loads the product in3 through a view other than its own position")),
+        "{errs:?}"
+    );
 }
 
 // ------------------------------------------------------------------------------------

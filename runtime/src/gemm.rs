@@ -192,11 +192,7 @@ fn check_args(kernel: &Kernel, c: &Contraction, args: &[&HostArray]) -> Result<(
 /// Checks that the body loads the product only through its contiguous view, so that the
 /// epilogue over one unit's positions reads that unit's product elements only.
 fn check_loads(kernel: &Kernel, c: &Contraction) -> Result<(), RuntimeError> {
-    let identity = View::contiguous(kernel.domain.clone());
-    let strided = kernel.body.iter().any(|ins| {
-        matches!(&ins.expr, Expr::Load { input, view } if *input == c.product && *view != identity)
-    });
-    if strided {
+    if !c.read_in_place(&kernel.domain, &kernel.body) {
         return Err(bad_args(
             kernel,
             "the body loads the product through a non-contiguous view",
