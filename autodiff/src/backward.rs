@@ -34,10 +34,11 @@ pub struct Backward {
 /// use ndfuse_ir::{DType, Graph, Op, ReduceOp, Shape, UnaryOp};
 /// let mut g = Graph::new();
 /// let x = g.add_input("x", DType::F64, Shape::new([3]));
-/// let y = g.add(Op::Unary(UnaryOp::Square), &[x]).unwrap();
-/// let l = g.add(Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdims: false }, &[y]).unwrap();
-/// let b = ndfuse_autodiff::grad(&g, l, &[x]).unwrap();
+/// let y = g.add(Op::Unary(UnaryOp::Square), &[x])?;
+/// let l = g.add(Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdims: false }, &[y])?;
+/// let b = ndfuse_autodiff::grad(&g, l, &[x])?;
 /// assert_eq!(b.graph.node(b.grads[0]).shape, Shape::new([3]));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn grad(graph: &Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Backward, AutodiffError> {
     for &n in std::iter::once(&loss).chain(wrt) {
