@@ -64,4 +64,33 @@ impl Array {
     pub fn ir_shape(&self) -> &Shape {
         self.0.shape()
     }
+
+    /// An array holding `data` (row-major) with `shape`; `Err` when the element count
+    /// does not match. The dtype is `T`'s.
+    #[track_caller]
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<Array> {
+        let at = std::panic::Location::caller();
+        let shape = Shape::from(shape);
+        let count = data.len();
+        HostArray::new(shape.clone(), T::into_storage(data))
+            .map(Array)
+            .ok_or_else(|| Error::ElementCount {
+                what: "Array::from_vec",
+                count,
+                expected: shape.numel(),
+                shape,
+                at,
+            })
+    }
+
+    /// Wraps an IR host array (moved, not copied).
+    pub fn from_host(a: HostArray) -> Array {
+        Array(a)
+    }
+
+    /// The IR host array (moved, not copied: a buffer of the host cache still goes back
+    /// to it when the host array drops).
+    pub fn into_host(self) -> HostArray {
+        self.0
+    }
 }

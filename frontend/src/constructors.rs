@@ -41,6 +41,13 @@ impl Context {
         Tensor::leaf(self, a.0.clone())
     }
 
+    /// A tensor of an evaluated array's data, moved, not copied: what a training loop
+    /// uses to feed a step's results into the next step without a copy (a buffer of the
+    /// host cache goes back to it when the last tensor over it drops).
+    pub fn tensor(&self, a: Array) -> Tensor {
+        Tensor::leaf(self, a.0)
+    }
+
     /// A scalar (shape `[]`) of the default dtype.
     pub fn scalar(&self, value: f64) -> Tensor {
         Tensor::constant(

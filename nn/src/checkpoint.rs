@@ -1,0 +1,1 @@
+//! Parameters and optimiser state saved to and loaded from safetensors files, atomically.

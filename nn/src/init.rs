@@ -1,0 +1,1 @@
+//! Seeded initialisers: Glorot (Xavier) and He (Kaiming), uniform and normal.

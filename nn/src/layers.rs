@@ -1,0 +1,1 @@
+//! Layers: Linear, activations, LayerNorm, Dropout, Sequential.

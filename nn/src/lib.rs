@@ -1,0 +1,20 @@
+//! # ndfuse-nn
+//!
+//! Training on ndfuse tensors: layers, losses, optimisers whose steps compile into fused
+//! kernels, seeded data sets with a prefetch thread, `safetensors` checkpoints and a
+//! training loop with a progress bar and loss curves.
+
+mod checkpoint;
+mod data;
+mod error;
+mod init;
+mod layers;
+mod loss;
+mod optim;
+mod param;
+mod plot;
+mod progress;
+mod schedule;
+mod train;
+
+pub use error::{Error, Result};

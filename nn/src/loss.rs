@@ -1,0 +1,1 @@
+//! Losses and metrics: mean-squared error, cross-entropy with logits, accuracy.

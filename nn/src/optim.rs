@@ -1,0 +1,1 @@
+//! Optimisers: SGD (momentum, Nesterov), Adam, AdamW; each step one fused graph.

@@ -1,0 +1,1 @@
+//! Parameters: named tensors whose storage persists across steps.

@@ -1,0 +1,1 @@
+//! Loss and accuracy curves written as an SVG plot.

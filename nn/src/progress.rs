@@ -1,0 +1,1 @@
+//! The training loop's progress bar: loss and throughput.

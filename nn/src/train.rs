@@ -1,0 +1,1 @@
+//! The training loop: steps, epochs, evaluation, history.
