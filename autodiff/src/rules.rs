@@ -49,6 +49,8 @@ pub(crate) fn vjp(e: &mut Emit, op: &Op, x: &[NodeId], y: NodeId, g: NodeId) -> 
         } => one(reduce(e, *op, axes, x[0], y, g)?),
         // argmax/argmin: integer positions, no gradient
         Op::ArgReduce { .. } => Ok(vec![None]),
+        // random_uniform: a function of an integer key, no gradient
+        Op::RandomUniform { .. } => Ok(vec![None]),
         Op::View(v) => one(view(e, v, x[0], g)?),
         // a @ b: g @ b^T to a and a^T @ g to b, batch-broadcast axes summed back
         Op::MatMul => {

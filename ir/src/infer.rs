@@ -61,6 +61,20 @@ pub fn infer(op: &Op, operands: &[TensorType]) -> Result<TensorType, IrError> {
         }
         Op::View(v) => infer_view(v, &operands[0]),
         Op::MatMul => infer_matmul(&operands[0], &operands[1]),
+        Op::RandomUniform { shape } => {
+            let key = &operands[0];
+            if key.dtype != DType::I64 || key.shape.rank() != 0 {
+                return Err(IrError::BadDType {
+                    op: name,
+                    operand: key.clone(),
+                    why: "the key must be a 0-d i64 tensor",
+                });
+            }
+            Ok(TensorType {
+                dtype: DType::F32,
+                shape: shape.clone(),
+            })
+        }
     }
 }
 

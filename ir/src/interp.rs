@@ -15,13 +15,15 @@
 //!
 //! This file evaluates graphs; the rest sits beside it, layered bottom to top: `scalar`
 //! (one op on one value), `vals` (elements by kind, a node's value), `views` (index maps),
-//! `elementwise` (unary, binary, `where`, casts), `reduce` (reductions, arg-reductions),
+//! `elementwise` (unary, binary, `where`, casts), `random` (random number sources),
+//! `reduce` (reductions, arg-reductions),
 //! `error`, and `kernel` (kernel descriptions, by chunk or by row).
 
 mod contract;
 mod elementwise;
 mod error;
 mod kernel;
+mod random;
 mod reduce;
 mod scalar;
 mod vals;
@@ -71,6 +73,7 @@ fn compute(node: &Node, operands: &[&Tensor]) -> Tensor {
             operands[0].vals.gather(Offsets::of_view(&view))
         }
         Op::MatMul => contract::matmul(operands[0], operands[1], &node.shape, node.dtype),
+        Op::RandomUniform { .. } => random::uniform_at(random::key_of(&operands[0].vals), 0..numel),
     };
     debug_assert_eq!(
         vals.len(),

@@ -88,6 +88,19 @@ pub enum Expr {
     /// The position along the one reduced axis of the first maximum / minimum of an
     /// element value (the first NaN if there is one), as an i64 row value.
     ArgReduce(crate::op::ArgReduceOp, ValueId),
+    /// [`Op::RandomUniform`]'s value (an f32 in `[0, 1)`, see
+    /// [`crate::op::random_uniform`]) for key `key` (an earlier i64 value, in practice a
+    /// load of the key's 0-d buffer or a constant) at the random op's own row-major
+    /// position `view.offset_of(index)`: `view` maps the domain into the op's output
+    /// as a load's view maps it into a buffer (contiguous over the op's shape, then the
+    /// views a consumer reads it through), so a transposed or broadcast read gets the
+    /// values of the op's own positions.
+    Random {
+        /// The i64 key.
+        key: ValueId,
+        /// Index map from the domain into the random op's row-major positions.
+        view: View,
+    },
 }
 
 /// The primitive combining operations of [`Expr::Reduce`]. Mean, norms, variance and
@@ -379,7 +392,7 @@ impl Kernel {
         for ins in &self.body {
             let l = match &ins.expr {
                 Expr::Const(_) | Expr::Reduce(..) | Expr::ArgReduce(..) => Level::Row,
-                Expr::Load { view, .. } => {
+                Expr::Load { view, .. } | Expr::Random { view, .. } => {
                     let still = !self.reduce_axes.is_empty()
                         && self.reduce_axes.iter().all(|&a| {
                             view.shape.dims().get(a) == Some(&1) || view.strides.get(a) == Some(&0)
@@ -439,9 +452,11 @@ impl Kernel {
     pub fn operands(expr: &Expr) -> Vec<ValueId> {
         match expr {
             Expr::Load { .. } | Expr::Const(_) => Vec::new(),
-            Expr::Unary(_, a) | Expr::Cast(a) | Expr::Reduce(_, a) | Expr::ArgReduce(_, a) => {
-                vec![*a]
-            }
+            Expr::Unary(_, a)
+            | Expr::Cast(a)
+            | Expr::Reduce(_, a)
+            | Expr::ArgReduce(_, a)
+            | Expr::Random { key: a, .. } => vec![*a],
             Expr::Binary(_, a, b) => vec![*a, *b],
             Expr::Where(c, a, b) => vec![*c, *a, *b],
         }
@@ -504,6 +519,27 @@ impl Kernel {
                         }
                     }
                 },
+                Expr::Random { key, view } => {
+                    if self.body[key.index()].dtype != DType::I64 || ins.dtype != DType::F32 {
+                        errs.push(format!(
+                            "v{i} = random_uniform {key}: takes an i64 key and gives f32, not {} -> {}",
+                            self.body[key.index()].dtype,
+                            ins.dtype
+                        ));
+                    }
+                    if view.shape != self.domain || view.strides.len() != view.shape.rank() {
+                        errs.push(format!(
+                            "v{i} view {view} does not map the domain {}",
+                            self.domain
+                        ));
+                    } else if let Some((lo, hi)) = view.span() {
+                        if lo < 0 || hi > i128::from(i64::MAX) {
+                            errs.push(format!(
+                                "v{i} reaches positions {lo}..={hi} of a random op (not in 0..2^63)"
+                            ));
+                        }
+                    }
+                }
                 Expr::Const(c) => {
                     if c.cast(ins.dtype) != *c {
                         errs.push(format!("v{i} = const {c} is not a {} value", ins.dtype));
@@ -543,7 +579,8 @@ impl Kernel {
                         Expr::Load { .. }
                         | Expr::Const(_)
                         | Expr::Reduce(..)
-                        | Expr::ArgReduce(..) => {
+                        | Expr::ArgReduce(..)
+                        | Expr::Random { .. } => {
                             unreachable!("matched above")
                         }
                     };
@@ -730,6 +767,7 @@ impl fmt::Display for Kernel {
                 Expr::Cast(a) => write!(f, "cast {a}")?,
                 Expr::Reduce(acc, a) => write!(f, "reduce_{} {a}", acc.name())?,
                 Expr::ArgReduce(op, a) => write!(f, "{} {a}", op.name())?,
+                Expr::Random { key, view } => write!(f, "random_uniform {key} {view}")?,
             }
             write!(f, " : {}", ins.dtype)?;
             if !self.reduce_axes.is_empty() && levels[i] == Level::Row {

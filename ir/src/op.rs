@@ -374,6 +374,52 @@ pub enum Op {
     /// [..., M, N]`, leading (batch) axes broadcast. Operands have one dtype, not bool;
     /// floats accumulate in f32 (f16, bf16, f32) or f64 and round once, integers wrap.
     MatMul,
+    /// Counter-based uniform random numbers: f32 values in `[0, 1)` of `shape`, from ONE
+    /// operand, `key`, a 0-d i64 tensor. The key is runtime data, not an attribute, so a
+    /// training loop changes it every step without recompiling. The element at row-major
+    /// position `i` of `shape` (its own shape, whatever view a consumer reads it through)
+    /// is [`random_bits`]`(key, i) >> 8` times 2^-24: a pure function of `(key, i)`, so
+    /// the same on every backend, thread count, chunking and vector width. Not
+    /// differentiable (its operand is an integer).
+    RandomUniform {
+        /// The shape of the result.
+        shape: Shape,
+    },
+}
+
+/// `lowbias32` (Chris Wellons' hash-prospector): a cheap 32-bit integer mixer built from
+/// what vectorises on 32-bit lanes and is trivial in CUDA C: xor, shift, low multiply.
+pub const fn mix32(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^= x >> 16;
+    x
+}
+
+/// The key schedule of [`Op::RandomUniform`]: with `key` split into `k0` (low 32 bits)
+/// and `k1` (high 32 bits), and the high half `c1` of the element index,
+/// `mix32(k0 ^ mix32(k1 ^ mix32(c1 ^ 0x9e3779b9)))`. Below 2^32 elements `c1` is 0, so a
+/// kernel computes it once.
+pub const fn random_stream(key: i64, c1: u32) -> u32 {
+    let key = key as u64;
+    let (k0, k1) = (key as u32, (key >> 32) as u32);
+    mix32(k0 ^ mix32(k1 ^ mix32(c1 ^ 0x9e37_79b9)))
+}
+
+/// The 32 random bits of element `index` under `key`: with `c0` the low 32 bits of the
+/// index and `h = random_stream(key, c1)`, `mix32(mix32(c0 ^ h) + h)` (wrapping add).
+/// For one key and `c1`, a bijection of `c0` (each step is one). [`Op::RandomUniform`]
+/// takes the top 24 bits: `(bits >> 8) as f32 * 2^-24`, exact, in `[0, 1)`.
+pub const fn random_bits(key: i64, index: u64) -> u32 {
+    let h = random_stream(key, (index >> 32) as u32);
+    mix32(mix32(index as u32 ^ h).wrapping_add(h))
+}
+
+/// The value of element `index` of [`Op::RandomUniform`] under `key`, in `[0, 1)`.
+pub fn random_uniform(key: i64, index: u64) -> f32 {
+    (random_bits(key, index) >> 8) as f32 * (1.0 / 16_777_216.0)
 }
 
 impl Op {
@@ -385,7 +431,8 @@ impl Op {
             | Op::Cast { .. }
             | Op::Reduce { .. }
             | Op::ArgReduce { .. }
-            | Op::View(_) => 1,
+            | Op::View(_)
+            | Op::RandomUniform { .. } => 1,
             Op::Binary(_) | Op::MatMul => 2,
             Op::Where => 3,
         }
@@ -414,6 +461,12 @@ impl Op {
         matches!(self, Op::View(_))
     }
 
+    /// Random number sources: computed from their key and the element's own position,
+    /// reading no other array (fused into kernels like a constant with an index).
+    pub fn is_random(&self) -> bool {
+        matches!(self, Op::RandomUniform { .. })
+    }
+
     /// Graph inputs.
     pub fn is_input(&self) -> bool {
         matches!(self, Op::Input { .. })
@@ -432,6 +485,7 @@ impl Op {
             Op::ArgReduce { op, .. } => op.name(),
             Op::View(v) => v.name(),
             Op::MatMul => "matmul",
+            Op::RandomUniform { .. } => "random_uniform",
         }
     }
 }

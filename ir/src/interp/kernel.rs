@@ -88,10 +88,16 @@ pub fn eval_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<Vec<HostArr
         let len = CHUNK.min(n - start);
         let mut vals: Vec<Vals> = Vec::with_capacity(kernel.body.len());
         for ins in &kernel.body {
-            let v = eval_instr(kernel, ins, &vals, len, |input, view| {
-                let offs =
-                    Offsets::starting_at(view.shape.dims(), &view.strides, view.offset, start);
-                bufs[input].gather(offs.take(len))
+            let positions = |view: &View| {
+                Offsets::starting_at(view.shape.dims(), &view.strides, view.offset, start)
+                    .take(len)
+                    .collect::<Vec<usize>>()
+            };
+            let v = eval_instr(kernel, ins, &vals, len, |at| match at {
+                Read::Buffer(input, view) => bufs[input].gather(positions(view).into_iter()),
+                Read::Positions(view) => {
+                    Vals::I(positions(view).into_iter().map(|p| p as i64).collect())
+                }
             });
             vals.push(v);
         }
@@ -120,19 +126,35 @@ pub fn eval_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<Vec<HostArr
         .collect())
 }
 
+/// What [`eval_instr`] asks its caller to read through an instruction's view.
+enum Read<'v> {
+    /// The elements of input `.0` the view reaches.
+    Buffer(usize, &'v View),
+    /// The positions the view reaches (a random op's own row-major indices), as i64.
+    Positions(&'v View),
+}
+
 /// One instruction of a kernel over `width` positions (a chunk of the domain, or one
-/// row with row values replicated along it); `load` gathers an input through a view.
+/// row with row values replicated along it); `read` gathers an input through a view,
+/// or lists the positions a view reaches.
 /// Reductions combine the whole vector: only the row program may have them.
 fn eval_instr(
     kernel: &Kernel,
     ins: &crate::kernel::Instr,
     vals: &[Vals],
     width: usize,
-    load: impl FnOnce(usize, &View) -> Vals,
+    read: impl FnOnce(Read<'_>) -> Vals,
 ) -> Vals {
     let round_to = ins.dtype.compute_dtype();
     match &ins.expr {
-        Expr::Load { input, view } => load(*input, view),
+        Expr::Load { input, view } => read(Read::Buffer(*input, view)),
+        Expr::Random { key, view } => {
+            let key = super::random::key_of(&vals[key.index()]);
+            match read(Read::Positions(view)) {
+                Vals::I(p) => super::random::uniform_at(key, p.into_iter().map(|p| p as usize)),
+                _ => unreachable!("positions are i64"),
+            }
+        }
         Expr::Const(c) => Vals::fill(*c, ins.dtype, round_to, width),
         Expr::Unary(u, a) => map_unary(*u, &vals[a.index()], round_to),
         Expr::Binary(b, x, y) => {
@@ -176,6 +198,16 @@ fn eval_instr(
 /// reaches outside its buffer (which `Kernel::check` cannot bound over an empty domain)
 /// reads NaN, never out of bounds; kernels built by the passes never do.
 fn row_element(buf: &Vals, view: &View, kept: usize, r: usize, dtype: crate::dtype::DType) -> Vals {
+    let offset = row_offset(view, kept, r);
+    match usize::try_from(offset).ok().filter(|&o| o < buf.len()) {
+        Some(o) => buf.gather(std::iter::once(o)),
+        None => Vals::fill(Scalar::F(f64::NAN), dtype, dtype, 1),
+    }
+}
+
+/// The offset `view` maps row `r`'s kept index to (its first `kept` axes are the kept
+/// ones), for a row value of an empty row.
+fn row_offset(view: &View, kept: usize, r: usize) -> isize {
     let dims = &view.shape.dims()[..kept];
     let mut rest = r;
     let mut offset = view.offset;
@@ -184,10 +216,7 @@ fn row_element(buf: &Vals, view: &View, kept: usize, r: usize, dtype: crate::dty
         rest /= d.max(1);
         offset += idx as isize * view.strides[a];
     }
-    match usize::try_from(offset).ok().filter(|&o| o < buf.len()) {
-        Some(o) => buf.gather(std::iter::once(o)),
-        None => Vals::fill(Scalar::F(f64::NAN), dtype, dtype, 1),
-    }
+    offset
 }
 
 fn eval_row_program(kernel: &Kernel, bufs: &[Vals]) -> Vec<HostArray> {
@@ -205,7 +234,7 @@ fn eval_row_program(kernel: &Kernel, bufs: &[Vals]) -> Vec<HostArray> {
         .body
         .iter()
         .map(|ins| match &ins.expr {
-            Expr::Load { view, .. } => Some(view.permute(&perm)),
+            Expr::Load { view, .. } | Expr::Random { view, .. } => Some(view.permute(&perm)),
             _ => None,
         })
         .collect();
@@ -227,18 +256,43 @@ fn eval_row_program(kernel: &Kernel, bufs: &[Vals]) -> Vec<HostArray> {
         let first = r * row_len;
         let mut vals: Vec<Vals> = Vec::with_capacity(kernel.body.len());
         for (i, ins) in kernel.body.iter().enumerate() {
-            let v = eval_instr(kernel, ins, &vals, width, |input, _| {
-                let view = views[i].as_ref().expect("loads have views");
-                if row_len == 0 && levels[i] == Level::Row {
-                    // An empty row still has its row values (`mean(x, axis=0) * y` over
-                    // zero rows of x reads y): the element at the row's kept index.
-                    row_element(&bufs[input], view, kept.len(), r, ins.dtype)
-                } else if row_len == 0 {
-                    Vals::fill(Scalar::I(0), ins.dtype, ins.dtype, 0)
-                } else {
-                    let offs =
-                        Offsets::starting_at(view.shape.dims(), &view.strides, view.offset, first);
-                    bufs[input].gather(offs.take(row_len))
+            let v = eval_instr(kernel, ins, &vals, width, |at| {
+                let view = views[i].as_ref().expect("loads and random ops have views");
+                match at {
+                    Read::Buffer(input, _) => {
+                        if row_len == 0 && levels[i] == Level::Row {
+                            // An empty row still has its row values (`mean(x, axis=0) * y`
+                            // over zero rows of x reads y): the element at the row's kept
+                            // index.
+                            row_element(&bufs[input], view, kept.len(), r, ins.dtype)
+                        } else if row_len == 0 {
+                            Vals::fill(Scalar::I(0), ins.dtype, ins.dtype, 0)
+                        } else {
+                            let offs = Offsets::starting_at(
+                                view.shape.dims(),
+                                &view.strides,
+                                view.offset,
+                                first,
+                            );
+                            bufs[input].gather(offs.take(row_len))
+                        }
+                    }
+                    Read::Positions(_) => {
+                        let offs: Vec<i64> = if row_len == 0 && levels[i] == Level::Row {
+                            vec![row_offset(view, kept.len(), r) as i64]
+                        } else {
+                            Offsets::starting_at(
+                                view.shape.dims(),
+                                &view.strides,
+                                view.offset,
+                                first,
+                            )
+                            .take(row_len)
+                            .map(|o| o as i64)
+                            .collect()
+                        };
+                        Vals::I(offs)
+                    }
                 }
             });
             vals.push(v);
