@@ -24,6 +24,12 @@ pub enum Error {
         /// Why it is refused.
         why: String,
     },
+    /// The prefetch thread of a data set failed (it panicked, or could not start).
+    #[error("prefetch: {why}")]
+    Prefetch {
+        /// What happened, with the panic's message.
+        why: String,
+    },
 }
 
 /// `Result` with this crate's [`Error`].

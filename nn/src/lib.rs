@@ -17,4 +17,5 @@ mod progress;
 mod schedule;
 mod train;
 
+pub use data::{Batch, Batches, Dataset, Prefetch};
 pub use error::{Error, Result};
