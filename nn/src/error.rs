@@ -30,6 +30,35 @@ pub enum Error {
         /// What happened, with the panic's message.
         why: String,
     },
+    /// A checkpoint file is malformed, lacks a tensor, or cannot be made from the tensors.
+    #[error("{}: {}{why}", path.display(), tensor.as_ref().map(|t| format!("tensor {t:?}: ")).unwrap_or_default())]
+    Checkpoint {
+        /// The file.
+        path: PathBuf,
+        /// The tensor at fault, when one is.
+        tensor: Option<String>,
+        /// What is wrong.
+        why: String,
+    },
+    /// A checkpoint's tensor does not have the shape or dtype the model expects.
+    #[error(
+        "{}: tensor {tensor:?} is {file_dtype}{file_shape:?} in the file but the model's is {model_dtype}{model_shape:?}",
+        path.display()
+    )]
+    ShapeMismatch {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Its shape in the file.
+        file_shape: Vec<usize>,
+        /// Its dtype in the file.
+        file_dtype: ndfuse::DType,
+        /// The shape the model expects.
+        model_shape: Vec<usize>,
+        /// The dtype the model expects.
+        model_dtype: ndfuse::DType,
+    },
 }
 
 /// `Result` with this crate's [`Error`].

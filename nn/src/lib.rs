@@ -17,5 +17,6 @@ mod progress;
 mod schedule;
 mod train;
 
+pub use checkpoint::{load as load_checkpoint, save as save_checkpoint, Checkpoint};
 pub use data::{Batch, Batches, Dataset, Prefetch};
 pub use error::{Error, Result};
