@@ -59,6 +59,14 @@ pub enum Error {
         /// The dtype the model expects.
         model_dtype: ndfuse::DType,
     },
+    /// A plot could not be drawn (the drawing library's reason) or its input is unusable.
+    #[error("{}: {why}", path.display())]
+    Plot {
+        /// The SVG file.
+        path: PathBuf,
+        /// What went wrong.
+        why: String,
+    },
 }
 
 /// `Result` with this crate's [`Error`].

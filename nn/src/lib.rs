@@ -20,3 +20,5 @@ mod train;
 pub use checkpoint::{load as load_checkpoint, save as save_checkpoint, Checkpoint};
 pub use data::{Batch, Batches, Dataset, Prefetch};
 pub use error::{Error, Result};
+pub use plot::{plot_curves, Curve};
+pub use progress::Progress;
