@@ -1,7 +1,9 @@
-//! Data sets: seeded epoch orders, batches, drop_last, prefetch, splits and errors.
+//! Data sets: seeded epoch orders, batches, drop_last, prefetch, splits, errors, and the
+//! digits fixture.
 
 use ndfuse::Array;
 use ndfuse_nn::{Batch, Dataset, Error};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// `n` samples whose features are `[i, 10 i + 0.5]` (f32) and label `i` (i64), so a
@@ -224,4 +226,27 @@ fn from_npy_names_the_files_when_counts_disagree() {
         .to_string();
     assert!(missing.contains("absent.npy"), "{missing}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_digits_fixture_loads() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/digits");
+    let data = Dataset::from_npy(&dir.join("features.npy"), &dir.join("labels.npy")).unwrap();
+    assert_eq!(data.len(), 1797);
+    assert_eq!(data.feature_shape(), [64]);
+    assert_eq!(data.features().dtype(), ndfuse::DType::F32);
+    let labels = data.labels().to_vec::<i64>().unwrap();
+    let mut counts = [0usize; 10];
+    for &l in &labels {
+        assert!((0..=9).contains(&l), "label {l}");
+        counts[l as usize] += 1;
+    }
+    assert!(counts.iter().all(|c| (170..=190).contains(c)), "{counts:?}");
+    let pixels = data.features().to_vec::<f32>().unwrap();
+    assert!(pixels
+        .iter()
+        .all(|&p| p.fract() == 0.0 && (0.0..=16.0).contains(&p)));
+    // The first image as scikit-learn's load_digits().data[0] prints it (a zero).
+    assert_eq!(pixels[..8], [0.0, 0.0, 5.0, 13.0, 9.0, 1.0, 0.0, 0.0]);
+    assert_eq!(labels[..5], [0, 1, 2, 3, 4]);
 }
