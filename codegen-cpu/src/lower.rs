@@ -8,7 +8,8 @@
 //! The loops build on one layer of shared pieces, never on each other's files:
 //! `function` (the state being written, addresses and loads), `convert` (half
 //! types), `expr` (one instruction of the body), `cache` (the row cache), `sweep`
-//! (row programs' schedule, accumulators and the counted loop), `vector` (which
+//! (row programs' schedule, accumulators and the counted loop), `random` (the random
+//! op's hash, scalar and i32x4), `vector` (which
 //! vector type a loop takes, and the vector loops themselves) and `layout` (how a
 //! reduce kernel's work is cut: split phases, column bands). This file picks the loop.
 //!
@@ -33,6 +34,7 @@ mod elementwise;
 mod expr;
 mod function;
 pub(crate) mod layout;
+mod random;
 mod rows;
 mod split;
 mod sweep;

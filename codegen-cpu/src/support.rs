@@ -10,6 +10,11 @@ use ndfuse_ir::{Expr, Kernel, Level, Plan};
 /// cannot bound its view, and the reference reads nothing for it.
 pub(crate) const EMPTY_ROW_LOAD_UNSUPPORTED: &str = "a row-level load in a kernel with empty rows (row_len 0) is not JIT-compiled: its view is not bounds-checked over an empty domain; the interpreter runs this kernel";
 
+/// Why kernels with reduce axes that compute a random op go to the interpreter: the
+/// row, column and split loops have no lowering of it yet (element-wise kernels and
+/// matrix-product epilogues do).
+pub(crate) const RANDOM_IN_ROW_PROGRAM_UNSUPPORTED: &str = "a random op in a kernel with reduce axes is not JIT-compiled yet (only element-wise kernels and matmul epilogues are); the interpreter runs this kernel";
+
 /// Whether this code generator can compile `kernel`.
 ///
 /// `Err(reason)` names the first thing it cannot do yet, or the first problem of a
@@ -50,6 +55,14 @@ pub fn supports(kernel: &Kernel) -> Result<(), String> {
     // above bounded the operand views inside their buffers, made the product the last
     // input of `domain.numel()` elements and made the body read it only in place
     // (`Contraction::read_in_place`); the runtime relies on all three.
+    if !kernel.reduce_axes.is_empty()
+        && kernel
+            .body
+            .iter()
+            .any(|ins| matches!(ins.expr, Expr::Random { .. }))
+    {
+        return Err(RANDOM_IN_ROW_PROGRAM_UNSUPPORTED.to_string());
+    }
     if !kernel.reduce_axes.is_empty() && kernel.row_len() == 0 && kernel.rows() > 0 {
         let levels = kernel.levels();
         let row_load = kernel

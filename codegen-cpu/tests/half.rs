@@ -703,6 +703,10 @@ fn abs_terms(kernel: &Kernel) -> Kernel {
             Expr::Cast(a) => Expr::Cast(re(&map, *a)),
             Expr::Reduce(acc, a) => Expr::Reduce(*acc, re(&map, *a)),
             Expr::ArgReduce(op, a) => Expr::ArgReduce(*op, re(&map, *a)),
+            Expr::Random { key, view } => Expr::Random {
+                key: re(&map, *key),
+                view: view.clone(),
+            },
         };
         body.push(Instr {
             dtype: ins.dtype,

@@ -32,6 +32,7 @@
 //! unchanged; only the index arithmetic moves out of the inner loop.
 
 use super::function::{cl_type, input_flags, vector_input_flags, Lowering, Offset};
+use super::random;
 use super::sweep::Bound;
 use super::vector::{elementwise_type, lane_vector, vector_op};
 use crate::index::{self, Access, IndexPlan};
@@ -123,11 +124,13 @@ impl<M: Module> Lowering<'_, '_, M> {
         let bases = self.buffer_bases(kernel, ptrs);
         let (in_bases, out_bases) = bases.split_at(kernel.inputs.len());
 
+        // A random op's view maps positions to its own row-major indices as a load's
+        // maps them to offsets: both take part in the one index plan.
         let views: Vec<&View> = kernel
             .body
             .iter()
             .filter_map(|ins| match &ins.expr {
-                Expr::Load { view, .. } => Some(view),
+                Expr::Load { view, .. } | Expr::Random { view, .. } => Some(view),
                 _ => None,
             })
             .collect();
@@ -146,6 +149,18 @@ impl<M: Module> Lowering<'_, '_, M> {
                     values[v] = Some(self.load_at(in_bases[*input], off, ins.dtype));
                 } else {
                     load_access[v] = Some(access);
+                }
+            } else if let Expr::Random { .. } = &ins.expr {
+                load_access[v] = Some(accesses.next().expect("one access per random op"));
+            }
+        }
+        // The key schedule of each random op whose key is loop-invariant (a fixed load)
+        // and whose positions are all below 2^32: computed once, here.
+        let mut streams: Vec<Option<Value>> = vec![None; kernel.body.len()];
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if let Expr::Random { key, view } = &ins.expr {
+                if let (Some(k), true) = (values[key.index()], random::below_2_32(view)) {
+                    streams[v] = Some(self.random_stream(k, None));
                 }
             }
         }
@@ -187,6 +202,24 @@ impl<M: Module> Lowering<'_, '_, M> {
                     let access = load_access[v].take().expect("a load's access was planned");
                     let off = self.element_offset(&access, &indices, i);
                     self.load_at(in_bases[*input], off, ins.dtype)
+                }
+                Expr::Random { key, view } => {
+                    let access = load_access[v]
+                        .take()
+                        .expect("a random op's access was planned");
+                    let off = self.element_offset(&access, &indices, i);
+                    let index = match off.var {
+                        Some(var) if off.elems == 0 => var,
+                        Some(var) => self.b.ins().iadd_imm_s(var, off.elems),
+                        None => self.iconst(off.elems),
+                    };
+                    let key = values[key.index()].expect("SSA order: the key comes first");
+                    let stream = match streams[v] {
+                        Some(h) => Some(h),
+                        None if random::below_2_32(view) => Some(self.random_stream(key, None)),
+                        None => None,
+                    };
+                    self.random_at(key, index, stream)
                 }
                 _ => self.compute(kernel, v, &values)?,
             };

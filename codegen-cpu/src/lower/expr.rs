@@ -44,8 +44,10 @@ impl<M: Module> Lowering<'_, '_, M> {
                 let (a, from) = (operand(a), kernel.body[a.index()].dtype);
                 self.cast(a, from, ins.dtype)
             }
-            Expr::Load { .. } | Expr::Reduce(..) | Expr::ArgReduce(..) => {
-                panic!("v{v}: loads and reductions are lowered by their callers; this is a bug")
+            Expr::Load { .. } | Expr::Reduce(..) | Expr::ArgReduce(..) | Expr::Random { .. } => {
+                panic!(
+                    "v{v}: loads, reductions and random ops are lowered by their callers; this is a bug"
+                )
             }
         })
     }

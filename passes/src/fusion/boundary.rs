@@ -9,7 +9,45 @@ use ndfuse_ir::{Level, NodeId, Op, Scalar, View, ViewOp};
 #[derive(Clone, Debug)]
 pub(super) enum Source {
     Const(Scalar),
-    Buffer { base: NodeId, view: View },
+    Buffer {
+        base: NodeId,
+        view: View,
+    },
+    /// A random op computed in place: its key's source (a 0-d value) and the index map
+    /// from the reader's shape into the op's own row-major positions.
+    Random {
+        key: Box<Source>,
+        view: View,
+    },
+}
+
+impl Source {
+    /// The buffer it reads, if any (a random op reads its key's).
+    fn base(&self) -> Option<NodeId> {
+        match self {
+            Source::Const(_) => None,
+            Source::Buffer { base, .. } => Some(*base),
+            Source::Random { key, .. } => key.base(),
+        }
+    }
+}
+
+/// `source` (a buffer or random op) read through `view` instead.
+fn with_view(source: Source, view: View) -> Source {
+    match source {
+        Source::Buffer { base, .. } => Source::Buffer { base, view },
+        Source::Random { key, .. } => Source::Random { key, view },
+        Source::Const(c) => Source::Const(c),
+    }
+}
+
+/// The index map of `source` after view op `op`, `None` for a constant or a reshape the
+/// strides cannot express.
+fn source_view(source: &Source, op: &ViewOp) -> Option<View> {
+    match source {
+        Source::Buffer { view, .. } | Source::Random { view, .. } => apply_view(view, op),
+        Source::Const(_) => None,
+    }
 }
 
 /// Applies one view op to an index map, `None` for a reshape the strides cannot express.
@@ -48,35 +86,45 @@ impl Fuser<'_> {
                 }
             }
         }
-        // A GEMM reads its operands from memory: a constant operand (or a view of one)
-        // is filled into a buffer first.
+        // A GEMM reads its operands from memory: a constant or random operand (or a view
+        // of one) is filled into a buffer first.
         for n in self.order.clone() {
             if self.g.node(n).op.is_contraction() {
                 for o in self.g.operands(n) {
-                    if matches!(self.resolve(o), Source::Const(_)) {
+                    if matches!(self.resolve(o), Source::Const(_) | Source::Random { .. }) {
                         self.store(
                             o,
-                            "a constant operand of matmul (a GEMM reads memory)".into(),
+                            "a constant or random operand of matmul (a GEMM reads memory)".into(),
                         );
                     }
                 }
             }
         }
-        // Stored views and constants are copies; resolving every read may add more.
+        // Stored views, constants and random ops are copies; resolving every read may add
+        // more.
         loop {
             let before = (self.stored.len(), self.copies.len());
             let stored: Vec<NodeId> = self.stored.keys().copied().collect();
             for n in stored {
-                if matches!(self.role[&n], Role::View | Role::Const) {
+                if matches!(self.role[&n], Role::View | Role::Const | Role::Random) {
                     self.copies.insert(n);
                     self.resolve_below(n);
                 }
             }
             for n in self.order.clone() {
                 if self.group_of(n).is_some() && !self.alias.contains_key(&n) {
+                    let reduces = self
+                        .group_of(n)
+                        .is_some_and(|g| self.groups[g].reduce.is_some());
                     for o in self.g.operands(n) {
                         if self.group_of(o) != self.group_of(n) {
-                            self.resolve(o);
+                            let random = matches!(self.resolve(o), Source::Random { .. });
+                            if let (true, true, Some(r)) = (reduces, random, self.random_below(o)) {
+                                self.store(
+                                    r,
+                                    "read by a kernel with reductions (random ops are computed in element-wise kernels)".into(),
+                                );
+                            }
                         }
                     }
                 }
@@ -94,16 +142,18 @@ impl Fuser<'_> {
     pub(super) fn absorb_copies(&mut self) {
         for c in self.copies.clone() {
             let domain = self.g.node(c).shape.clone();
-            let base = match self.resolve_below(c) {
-                Source::Buffer { base, .. } => Some(base),
-                Source::Const(_) => None,
-            };
+            let source = self.resolve_below(c);
+            let base = source.base();
+            // Random ops are computed in element-wise kernels only (the row programs of
+            // the codegens have no lowering of them).
+            let random = matches!(source, Source::Random { .. });
             self.role.insert(c, Role::Member(usize::MAX));
             let target = (0..self.groups.len()).find(|&gi| {
                 let grp = &self.groups[gi];
                 self.fuse
                     && !grp.members.is_empty()
                     && grp.contract.is_none()
+                    && !(random && grp.reduce.is_some())
                     && grp.domain == domain
                     && base.is_none_or(|b| self.group_of(b) != Some(gi))
                     && self.convex_union(&[gi], Some(c))
@@ -146,6 +196,14 @@ impl Fuser<'_> {
             }
             match (&self.g.node(m).op, self.role[&m]) {
                 (Op::Const { value }, _) => break Source::Const(*value),
+                (Op::RandomUniform { shape }, _) => {
+                    let view = View::contiguous(shape.clone());
+                    let key = self.resolve(self.g.operands(m)[0]);
+                    break Source::Random {
+                        key: Box::new(key),
+                        view,
+                    };
+                }
                 // The product reads the half buffer itself (only products read a
                 // widened cast).
                 (Op::Cast { .. }, Role::Widened) => m = self.g.operands(m)[0],
@@ -162,8 +220,8 @@ impl Fuser<'_> {
             };
             source = match source {
                 Source::Const(c) => Source::Const(c),
-                Source::Buffer { base, view } => match apply_view(&view, v) {
-                    Some(view) => Source::Buffer { base, view },
+                Source::Buffer { .. } | Source::Random { .. } => match source_view(&source, v) {
+                    Some(view) => with_view(source, view),
                     None => {
                         // Rule 6: the reshape needs its operand contiguous.
                         let operand = self.g.operands(m)[0];
@@ -184,6 +242,18 @@ impl Fuser<'_> {
             };
         }
         source
+    }
+
+    /// The random op `n` reads through views (not copied ones), if any.
+    fn random_below(&self, n: NodeId) -> Option<NodeId> {
+        let mut m = n;
+        loop {
+            match self.role[&m] {
+                Role::Random => return Some(m),
+                Role::View if m == n || !self.copies.contains(&m) => m = self.g.operands(m)[0],
+                _ => return None,
+            }
+        }
     }
 
     fn buffer(&mut self, n: NodeId) -> Source {

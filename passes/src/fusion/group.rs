@@ -14,6 +14,9 @@ pub(super) enum Role {
     Member(usize),
     /// A constant: an immediate wherever it is read.
     Const,
+    /// A random op: computed from its key and position inside every kernel that reads
+    /// it (rule 5), like a constant with an index.
+    Random,
     /// A view folded into loads (or copied, when it must be stored).
     View,
     /// A widening cast of a half value (f16/bf16 -> f32) read only by matrix products:
@@ -83,6 +86,7 @@ impl<'g> Fuser<'g> {
                 let r = match &g.node(n).op {
                     Op::Input { .. } => Role::Input,
                     Op::Const { .. } => Role::Const,
+                    Op::RandomUniform { .. } => Role::Random,
                     Op::View(_) => Role::View,
                     Op::Unary(_)
                     | Op::Binary(_)

@@ -65,7 +65,7 @@ impl KernelBuilder {
         // Same rule as Kernel::levels, kept as the body grows.
         let level = match &ins.expr {
             Expr::Const(_) | Expr::Reduce(..) | Expr::ArgReduce(..) => Level::Row,
-            Expr::Load { view, .. } => {
+            Expr::Load { view, .. } | Expr::Random { view, .. } => {
                 let still = !self.reduce_axes.is_empty()
                     && self
                         .reduce_axes
@@ -104,16 +104,41 @@ impl KernelBuilder {
         match src {
             Source::Const(c) => self.push(dtype, Expr::Const(c)),
             Source::Buffer { base, view } => {
-                let view = if level == Level::Row && !self.reduce_axes.is_empty() {
-                    view.reshape(&keepdims_shape(&self.domain, &self.reduce_axes))
-                        .expect("a row shape differs from the keepdims shape only by size-1 axes")
-                        .broadcast_to(&self.domain)
-                } else {
-                    view
-                };
+                let view = self.stretch(view, level);
                 let input = self.input(base, dtype, g);
                 self.push(dtype, Expr::Load { input, view })
             }
+            Source::Random { key, view } => {
+                let view = self.stretch(view, level);
+                let key = match *key {
+                    Source::Const(c) => self.push(DType::I64, Expr::Const(c)),
+                    // The 0-d key, the same at every position.
+                    Source::Buffer { base, view: kv } => {
+                        let ones = Shape::new(vec![1; self.domain.rank()]);
+                        let kv = kv
+                            .reshape(&ones)
+                            .expect("a 0-d view takes size-1 axes")
+                            .broadcast_to(&self.domain);
+                        let input = self.input(base, DType::I64, g);
+                        self.push(DType::I64, Expr::Load { input, view: kv })
+                    }
+                    Source::Random { .. } => {
+                        unreachable!("a key is i64 and a random op f32 (infer checks)")
+                    }
+                };
+                self.push(dtype, Expr::Random { key, view })
+            }
+        }
+    }
+
+    /// A row value's index map stretched over the domain (its source has the row shape).
+    fn stretch(&self, view: View, level: Level) -> View {
+        if level == Level::Row && !self.reduce_axes.is_empty() {
+            view.reshape(&keepdims_shape(&self.domain, &self.reduce_axes))
+                .expect("a row shape differs from the keepdims shape only by size-1 axes")
+                .broadcast_to(&self.domain)
+        } else {
+            view
         }
     }
 

@@ -29,7 +29,7 @@ impl Fuser<'_> {
         for &n in &self.order {
             let p = match self.role[&n] {
                 Role::Input => Placement::Input,
-                Role::Const | Role::View | Role::Widened => Placement::Folded,
+                Role::Const | Role::Random | Role::View | Role::Widened => Placement::Folded,
                 Role::Member(_) => continue,
             };
             placement.insert(n, p);
@@ -97,10 +97,10 @@ impl Fuser<'_> {
                 let src = self.resolve_below(m);
                 let node = self.g.node(m);
                 value.insert(m, kb.source(src, node.dtype, Level::Element, self.g));
-                names.push(if matches!(node.op, Op::Const { .. }) {
-                    "fill"
-                } else {
-                    "copy"
+                names.push(match node.op {
+                    Op::Const { .. } => "fill",
+                    Op::RandomUniform { .. } => "random_uniform",
+                    _ => "copy",
                 });
                 continue;
             }

@@ -22,6 +22,12 @@
 //! 4. Sibling groups over the same domain and compatible reduce axes merge (again only
 //!    when convex): one launch instead of several, and an input they share is read once.
 //! 5. Constants are never loaded: every kernel that reads one gets it as an immediate.
+//!    A random op (`random_uniform`) is never stored either: every kernel that reads it
+//!    computes it from its key (a load of the 0-d key) at the op's own position, the
+//!    views between them folded into that position's index map as into a load's. Only
+//!    element-wise kernels (and matmul epilogues) compute one: a kernel with reductions
+//!    reads it from a buffer an element-wise kernel fills (stored, "read by a kernel with
+//!    reductions"), as the codegens' row programs have no lowering of it.
 //! 6. Any other view is an index map: a chain of views over a buffer becomes one [`View`]
 //!    in the reading kernel's load. When a reshape cannot be expressed over the strides
 //!    it sees (flattening a transpose), the view below it is copied into a buffer first.

@@ -13,7 +13,7 @@ impl Fuser<'_> {
                 continue; // read through by the product that uses it
             }
             match &node.op {
-                Op::Input { .. } | Op::Const { .. } => {}
+                Op::Input { .. } | Op::Const { .. } | Op::RandomUniform { .. } => {}
                 Op::View(v) => self.try_alias(n, v),
                 Op::Reduce { axes, .. } => self.place_reduction(n, axes.clone()),
                 Op::ArgReduce { axis, .. } => self.place_reduction(n, vec![*axis]),
