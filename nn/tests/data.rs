@@ -144,9 +144,20 @@ fn dropping_a_prefetcher_mid_epoch_returns_promptly() {
     for _ in 0..3 {
         assert_eq!(it.next().unwrap().unwrap().indices.len(), 1);
     }
+    // Dropped on another thread, so that a drop that hangs fails the test instead of
+    // hanging it.
     let t = Instant::now();
-    drop(it);
+    let (done, dropped) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(it);
+        let _ = done.send(());
+    });
+    let finished = dropped.recv_timeout(Duration::from_secs(5)).is_ok();
     let took = t.elapsed();
+    assert!(
+        finished,
+        "dropping the prefetcher did not return within 5 s"
+    );
     assert!(took < Duration::from_secs(2), "dropping took {took:?}");
 }
 
