@@ -85,6 +85,18 @@ pub fn emit(kernel: &Kernel, opts: &CudaOptions) -> Result<CudaKernel, CudaError
         kernel: kernel.name.clone(),
         problems: problems.join("; "),
     })?;
+    // The passes compute random ops in element-wise kernels and matmul epilogues only
+    // (a kernel with reductions reads their values from a buffer).
+    let random = kernel
+        .body
+        .iter()
+        .any(|ins| matches!(ins.expr, ndfuse_ir::Expr::Random { .. }));
+    if random && !kernel.reduce_axes.is_empty() {
+        return Err(CudaError::Invalid {
+            kernel: kernel.name.clone(),
+            problems: "a random op in a kernel with reduce axes: the CUDA emitter computes random ops in element-wise kernels and matmul epilogues only (as the passes place them)".into(),
+        });
+    }
     let mut g = Gen::new(kernel, opts);
     let (launches, strategy) = if kernel.contraction.is_some() {
         g.gemm()

@@ -52,6 +52,8 @@ pub(crate) enum Helper {
     Vec4,
     /// Arg-reduction comparison and combining.
     Arg,
+    /// `random_uniform`'s counter-based hash.
+    Random,
 }
 
 /// The helpers' source, in [`Helper`] order.
@@ -106,6 +108,17 @@ template <bool MAX, typename T> __device__ __forceinline__ bool nd_arg_better(T 
   return x == y && i < j;\n\
 }\n"
             }
+            Helper::Random => {
+                "// random_uniform (ndfuse_ir::op::random_bits): lowbias32 mixes of the key and the\n\
+// element's own row-major index i; (bits >> 8) * 2^-24 is exact in float.\n\
+__device__ __forceinline__ unsigned nd_mix32(unsigned x) { x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16; return x; }\n\
+__device__ __forceinline__ float nd_random_uniform(long long key, long long i) {\n\
+\x20 const unsigned long long k = (unsigned long long)key, c = (unsigned long long)i;\n\
+\x20 const unsigned h = nd_mix32((unsigned)k ^ nd_mix32((unsigned)(k >> 32) ^ nd_mix32((unsigned)(c >> 32) ^ 0x9e3779b9u)));\n\
+\x20 const unsigned bits = nd_mix32(nd_mix32((unsigned)c ^ h) + h);\n\
+\x20 return (float)(bits >> 8) * 5.9604644775390625e-8f;\n\
+}\n"
+            }
         });
     }
     s
@@ -141,6 +154,13 @@ fn unsigned_type(d: DType) -> &'static str {
         DType::I32 => "unsigned",
         _ => "unsigned long long",
     }
+}
+
+/// `random_uniform`'s value for i64 `key` at the op's own row-major position `index`
+/// (an `nd_idx` expression): the interpreter's bits.
+pub(crate) fn random(key: &str, index: &str, needs: &mut BTreeSet<Helper>) -> String {
+    needs.insert(Helper::Random);
+    format!("nd_random_uniform({key}, (long long)({index}))")
 }
 
 /// `x`, a stored element of `d`, as its compute type.

@@ -13,12 +13,15 @@ impl Gen<'_> {
     pub(super) fn elementwise(&mut self) -> (Vec<Launch>, String) {
         let k = self.k;
         let n = k.domain.numel();
+        // Random ops index their own positions through their views as loads index
+        // buffers: both take part in one index space (`input` is unused for them).
         let loads: Vec<(usize, usize, &View)> = k
             .body
             .iter()
             .enumerate()
             .filter_map(|(i, ins)| match &ins.expr {
                 Expr::Load { input, view } => Some((i, *input, view)),
+                Expr::Random { view, .. } => Some((i, usize::MAX, view)),
                 _ => None,
             })
             .collect();
@@ -27,9 +30,24 @@ impl Gen<'_> {
         let space = coalesce(k.domain.dims(), &views);
         let out_v = loads.len();
         let inner = space.dims.last().copied().unwrap_or(1);
+        // A random op's key (one i64, read once per step) does not narrow the vectors.
+        let keys: Vec<usize> = k
+            .body
+            .iter()
+            .filter_map(|ins| match &ins.expr {
+                Expr::Random { key, .. } => match &k.body[key.index()].expr {
+                    Expr::Load { input, .. } => Some(*input),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
         let widest = k
             .inputs
             .iter()
+            .enumerate()
+            .filter(|(i, _)| !keys.contains(i))
+            .map(|(_, b)| b)
             .chain(&k.outputs)
             .map(|b| b.dtype.size_bytes())
             .max()
@@ -61,6 +79,16 @@ impl Gen<'_> {
             // Per load: how lanes read it.
             let mut lane_src: Vec<Option<String>> = vec![None; k.body.len()];
             for (li, &(i, input, view)) in loads.iter().enumerate() {
+                if let Expr::Random { key, .. } = &k.body[i].expr {
+                    // Lane l's position: the lane's offset along the innermost axis.
+                    let inner_stride = space.strides[li].last().copied().unwrap_or(0);
+                    let off = space.offset(li, "p", "i", view.offset);
+                    let _ = writeln!(self.body, "{ind2}const nd_idx o{i} = {off};");
+                    let at = format!("o{i} + l * {inner_stride}");
+                    lane_src[i] =
+                        Some(scalar::random(&format!("v{}", key.0), &at, &mut self.needs));
+                    continue;
+                }
                 let st = scalar::storage_type(k.inputs[input].dtype);
                 let d = k.inputs[input].dtype;
                 let inner_stride = space.strides[li].last().copied().unwrap_or(0);
@@ -127,7 +155,12 @@ impl Gen<'_> {
             let mut src: Vec<Option<String>> = vec![None; k.body.len()];
             for (li, &(i, input, view)) in loads.iter().enumerate() {
                 let off = space.offset(li, "p", "i", view.offset);
-                src[i] = Some(self.load_expr(input, &off));
+                src[i] = Some(match &k.body[i].expr {
+                    Expr::Random { key, .. } => {
+                        scalar::random(&format!("v{}", key.0), &off, &mut self.needs)
+                    }
+                    _ => self.load_expr(input, &off),
+                });
             }
             self.element_body(&src, "out{}[p]", ind2);
             let _ = writeln!(self.body, "{ind}}}");

@@ -341,6 +341,17 @@ impl Gen<'_> {
         let _ = writeln!(b, "{ind4}const nd_idx p = {};", sum(p));
         let mut src: Vec<Option<String>> = vec![None; k.body.len()];
         for (i, ins) in k.body.iter().enumerate() {
+            if let Expr::Random { key, view } = &ins.expr {
+                let mut off = vec![view.offset.to_string()];
+                for &a in batch_axes {
+                    term(&mut off, &format!("b{a}"), view.strides[a]);
+                }
+                term(&mut off, "m", view.strides[rank - 2]);
+                term(&mut off, "n", view.strides[rank - 1]);
+                let key = format!("v{}", key.0);
+                src[i] = Some(scalar::random(&key, &sum(off), &mut self.needs));
+                continue;
+            }
             let Expr::Load { input, view } = &ins.expr else {
                 continue;
             };
