@@ -1,1 +1,245 @@
-//! Layers: Linear, activations, LayerNorm, Dropout, Sequential.
+//! Layers: Linear, activations, LayerNorm, Dropout and Sequential. A layer's forward
+//! pass only builds lazy tensors; the training step evaluates forward, backward and the
+//! optimiser together as one graph.
+
+use crate::error::Result;
+use crate::init::Init;
+use crate::param::Parameter;
+use ndfuse::{Context, Tensor};
+use std::fmt::Debug;
+
+/// Whether a forward pass trains (Dropout drops) or evaluates (Dropout passes through),
+/// and the random key of the step.
+#[derive(Debug, Clone)]
+pub struct Mode {
+    train: bool,
+    key: Option<Tensor>,
+}
+
+impl Mode {
+    /// Evaluation: no randomness.
+    pub fn eval() -> Mode {
+        Mode {
+            train: false,
+            key: None,
+        }
+    }
+
+    /// Training with `key`, a 0-d i64 data tensor ([`Context::key`]) that changes every
+    /// step; as data, a new key does not change the compiled graph.
+    pub fn train(key: Tensor) -> Mode {
+        Mode {
+            train: true,
+            key: Some(key),
+        }
+    }
+
+    /// Whether this pass trains.
+    pub fn is_train(&self) -> bool {
+        self.train
+    }
+
+    /// The step's random key, when training.
+    pub fn key(&self) -> Option<&Tensor> {
+        self.key.as_ref()
+    }
+}
+
+/// A differentiable function of one tensor with its own parameters.
+pub trait Layer: Debug + Send + Sync {
+    /// The output for input `x` (lazy; an illegal shape gives a tensor carrying the
+    /// error with the call site, as every ndfuse op does).
+    fn forward(&self, x: &Tensor, mode: &Mode) -> Tensor;
+
+    /// The trainable parameters, in a fixed order.
+    fn parameters(&self) -> Vec<Parameter> {
+        Vec::new()
+    }
+}
+
+/// `y = x @ weight + bias`, with `weight` of shape `[in, out]` (so the product needs no
+/// transpose) and `bias` of shape `[out]`.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: Parameter,
+    bias: Option<Parameter>,
+}
+
+impl Linear {
+    /// A layer from `inputs` to `outputs` features named `name` (`name.weight`,
+    /// `name.bias`), weights drawn by `init` from `seed`, bias zero.
+    ///
+    /// ```
+    /// use ndfuse_nn::{Init, Layer, Linear, Mode};
+    /// let ctx = ndfuse::Context::new();
+    /// let fc = Linear::new(&ctx, "fc", 3, 2, Init::GlorotUniform, 1)?;
+    /// let y = fc.forward(&ctx.ones(&[4, 3]), &Mode::eval());
+    /// assert_eq!(y.shape()?, &[4, 2]);
+    /// # Ok::<(), ndfuse_nn::Error>(())
+    /// ```
+    pub fn new(
+        ctx: &Context,
+        name: &str,
+        inputs: usize,
+        outputs: usize,
+        init: Init,
+        seed: u64,
+    ) -> Result<Linear> {
+        let w = init.tensor(ctx, &[inputs, outputs], inputs, outputs, seed);
+        Ok(Linear {
+            weight: Parameter::new(format!("{name}.weight"), &w)?,
+            bias: Some(Parameter::new(
+                format!("{name}.bias"),
+                &ctx.zeros(&[outputs]),
+            )?),
+        })
+    }
+
+    /// The same layer without a bias.
+    pub fn without_bias(mut self) -> Linear {
+        self.bias = None;
+        self
+    }
+
+    /// The weight, `[in, out]`.
+    pub fn weight(&self) -> &Parameter {
+        &self.weight
+    }
+
+    /// The bias, `[out]`, if the layer has one.
+    pub fn bias(&self) -> Option<&Parameter> {
+        self.bias.as_ref()
+    }
+}
+
+impl Layer for Linear {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
+        let y = x.matmul(&self.weight.value());
+        match &self.bias {
+            Some(b) => &y + &b.value(),
+            None => y,
+        }
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        std::iter::once(self.weight.clone())
+            .chain(self.bias.clone())
+            .collect()
+    }
+}
+
+/// An element-wise non-linearity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `max(x, 0)`.
+    Relu,
+    /// GELU, tanh form (`Tensor::gelu`).
+    Gelu,
+    /// `tanh(x)`.
+    Tanh,
+    /// `1 / (1 + exp(-x))`.
+    Sigmoid,
+}
+
+impl Layer for Activation {
+    fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
+        match self {
+            Activation::Relu => x.relu(),
+            Activation::Gelu => x.gelu(),
+            Activation::Tanh => x.tanh(),
+            Activation::Sigmoid => x.sigmoid(),
+        }
+    }
+}
+
+/// Layer normalisation over the last axis with a learned scale (`name.weight`, ones)
+/// and shift (`name.bias`, zeros): `(x - mean) / sqrt(var + eps) * weight + bias`.
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    weight: Parameter,
+    bias: Parameter,
+    eps: f64,
+}
+
+impl LayerNorm {
+    /// Normalisation of `features` features with `eps` added to the variance.
+    pub fn new(ctx: &Context, name: &str, features: usize, eps: f64) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: Parameter::new(format!("{name}.weight"), &ctx.ones(&[features]))?,
+            bias: Parameter::new(format!("{name}.bias"), &ctx.zeros(&[features]))?,
+            eps,
+        })
+    }
+}
+
+impl Layer for LayerNorm {
+    fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
+        &(&x.layernorm(-1, self.eps) * &self.weight.value()) + &self.bias.value()
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        vec![self.weight.clone(), self.bias.clone()]
+    }
+}
+
+/// Layers applied one after another.
+#[derive(Debug, Default)]
+pub struct Sequential {
+    layers: Vec<Box<dyn Layer>>,
+}
+
+impl Sequential {
+    /// No layers (the identity).
+    pub fn new() -> Sequential {
+        Sequential::default()
+    }
+
+    /// This model with `layer` appended.
+    pub fn push(mut self, layer: impl Layer + 'static) -> Sequential {
+        self.layers.push(Box::new(layer));
+        self
+    }
+
+    /// The layers in order.
+    pub fn layers(&self) -> &[Box<dyn Layer>] {
+        &self.layers
+    }
+
+    /// A multi-layer perceptron of `widths` (`[64, 128, 10]`: one hidden layer of 128):
+    /// Linear layers named `fc0`, `fc1`, ... (He-uniform weights for ReLU and GELU,
+    /// Glorot-uniform otherwise, seeds `seed`, `seed + 1`, ...) with `activation`
+    /// between them and none after the last.
+    pub fn mlp(
+        ctx: &Context,
+        widths: &[usize],
+        activation: Activation,
+        seed: u64,
+    ) -> Result<Sequential> {
+        let init = match activation {
+            Activation::Relu | Activation::Gelu => Init::HeUniform,
+            Activation::Tanh | Activation::Sigmoid => Init::GlorotUniform,
+        };
+        let mut m = Sequential::new();
+        for (i, w) in widths.windows(2).enumerate() {
+            if i > 0 {
+                m = m.push(activation);
+            }
+            let name = format!("fc{i}");
+            m = m.push(Linear::new(ctx, &name, w[0], w[1], init, seed + i as u64)?);
+        }
+        Ok(m)
+    }
+}
+
+impl Layer for Sequential {
+    fn forward(&self, x: &Tensor, mode: &Mode) -> Tensor {
+        self.layers
+            .iter()
+            .fold(x.clone(), |x, layer| layer.forward(&x, mode))
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        self.layers.iter().flat_map(|l| l.parameters()).collect()
+    }
+}

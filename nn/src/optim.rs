@@ -1,1 +1,453 @@
-//! Optimisers: SGD (momentum, Nesterov), Adam, AdamW; each step one fused graph.
+//! Optimisers: SGD (with momentum, Nesterov, weight decay), Adam and AdamW. A step is a
+//! lazy graph: the new value of every parameter and every state tensor from the
+//! gradients, built here and evaluated by the caller (the training step evaluates it in
+//! the same graph as the forward and backward passes, so each parameter's update fuses
+//! into one kernel). The step's rate and Adam's bias corrections change every step, so
+//! they enter as data (0-d leaves), never as constants: the compiled graph stays the
+//! same from step to step.
+
+use crate::error::{Error, Result};
+use crate::param::Parameter;
+use crate::schedule::Schedule;
+use ndfuse::{Array, Context, DType, Tensor};
+
+/// The update rule.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Method {
+    /// `b = momentum * b + (1 - dampening) * g`; the step is `b`, or `g + momentum * b`
+    /// with Nesterov; plain SGD when `momentum` is 0. The buffer starts at zero, so with
+    /// `dampening` 0 the first step is PyTorch's (which starts the buffer at `g`).
+    Sgd {
+        /// The momentum factor (0: none).
+        momentum: f64,
+        /// The share of the gradient not added to the buffer.
+        dampening: f64,
+        /// Nesterov's look-ahead form.
+        nesterov: bool,
+    },
+    /// Kingma and Ba (2015), PyTorch's form: weight decay (if any) is added to the
+    /// gradient (L2 regularisation).
+    Adam {
+        /// Decay of the first moment.
+        beta1: f64,
+        /// Decay of the second moment.
+        beta2: f64,
+        /// Added to the square root of the second moment.
+        eps: f64,
+    },
+    /// Loshchilov and Hutter (2019): Adam with decoupled weight decay,
+    /// `p = p * (1 - rate * weight_decay)` before the Adam step.
+    AdamW {
+        /// Decay of the first moment.
+        beta1: f64,
+        /// Decay of the second moment.
+        beta2: f64,
+        /// Added to the square root of the second moment.
+        eps: f64,
+    },
+}
+
+impl Method {
+    /// The names of the state tensors kept per parameter.
+    fn slots(&self) -> &'static [&'static str] {
+        match self {
+            Method::Sgd { momentum, .. } if *momentum == 0.0 => &[],
+            Method::Sgd { .. } => &["momentum"],
+            Method::Adam { .. } | Method::AdamW { .. } => &["m", "v"],
+        }
+    }
+
+    /// The name used in reports and checkpoints.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Method::Sgd { .. } => "sgd",
+            Method::Adam { .. } => "adam",
+            Method::AdamW { .. } => "adamw",
+        }
+    }
+}
+
+/// The lazy result of one step: the new value of each parameter and of each state
+/// tensor, in the orders of [`Optimizer::parameters`] and [`Optimizer::state`].
+#[derive(Debug, Clone)]
+pub struct Update {
+    /// New parameter values.
+    pub params: Vec<Tensor>,
+    /// New optimiser state.
+    pub state: Vec<Tensor>,
+}
+
+/// An optimiser over a fixed list of parameters, with its state and step count.
+///
+/// ```
+/// use ndfuse_nn::{Optimizer, Parameter};
+/// let ctx = ndfuse::Context::new();
+/// let w = Parameter::new("w", &ctx.from_vec(vec![1.0f32, -2.0], &[2])?)?;
+/// let mut opt = Optimizer::sgd(&[w.clone()], 0.5);
+/// // loss = sum(w^2): gradient 2w, so w <- w - 0.5 * 2w = 0.
+/// let loss = w.value().square().sum(..);
+/// let g = ndfuse::grad(&loss, &[&w.value()])?;
+/// opt.step(&g)?;
+/// assert_eq!(w.array()?.to_vec::<f32>()?, vec![0.0, 0.0]);
+/// # Ok::<(), ndfuse_nn::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Optimizer {
+    method: Method,
+    schedule: Schedule,
+    weight_decay: f64,
+    params: Vec<Parameter>,
+    /// `state[i][k]`: slot `k` of parameter `i` (zeros until the first step).
+    state: Vec<Vec<Tensor>>,
+    steps: u64,
+}
+
+impl Optimizer {
+    fn with(method: Method, params: &[Parameter], rate: f64) -> Optimizer {
+        let state = params
+            .iter()
+            .map(|p| {
+                let v = p.value();
+                let ctx = v.context();
+                method
+                    .slots()
+                    .iter()
+                    .map(|_| ctx.full_dtype(&p.shape(), 0.0, p.dtype()))
+                    .collect()
+            })
+            .collect();
+        Optimizer {
+            method,
+            schedule: Schedule::Constant(rate),
+            weight_decay: 0.0,
+            params: params.to_vec(),
+            state,
+            steps: 0,
+        }
+    }
+
+    /// Plain SGD with rate `rate` (add [`Optimizer::momentum`], [`Optimizer::nesterov`]).
+    pub fn sgd(params: &[Parameter], rate: f64) -> Optimizer {
+        let sgd = Method::Sgd {
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+        };
+        Optimizer::with(sgd, params, rate)
+    }
+
+    /// Adam with rate `rate`, betas (0.9, 0.999) and eps 1e-8 (PyTorch's defaults).
+    pub fn adam(params: &[Parameter], rate: f64) -> Optimizer {
+        let adam = Method::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        };
+        Optimizer::with(adam, params, rate)
+    }
+
+    /// AdamW with rate `rate`, decoupled weight decay `weight_decay`, betas (0.9, 0.999)
+    /// and eps 1e-8.
+    pub fn adamw(params: &[Parameter], rate: f64, weight_decay: f64) -> Optimizer {
+        let adamw = Method::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        };
+        Optimizer::with(adamw, params, rate).weight_decay(weight_decay)
+    }
+
+    /// SGD's momentum factor (state is made when it becomes non-zero).
+    pub fn momentum(mut self, momentum: f64) -> Optimizer {
+        if let Method::Sgd {
+            momentum: m,
+            dampening,
+            nesterov,
+        } = self.method
+        {
+            let was = m;
+            self.method = Method::Sgd {
+                momentum,
+                dampening,
+                nesterov,
+            };
+            if (was == 0.0) != (momentum == 0.0) {
+                self = Optimizer::with(self.method, &self.params, 0.0)
+                    .schedule(self.schedule.clone())
+                    .weight_decay(self.weight_decay);
+            }
+        }
+        self
+    }
+
+    /// SGD's dampening.
+    pub fn dampening(mut self, dampening: f64) -> Optimizer {
+        if let Method::Sgd { dampening: d, .. } = &mut self.method {
+            *d = dampening;
+        }
+        self
+    }
+
+    /// SGD with Nesterov momentum.
+    pub fn nesterov(mut self, on: bool) -> Optimizer {
+        if let Method::Sgd { nesterov, .. } = &mut self.method {
+            *nesterov = on;
+        }
+        self
+    }
+
+    /// Adam's and AdamW's moment decays.
+    pub fn betas(mut self, b1: f64, b2: f64) -> Optimizer {
+        if let Method::Adam { beta1, beta2, .. } | Method::AdamW { beta1, beta2, .. } =
+            &mut self.method
+        {
+            (*beta1, *beta2) = (b1, b2);
+        }
+        self
+    }
+
+    /// Adam's and AdamW's eps.
+    pub fn eps(mut self, e: f64) -> Optimizer {
+        if let Method::Adam { eps, .. } | Method::AdamW { eps, .. } = &mut self.method {
+            *eps = e;
+        }
+        self
+    }
+
+    /// Weight decay: added to the gradient (SGD, Adam) or decoupled (AdamW).
+    pub fn weight_decay(mut self, weight_decay: f64) -> Optimizer {
+        self.weight_decay = weight_decay;
+        self
+    }
+
+    /// The learning-rate schedule (replaces the constant rate given at construction).
+    pub fn schedule(mut self, schedule: impl Into<Schedule>) -> Optimizer {
+        self.schedule = schedule.into();
+        self
+    }
+
+    /// The rule.
+    pub fn method(&self) -> Method {
+        self.method
+    }
+
+    /// The parameters this optimiser updates.
+    pub fn parameters(&self) -> &[Parameter] {
+        &self.params
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The learning rate the next step uses.
+    pub fn rate(&self) -> f64 {
+        self.schedule.rate(self.steps)
+    }
+
+    /// The state tensors with their names (`fc0.weight.m`, ...), parameter by parameter.
+    pub fn state(&self) -> Vec<(String, Tensor)> {
+        let slots = self.method.slots();
+        self.params
+            .iter()
+            .zip(&self.state)
+            .flat_map(|(p, s)| {
+                s.iter()
+                    .zip(slots)
+                    .map(move |(t, k)| (format!("{}.{k}", p.name()), t.clone()))
+            })
+            .collect()
+    }
+
+    /// The lazy new parameters and state after a step with `grads` (one per parameter,
+    /// in order). Nothing changes until [`Optimizer::commit`].
+    pub fn update(&self, grads: &[Tensor]) -> Result<Update> {
+        if grads.len() != self.params.len() {
+            return Err(Error::Argument {
+                what: "Optimizer::update",
+                why: format!(
+                    "{} gradients for {} parameters",
+                    grads.len(),
+                    self.params.len()
+                ),
+            });
+        }
+        let t = self.steps;
+        let rate = self.schedule.rate(t);
+        let mut scalars = Scalars::default();
+        let (mut params, mut state) = (Vec::new(), Vec::new());
+        for ((p, g), s) in self.params.iter().zip(grads).zip(&self.state) {
+            let p = p.value();
+            let ctx = p.context().clone();
+            let dtype = p.dtype()?;
+            let mut data = |role, v: f64| scalars.get(&ctx, dtype, role, v);
+            let wd = self.weight_decay;
+            match self.method {
+                Method::Sgd {
+                    momentum,
+                    dampening,
+                    nesterov,
+                } => {
+                    let d = if wd != 0.0 { g + &(&p * wd) } else { g.clone() };
+                    let d = if momentum == 0.0 {
+                        d
+                    } else {
+                        let b = &(&s[0] * momentum) + &(&d * (1.0 - dampening));
+                        state.push(b.clone());
+                        if nesterov {
+                            &d + &(&b * momentum)
+                        } else {
+                            b
+                        }
+                    };
+                    params.push(&p - &(&d * &data("rate", rate)?));
+                }
+                Method::Adam { beta1, beta2, eps } | Method::AdamW { beta1, beta2, eps } => {
+                    let decoupled = matches!(self.method, Method::AdamW { .. });
+                    let g = if wd != 0.0 && !decoupled {
+                        g + &(&p * wd)
+                    } else {
+                        g.clone()
+                    };
+                    let m = &(&s[0] * beta1) + &(&g * (1.0 - beta1));
+                    let v = &(&s[1] * beta2) + &(&g.square() * (1.0 - beta2));
+                    // PyTorch's form: p -= rate / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
+                    let n = i32::try_from(t + 1).unwrap_or(i32::MAX);
+                    let bc1 = 1.0 - beta1.powi(n);
+                    let bc2 = 1.0 - beta2.powi(n);
+                    let step = &(&m * &data("rate_over_bc1", rate / bc1)?)
+                        / &(&v.sqrt() * &data("inv_sqrt_bc2", 1.0 / bc2.sqrt())? + eps);
+                    let base = if decoupled && wd != 0.0 {
+                        &p * &data("decay", 1.0 - rate * wd)?
+                    } else {
+                        p.clone()
+                    };
+                    params.push(&base - &step);
+                    state.push(m);
+                    state.push(v);
+                }
+            }
+        }
+        Ok(Update { params, state })
+    }
+
+    /// Takes a step's evaluated results: `params` replace the parameters' values and
+    /// `state` the optimiser's (both moved, no copy), and the step count advances. `Err`
+    /// (changing nothing) when the counts or shapes do not match.
+    pub fn commit(&mut self, params: Vec<Array>, state: Vec<Array>) -> Result<()> {
+        let slots = self.method.slots().len();
+        if params.len() != self.params.len() || state.len() != self.params.len() * slots {
+            return Err(Error::Argument {
+                what: "Optimizer::commit",
+                why: format!(
+                    "{} parameters and {} state tensors for {} parameters with {slots} state tensors each",
+                    params.len(),
+                    state.len(),
+                    self.params.len()
+                ),
+            });
+        }
+        self.check_state(&state)?;
+        for (p, a) in self.params.iter().zip(&params) {
+            if a.shape() != p.shape().as_slice() || a.dtype() != p.dtype() {
+                return Err(mismatch(p.name(), p, a));
+            }
+        }
+        for (p, a) in self.params.iter().zip(params) {
+            p.replace(a)?;
+        }
+        self.set_state(state);
+        self.steps += 1;
+        Ok(())
+    }
+
+    /// Evaluates a step with `grads` on its own and commits it (a training step that
+    /// evaluates the forward and backward passes in the same graph calls
+    /// [`Optimizer::update`] and [`Optimizer::commit`] itself).
+    pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
+        let Update { params, state } = self.update(grads)?;
+        let Some(first) = self.params.first() else {
+            return Ok(());
+        };
+        let ctx = first.value().context().clone();
+        let all: Vec<&Tensor> = params.iter().chain(&state).collect();
+        let mut out = ctx.eval(&all)?;
+        let state_out = out.split_off(params.len());
+        self.commit(out, state_out)
+    }
+
+    /// Replaces the state and step count (from a checkpoint): `state` in the order of
+    /// [`Optimizer::state`]. `Err` naming both shapes when one does not match, and then
+    /// nothing changes.
+    pub fn load_state(&mut self, state: Vec<Array>, steps: u64) -> Result<()> {
+        if state.len() != self.params.len() * self.method.slots().len() {
+            return Err(Error::Argument {
+                what: "Optimizer::load_state",
+                why: format!(
+                    "{} state tensors; {} expected",
+                    state.len(),
+                    self.params.len() * self.method.slots().len()
+                ),
+            });
+        }
+        self.check_state(&state)?;
+        self.set_state(state);
+        self.steps = steps;
+        Ok(())
+    }
+
+    fn check_state(&self, state: &[Array]) -> Result<()> {
+        let slots = self.method.slots().len();
+        for (i, a) in state.iter().enumerate() {
+            let p = &self.params[i / slots.max(1)];
+            if a.shape() != p.shape().as_slice() || a.dtype() != p.dtype() {
+                return Err(mismatch(&self.state()[i].0, p, a));
+            }
+        }
+        Ok(())
+    }
+
+    fn set_state(&mut self, state: Vec<Array>) {
+        let slots = self.method.slots().len();
+        let mut it = state.into_iter();
+        for (p, s) in self.params.iter().zip(&mut self.state) {
+            let ctx: Context = p.value().context().clone();
+            for slot in s.iter_mut().take(slots) {
+                if let Some(a) = it.next() {
+                    *slot = ctx.tensor(a);
+                }
+            }
+        }
+    }
+}
+
+fn mismatch(name: &str, p: &Parameter, a: &Array) -> Error {
+    Error::Argument {
+        what: "Optimizer",
+        why: format!(
+            "`{name}` is {}{:?} in the model; the value given is {}{:?}",
+            p.dtype(),
+            p.shape(),
+            a.dtype(),
+            a.shape()
+        ),
+    }
+}
+
+/// The step's scalars as 0-d data tensors, one per (dtype, role), shared by every
+/// parameter's update. Keyed by role, not value: two roles that happen to share a value
+/// at one step must still be two leaves, or the graph would change from step to step.
+#[derive(Default)]
+struct Scalars(Vec<(DType, &'static str, Tensor)>);
+
+impl Scalars {
+    fn get(&mut self, ctx: &Context, dtype: DType, role: &'static str, v: f64) -> Result<Tensor> {
+        if let Some((_, _, t)) = self.0.iter().find(|(d, r, _)| *d == dtype && *r == role) {
+            return Ok(t.clone());
+        }
+        let t = ctx.from_vec(vec![v], &[])?.cast(dtype);
+        self.0.push((dtype, role, t.clone()));
+        Ok(t)
+    }
+}

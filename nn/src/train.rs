@@ -1,1 +1,218 @@
-//! The training loop: steps, epochs, evaluation, history.
+//! The training loop: a step evaluates the forward pass, the loss, the gradients and
+//! the optimiser's update as one graph (so the backward pass and the update fuse like
+//! any graph), then moves the new parameters and state in. Evaluation, epochs, history,
+//! checkpoints and the progress bar sit on top of the step.
+
+use crate::error::{Error, Result};
+use crate::layers::{Layer, Mode};
+use crate::loss::{accuracy, cross_entropy_with_logits, mse};
+use crate::optim::{Optimizer, Update};
+use ndfuse::{Array, Context, Tensor};
+
+/// What a model's output is scored with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// [`cross_entropy_with_logits`]; labels are class indices (accuracy is reported).
+    CrossEntropy,
+    /// [`mse`]; labels are targets of the output's shape.
+    Mse,
+}
+
+impl Loss {
+    /// The loss of `output` against `labels`, a lazy 0-d tensor.
+    pub fn of(&self, output: &Tensor, labels: &Tensor) -> Tensor {
+        match self {
+            Loss::CrossEntropy => cross_entropy_with_logits(output, labels),
+            Loss::Mse => mse(output, labels),
+        }
+    }
+}
+
+/// A model's scores on some data.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scores {
+    /// The mean loss per sample.
+    pub loss: f64,
+    /// The fraction classified right (cross-entropy only).
+    pub accuracy: Option<f64>,
+    /// The samples scored.
+    pub samples: usize,
+}
+
+/// A model, its optimiser and its loss: what one training step needs.
+///
+/// ```
+/// use ndfuse_nn::{Activation, Loss, Optimizer, Sequential, Trainer, Layer};
+/// let ctx = ndfuse::Context::new();
+/// let model = Sequential::mlp(&ctx, &[2, 8, 1], Activation::Tanh, 1)?;
+/// let opt = Optimizer::adam(&model.parameters(), 0.05);
+/// let mut t = Trainer::new(model, opt, Loss::Mse)?;
+/// let x = ndfuse::Array::from_vec(vec![0.0f32, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], &[4, 2])?;
+/// let y = ndfuse::Array::from_vec(vec![0.0f32, 1.0, 1.0, 0.0], &[4, 1])?;
+/// let first = t.step(&x, &y)?;
+/// let mut last = first;
+/// for _ in 0..200 {
+///     last = t.step(&x, &y)?;
+/// }
+/// assert!(last < first / 10.0, "xor: {first} -> {last}");
+/// # Ok::<(), ndfuse_nn::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Trainer<M: Layer> {
+    ctx: Context,
+    model: M,
+    optimizer: Optimizer,
+    loss: Loss,
+    seed: u64,
+}
+
+impl<M: Layer> Trainer<M> {
+    /// A trainer of `model` by `optimizer` (which must update exactly the model's
+    /// parameters, in the model's order) on `loss`; the random seed (dropout) is 0.
+    pub fn new(model: M, optimizer: Optimizer, loss: Loss) -> Result<Trainer<M>> {
+        let params = model.parameters();
+        let same = params.len() == optimizer.parameters().len()
+            && params
+                .iter()
+                .zip(optimizer.parameters())
+                .all(|(a, b)| a.same(b));
+        if !same {
+            return Err(Error::Argument {
+                what: "Trainer::new",
+                why: "the optimiser must update the model's parameters, in the order of model.parameters()".into(),
+            });
+        }
+        let ctx = params
+            .first()
+            .map_or_else(Context::new, |p| p.value().context().clone());
+        Ok(Trainer {
+            ctx,
+            model,
+            optimizer,
+            loss,
+            seed: 0,
+        })
+    }
+
+    /// The seed of the step keys (dropout masks): step `t` uses a key drawn from
+    /// `(seed, t)`, so a resumed run draws the masks a straight run would.
+    pub fn seed(mut self, seed: u64) -> Trainer<M> {
+        self.seed = seed;
+        self
+    }
+
+    /// The model.
+    pub fn model(&self) -> &M {
+        &self.model
+    }
+
+    /// The optimiser.
+    pub fn optimizer(&self) -> &Optimizer {
+        &self.optimizer
+    }
+
+    /// The optimiser, to change (its schedule, say) between steps.
+    pub fn optimizer_mut(&mut self) -> &mut Optimizer {
+        &mut self.optimizer
+    }
+
+    /// The context the parameters live in (its backend runs every step).
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The step's random key: a 0-d i64 data tensor drawn from the seed and the step.
+    fn key(&self) -> Result<Tensor> {
+        let k = split_mix(self.seed ^ split_mix(self.optimizer.steps()));
+        Ok(self.ctx.from_vec(vec![k as i64], &[])?)
+    }
+
+    /// The lazy graph of one step on `x` and `y`: the loss, then the update.
+    pub fn step_graph(&self, x: &Tensor, y: &Tensor) -> Result<(Tensor, Update)> {
+        let mode = Mode::train(self.key()?);
+        let out = self.model.forward(x, &mode);
+        let loss = self.loss.of(&out, y);
+        let params: Vec<Tensor> = self
+            .optimizer
+            .parameters()
+            .iter()
+            .map(|p| p.value())
+            .collect();
+        let wrt: Vec<&Tensor> = params.iter().collect();
+        let grads = ndfuse::grad(&loss, &wrt)?;
+        let update = self.optimizer.update(&grads)?;
+        Ok((loss, update))
+    }
+
+    /// One step on the batch `x`, `y` (copied in): forward, loss, backward and the
+    /// optimiser's update, evaluated as one graph; returns the batch's loss (before the
+    /// update).
+    pub fn step(&mut self, x: &Array, y: &Array) -> Result<f64> {
+        let (x, y) = (self.ctx.tensor(x.clone()), self.ctx.tensor(y.clone()));
+        self.step_tensors(&x, &y)
+    }
+
+    /// [`Trainer::step`] on tensors (data or expressions).
+    pub fn step_tensors(&mut self, x: &Tensor, y: &Tensor) -> Result<f64> {
+        let (loss, update) = self.step_graph(x, y)?;
+        let outputs: Vec<&Tensor> = std::iter::once(&loss)
+            .chain(&update.params)
+            .chain(&update.state)
+            .collect();
+        let mut out = self.ctx.eval(&outputs)?;
+        let state = out.split_off(1 + update.params.len());
+        let params = out.split_off(1);
+        let loss = out[0].to_f64_vec()[0];
+        self.optimizer.commit(params, state)?;
+        Ok(loss)
+    }
+
+    /// The model's loss (and accuracy, for cross-entropy) on `x`, `y` in evaluation
+    /// mode (no dropout), in slices of at most `batch` samples (0: all at once).
+    pub fn evaluate(&self, x: &Array, y: &Array, batch: usize) -> Result<Scores> {
+        let n = x.shape().first().copied().unwrap_or(0);
+        let batch = if batch == 0 { n.max(1) } else { batch };
+        let (xt, yt) = (self.ctx.tensor(x.clone()), self.ctx.tensor(y.clone()));
+        let (mut loss, mut right) = (0.0, 0.0);
+        let mut start = 0;
+        while start < n {
+            let end = (start + batch).min(n);
+            let (xs, ys) = (rows(&xt, start, end), rows(&yt, start, end));
+            let out = self.model.forward(&xs, &Mode::eval());
+            let l = self.loss.of(&out, &ys);
+            let scored = match self.loss {
+                Loss::CrossEntropy => {
+                    let a = accuracy(&out, &ys);
+                    let r = self.ctx.eval(&[&l, &a])?;
+                    right += r[1].to_f64_vec()[0] * (end - start) as f64;
+                    r[0].to_f64_vec()[0]
+                }
+                Loss::Mse => l.eval()?.to_f64_vec()[0],
+            };
+            loss += scored * (end - start) as f64;
+            start = end;
+        }
+        let denom = n.max(1) as f64;
+        Ok(Scores {
+            loss: loss / denom,
+            accuracy: (self.loss == Loss::CrossEntropy).then_some(right / denom),
+            samples: n,
+        })
+    }
+}
+
+/// Rows `start..end` of `t` along its first axis.
+fn rows(t: &Tensor, start: usize, end: usize) -> Tensor {
+    if start == 0 && Some(end) == t.shape().ok().and_then(|s| s.first().copied()) {
+        return t.clone();
+    }
+    t.slice(&[(start as i64..end as i64).into()])
+}
+
+/// SplitMix64's output function: a well-mixed 64-bit value of `x`.
+fn split_mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
