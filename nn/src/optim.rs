@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::param::Parameter;
 use crate::schedule::Schedule;
 use ndfuse::{Array, Context, DType, Tensor};
+use ndfuse_ir::{HostArray, Shape};
 
 /// The update rule.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -112,7 +113,12 @@ impl Optimizer {
                 method
                     .slots()
                     .iter()
-                    .map(|_| ctx.full_dtype(&p.shape(), 0.0, p.dtype()))
+                    // Zeros as data, not a constant: the first step's graph is then
+                    // the graph of every step, compiled once.
+                    .map(|_| {
+                        let zeros = HostArray::zeros(p.dtype(), Shape::from(&p.shape()[..]));
+                        ctx.tensor(Array::from_host(zeros))
+                    })
                     .collect()
             })
             .collect();
@@ -301,7 +307,7 @@ impl Optimizer {
                             b
                         }
                     };
-                    params.push(&p - &(&d * &data("rate", rate)?));
+                    params.push(&p - &(&d * &data("rate", rate)));
                 }
                 Method::Adam { beta1, beta2, eps } | Method::AdamW { beta1, beta2, eps } => {
                     let decoupled = matches!(self.method, Method::AdamW { .. });
@@ -316,10 +322,10 @@ impl Optimizer {
                     let n = i32::try_from(t + 1).unwrap_or(i32::MAX);
                     let bc1 = 1.0 - beta1.powi(n);
                     let bc2 = 1.0 - beta2.powi(n);
-                    let step = &(&m * &data("rate_over_bc1", rate / bc1)?)
-                        / &(&v.sqrt() * &data("inv_sqrt_bc2", 1.0 / bc2.sqrt())? + eps);
+                    let step = &(&m * &data("rate_over_bc1", rate / bc1))
+                        / &(&v.sqrt() * &data("inv_sqrt_bc2", 1.0 / bc2.sqrt()) + eps);
                     let base = if decoupled && wd != 0.0 {
-                        &p * &data("decay", 1.0 - rate * wd)?
+                        &p * &data("decay", 1.0 - rate * wd)
                     } else {
                         p.clone()
                     };
@@ -442,12 +448,15 @@ fn mismatch(name: &str, p: &Parameter, a: &Array) -> Error {
 struct Scalars(Vec<(DType, &'static str, Tensor)>);
 
 impl Scalars {
-    fn get(&mut self, ctx: &Context, dtype: DType, role: &'static str, v: f64) -> Result<Tensor> {
+    fn get(&mut self, ctx: &Context, dtype: DType, role: &'static str, v: f64) -> Tensor {
         if let Some((_, _, t)) = self.0.iter().find(|(d, r, _)| *d == dtype && *r == role) {
-            return Ok(t.clone());
+            return t.clone();
         }
-        let t = ctx.from_vec(vec![v], &[])?.cast(dtype);
+        // Rounded into the parameter's dtype here: a cast node would be a kernel of
+        // its own, shared by every parameter's update.
+        let a = HostArray::from_f64s(dtype, Shape::scalar(), &[v]);
+        let t = ctx.tensor(Array::from_host(a));
         self.0.push((dtype, role, t.clone()));
-        Ok(t)
+        t
     }
 }

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::layers::{Layer, Mode};
 use crate::loss::{accuracy, cross_entropy_with_logits, mse};
 use crate::optim::{Optimizer, Update};
-use ndfuse::{Array, Context, Tensor};
+use ndfuse::{Array, Context, Report, Tensor};
 
 /// What a model's output is scored with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,17 +154,23 @@ impl<M: Layer> Trainer<M> {
 
     /// [`Trainer::step`] on tensors (data or expressions).
     pub fn step_tensors(&mut self, x: &Tensor, y: &Tensor) -> Result<f64> {
+        Ok(self.step_report(x, y)?.0)
+    }
+
+    /// [`Trainer::step_tensors`], also returning the evaluation's report: the kernels
+    /// the step compiled to, the path each took, and timings.
+    pub fn step_report(&mut self, x: &Tensor, y: &Tensor) -> Result<(f64, Report)> {
         let (loss, update) = self.step_graph(x, y)?;
         let outputs: Vec<&Tensor> = std::iter::once(&loss)
             .chain(&update.params)
             .chain(&update.state)
             .collect();
-        let mut out = self.ctx.eval(&outputs)?;
+        let (mut out, report) = self.ctx.eval_report(&outputs)?;
         let state = out.split_off(1 + update.params.len());
         let params = out.split_off(1);
         let loss = out[0].to_f64_vec()[0];
         self.optimizer.commit(params, state)?;
-        Ok(loss)
+        Ok((loss, report))
     }
 
     /// The model's loss (and accuracy, for cross-entropy) on `x`, `y` in evaluation
@@ -182,9 +188,10 @@ impl<M: Layer> Trainer<M> {
             let l = self.loss.of(&out, &ys);
             let scored = match self.loss {
                 Loss::CrossEntropy => {
-                    let a = accuracy(&out, &ys);
+                    // A count (exact in f32 up to 2^24), not a mean: slices add up exactly.
+                    let a = accuracy(&out, &ys) * (end - start) as f64;
                     let r = self.ctx.eval(&[&l, &a])?;
-                    right += r[1].to_f64_vec()[0] * (end - start) as f64;
+                    right += r[1].to_f64_vec()[0].round();
                     r[0].to_f64_vec()[0]
                 }
                 Loss::Mse => l.eval()?.to_f64_vec()[0],
