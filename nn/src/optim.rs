@@ -115,9 +115,13 @@ impl Optimizer {
                     .iter()
                     // Zeros as data, not a constant: the first step's graph is then
                     // the graph of every step, compiled once.
+                    // Evaluated, so the buffers come from the host cache and go back
+                    // to it: the second step then allocates nothing either.
+                    // (When memory runs out here, the lazy zeros stay: the step that
+                    // needs them reports the failure as an error.)
                     .map(|_| {
-                        let zeros = HostArray::zeros(p.dtype(), Shape::from(&p.shape()[..]));
-                        ctx.tensor(Array::from_host(zeros))
+                        let zeros = ctx.full_dtype(&p.shape(), 0.0, p.dtype());
+                        zeros.eval().map_or(zeros, |a| ctx.tensor(a))
                     })
                     .collect()
             })
