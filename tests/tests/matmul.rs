@@ -190,6 +190,43 @@ fn a_computed_operand_is_stored_first() {
 }
 
 #[test]
+fn an_optimiser_update_is_the_epilogue_of_the_gradients_product() {
+    // m' = 0.9 m + 0.1 g, p' = p - 0.01 m' with g = x^T @ w: `0.9 m` reads inputs only,
+    // so it forms its own group first; it joins the product's epilogue with m'.
+    let ctx = Context::new();
+    let (x, _, _) = xwb(&ctx);
+    let dy = uniform(&ctx, &[6, 10], 23);
+    let g = x.transpose().matmul(&dy);
+    let shape = g.shape().unwrap().to_vec();
+    let (m, p) = (uniform(&ctx, &shape, 21), uniform(&ctx, &shape, 22));
+    let m2 = &(&m * 0.9) + &(&g * 0.1);
+    let p2 = &p - &(&m2 * 0.01);
+    let (_, atol) = product(6, 1.0);
+    check(
+        &ctx,
+        &[&p2, &m2],
+        1,
+        (1e-6, atol),
+        "momentum update of x^T @ dy",
+    );
+}
+
+#[test]
+fn a_group_that_computes_an_operand_does_not_join_the_epilogue() {
+    // t = 2x is both the product's operand and read by its epilogue: the product runs
+    // before its epilogue, so t must be stored first.
+    let ctx = Context::new();
+    let (x, w, _) = xwb(&ctx);
+    let t = &x * 2.0;
+    let y = &t.matmul(&w.matmul(&w.transpose())) + &t.sum_keepdims(1);
+    // The operand 2x and the inner product's entries (at most 10) scale the bound.
+    let (_, atol) = product(16, 20.0);
+    check(&ctx, &[&y], 3, (1e-6, atol), "2x @ (w w^T) + rowsum(2x)");
+    let y = &(&x * 2.0).matmul(&w.matmul(&w.transpose())) + &(&x * 2.0).exp();
+    check(&ctx, &[&y], 3, (1e-6, atol * 8.0), "2x @ (w w^T) + exp(2x)");
+}
+
+#[test]
 fn a_constant_operand_is_filled_into_a_buffer() {
     let ctx = Context::new();
     let (_, w, _) = xwb(&ctx);

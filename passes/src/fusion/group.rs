@@ -189,6 +189,9 @@ impl<'g> Fuser<'g> {
                 self.role.insert(m, Role::Member(target));
             }
             let t = &mut self.groups[target];
+            // A product's epilogue may absorb plain element-wise groups (rule 1): the
+            // union is the product's group wherever it was merged into.
+            t.contract = t.contract.or(moved.contract);
             t.members.extend(moved.members);
             t.ext.extend(moved.ext);
             t.min_pos = t.min_pos.min(moved.min_pos);

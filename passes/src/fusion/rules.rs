@@ -66,9 +66,7 @@ impl Fuser<'_> {
     /// axes, when they are compatible (one domain, agreeing reduce axes) and `n` fits.
     fn elementwise_fit(&self, n: NodeId, gs: &[usize]) -> Option<(Level, Option<Vec<usize>>)> {
         let first = self.groups.get(*gs.first()?)?;
-        // A matmul's epilogue grows one consumer at a time: merging it with another
-        // group could pull in what the product reads (it runs before its epilogue).
-        if gs.len() > 1 && gs.iter().any(|&gi| self.groups[gi].contract.is_some()) {
+        if gs.len() > 1 && !self.epilogue_may_absorb(gs) {
             return None;
         }
         let mut reduce: Option<Vec<usize>> = None;
@@ -96,6 +94,41 @@ impl Fuser<'_> {
         } else {
             let rows = first.rows(reduce.as_deref()?);
             (shape.numel() == rows).then_some((Level::Row, reduce))
+        }
+    }
+
+    /// Whether groups `gs` (more than one) may become one group as far as matrix
+    /// products go: when one is a product's epilogue, the others must be plain
+    /// element-wise groups (no product, no reduction) that compute none of the product's
+    /// operands, since the product runs before its epilogue. An optimiser's update is
+    /// the case in point: `m * beta1` reads only inputs, so it forms a group before the
+    /// gradient's product exists, and `m * beta1 + g * (1 - beta1)` then joins the two;
+    /// with this the whole update is the gradient product's epilogue. (An operand
+    /// computed outside the union from one of these groups is a path that leaves the
+    /// union and comes back: `convex_union` refuses it.)
+    fn epilogue_may_absorb(&self, gs: &[usize]) -> bool {
+        let products: Vec<NodeId> = gs
+            .iter()
+            .filter_map(|&gi| self.groups[gi].contract)
+            .collect();
+        match products.as_slice() {
+            [] => true,
+            [p] => {
+                let mut read = self.g.operands(*p);
+                // A widened half operand is read through: the product reads its operand.
+                for o in read.clone() {
+                    if self.role[&o] == Role::Widened {
+                        read.extend(self.g.operands(o));
+                    }
+                }
+                gs.iter().all(|&gi| {
+                    let grp = &self.groups[gi];
+                    grp.contract.is_some()
+                        || (grp.reduce.is_none()
+                            && !read.iter().any(|&o| self.group_of(o) == Some(gi)))
+                })
+            }
+            _ => false,
         }
     }
 
