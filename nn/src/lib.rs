@@ -7,6 +7,7 @@
 mod checkpoint;
 mod data;
 mod error;
+mod fit;
 mod init;
 mod layers;
 mod loss;
@@ -20,6 +21,7 @@ mod train;
 pub use checkpoint::{load as load_checkpoint, save as save_checkpoint, Checkpoint};
 pub use data::{Batch, Batches, Dataset, Prefetch};
 pub use error::{Error, Result};
+pub use fit::{epoch_line, Epoch, FitOptions, History};
 pub use init::Init;
 pub use layers::{Activation, Layer, LayerNorm, Linear, Mode, Sequential};
 pub use loss::{accuracy, cross_entropy_with_logits, mse};

@@ -3,11 +3,15 @@
 //! any graph), then moves the new parameters and state in. Evaluation, epochs, history,
 //! checkpoints and the progress bar sit on top of the step.
 
+use crate::checkpoint::{load, save};
 use crate::error::{Error, Result};
 use crate::layers::{Layer, Mode};
 use crate::loss::{accuracy, cross_entropy_with_logits, mse};
 use crate::optim::{Optimizer, Update};
+use crate::param::Parameter;
 use ndfuse::{Array, Context, Report, Tensor};
+use std::collections::BTreeMap;
+use std::path::Path;
 
 /// What a model's output is scored with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,6 +209,99 @@ impl<M: Layer> Trainer<M> {
             accuracy: (self.loss == Loss::CrossEntropy).then_some(right / denom),
             samples: n,
         })
+    }
+}
+
+/// The `format` metadata of a trainer's checkpoint.
+const FORMAT: &str = "ndfuse-nn/1";
+/// The prefix of optimiser state tensors in a checkpoint (parameters have none).
+const STATE: &str = "optimizer.";
+
+impl<M: Layer> Trainer<M> {
+    /// Saves the parameters (by name), the optimiser's state (`optimizer.<name>.<slot>`),
+    /// its step count and the seed to a safetensors file at `path`, atomically.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let params = self.optimizer.parameters();
+        let state = self.optimizer.state();
+        let values: Vec<Tensor> = params
+            .iter()
+            .map(Parameter::value)
+            .chain(state.iter().map(|(_, t)| t.clone()))
+            .collect();
+        let arrays = self.ctx.eval(&values.iter().collect::<Vec<_>>())?;
+        let names: Vec<String> = params
+            .iter()
+            .map(|p| p.name().to_string())
+            .chain(state.iter().map(|(n, _)| format!("{STATE}{n}")))
+            .collect();
+        let tensors: Vec<(&str, &Array)> = names.iter().map(String::as_str).zip(&arrays).collect();
+        let metadata = BTreeMap::from([
+            ("format".to_string(), FORMAT.to_string()),
+            (
+                "optimizer".to_string(),
+                self.optimizer.method().name().to_string(),
+            ),
+            ("steps".to_string(), self.optimizer.steps().to_string()),
+            ("seed".to_string(), self.seed.to_string()),
+        ]);
+        save(path, &tensors, &metadata)
+    }
+
+    /// Loads what [`Trainer::save`] wrote: parameters, optimiser state, step count and
+    /// seed. Everything is checked before anything changes: a missing tensor, a shape or
+    /// dtype that differs from the model's (the error names the file, the tensor and
+    /// both shapes), another optimiser, or a corrupt file leave the trainer untouched.
+    pub fn load(&mut self, path: &Path) -> Result<()> {
+        let mut ck = load(path)?;
+        let refuse = |why: String| Error::Checkpoint {
+            path: path.to_path_buf(),
+            tensor: None,
+            why,
+        };
+        let meta = |k: &str| ck.metadata().get(k).cloned();
+        if meta("format").as_deref() != Some(FORMAT) {
+            return Err(refuse(format!(
+                "not a trainer checkpoint (format {:?}, expected {FORMAT:?})",
+                meta("format")
+            )));
+        }
+        let method = self.optimizer.method().name();
+        if meta("optimizer").as_deref() != Some(method) {
+            return Err(refuse(format!(
+                "saved by optimiser {:?}; this trainer's is {method:?}",
+                meta("optimizer")
+            )));
+        }
+        let number = |k: &str| -> Result<u64> {
+            meta(k)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| refuse(format!("metadata {k:?} is missing or not a number")))
+        };
+        let (steps, seed) = (number("steps")?, number("seed")?);
+        let params = self.optimizer.parameters().to_vec();
+        for p in &params {
+            ck.expect_shape(p.name(), &p.shape(), p.dtype())?;
+        }
+        let state = self.optimizer.state();
+        for (i, (name, _)) in state.iter().enumerate() {
+            let p = &params[i * params.len() / state.len().max(1)];
+            ck.expect_shape(&format!("{STATE}{name}"), &p.shape(), p.dtype())?;
+        }
+        // Checked: from here nothing fails.
+        let state: Vec<Array> = state
+            .iter()
+            .map(|(name, _)| ck.take(&format!("{STATE}{name}")))
+            .collect::<Result<_>>()?;
+        let values: Vec<Array> = params
+            .iter()
+            .map(|p| ck.take(p.name()))
+            .collect::<Result<_>>()?;
+        self.optimizer.load_state(state, steps)?;
+        for (p, a) in params.iter().zip(values) {
+            p.replace(a)?;
+        }
+        self.seed = seed;
+        Ok(())
     }
 }
 
