@@ -1,7 +1,9 @@
 //! Composite ops built from primitives, so that fusion, not a hand-written kernel, is
-//! what makes them fast: softmax, log_softmax, layernorm, gelu.
+//! what makes them fast: softmax, log_softmax, layernorm, gelu, dropout.
 
+use crate::error::Error;
 use crate::tensor::Tensor;
+use std::panic::Location;
 
 impl Tensor {
     /// `exp(x - max) / sum(exp(x - max))` along `axis` (max-subtracted for stability).
@@ -36,6 +38,46 @@ impl Tensor {
         let c = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
         let inner = (self + &(self * &self.square() * 0.044715)) * c;
         self * &inner.sigmoid()
+    }
+
+    /// Inverted dropout: `where(u >= p, x * (1 / (1 - p)), 0)` in this tensor's dtype,
+    /// with `u` = [`Context::random_uniform_keyed`](crate::Context::random_uniform_keyed)
+    /// of this shape under `key` (compared in f32): each element is kept with
+    /// probability `1 - p` and scaled so the expectation is unchanged. The same key
+    /// gives the same mask; the random op fuses into the kernel that applies it, and the
+    /// gradient flows through the kept elements only (`where`). `p == 0` returns this
+    /// tensor; `p` outside `[0, 1)` gives a tensor carrying [`Error::Argument`] naming
+    /// `p` and the call site.
+    ///
+    /// ```
+    /// let ctx = ndfuse::Context::new();
+    /// let x = ctx.ones(&[1000]);
+    /// let y = x.dropout(0.5, &ctx.key(1)).eval()?.to_vec::<f32>()?;
+    /// assert!(y.iter().all(|&v| v == 0.0 || v == 2.0));
+    /// # Ok::<(), ndfuse::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn dropout(&self, p: f64, key: &Tensor) -> Tensor {
+        let at = Location::caller();
+        if !(0.0..1.0).contains(&p) {
+            return Tensor::poisoned(
+                &self.ctx,
+                Error::Argument {
+                    what: "dropout",
+                    why: format!("p = {p} is outside [0, 1)"),
+                    at,
+                },
+            );
+        }
+        if p == 0.0 {
+            return self.clone();
+        }
+        let shape = match self.shape() {
+            Ok(s) => s.to_vec(),
+            Err(e) => return Tensor::poisoned(&self.ctx, e),
+        };
+        let u = self.ctx.random_uniform_keyed(&shape, key);
+        u.ge(p).where_(self * (1.0 / (1.0 - p)), 0.0)
     }
 
     /// GELU, erf form: `0.5 x (1 + erf(x / sqrt 2))`.

@@ -1,12 +1,13 @@
 //! Tensors made from data and constants in a context: from vectors and arrays, scalars,
-//! fills, ranges and seeded random tensors (in the context's default dtype).
+//! fills, ranges and seeded random tensors (in the context's default dtype), and the
+//! counter-based random op with its key.
 
 use crate::array::Array;
 use crate::context::Context;
 use crate::error::{shape_bytes, try_storage, Error, Result};
 use crate::random::SplitMix64;
 use crate::tensor::Tensor;
-use ndfuse_ir::{DType, Element, HostArray, Scalar, Shape, Storage};
+use ndfuse_ir::{DType, Element, HostArray, Op, Scalar, Shape, Storage};
 use std::panic::Location;
 
 impl Context {
@@ -146,6 +147,46 @@ impl Context {
         self.rand_leaf("rand_normal", shape, dtype, move |_| {
             mean + std * rng.next_normal()
         })
+    }
+
+    /// The key of [`Context::random_uniform_keyed`]: a 0-d i64 leaf holding `seed`'s
+    /// bits. It is data, not a constant, so a training loop that makes a new key each
+    /// step evaluates the same graph (no recompiling).
+    pub fn key(&self, seed: u64) -> Tensor {
+        self.leaf(Storage::I64(vec![seed as i64]), Shape::scalar())
+    }
+
+    /// f32 values uniform in `[0, 1)` of `shape`, computed in whatever kernel reads them
+    /// from `key` (a 0-d i64 tensor, [`Context::key`]) and each element's row-major
+    /// position: the same bits on every backend and thread count, and the same values
+    /// whatever view a consumer reads them through (the IR's `random_uniform`; see
+    /// `ndfuse_ir::op::random_uniform` for the hash). A key that is not a 0-d i64 gives
+    /// a tensor carrying the error, naming its type.
+    ///
+    /// ```
+    /// let ctx = ndfuse::Context::new();
+    /// let u = ctx.random_uniform_keyed(&[2, 3], &ctx.key(7));
+    /// let a = u.eval()?.to_vec::<f32>()?;
+    /// assert!(a.iter().all(|&x| (0.0..1.0).contains(&x)));
+    /// assert_eq!(a, ctx.random_uniform_keyed(&[2, 3], &ctx.key(7)).eval()?.to_vec::<f32>()?);
+    /// # Ok::<(), ndfuse::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn random_uniform_keyed(&self, shape: &[usize], key: &Tensor) -> Tensor {
+        let at = Location::caller();
+        if shape_bytes(shape, DType::F32) > isize::MAX as u128 {
+            return Tensor::poisoned(
+                self,
+                Error::OutOfMemory {
+                    bytes: shape_bytes(shape, DType::F32),
+                    what: format!("random_uniform f32{}", Shape::from(shape)),
+                },
+            );
+        }
+        let op = Op::RandomUniform {
+            shape: Shape::from(shape),
+        };
+        Tensor::build(op, &[key], at)
     }
 
     /// A leaf of `dtype` and `shape` whose element `i` is `f(i)`, or a tensor carrying
