@@ -139,6 +139,12 @@ impl Tensor {
         }
     }
 
+    /// Whether this tensor holds data of its own (made from a vector, an array, a file or
+    /// a random constructor) rather than being an expression over other tensors.
+    pub fn is_data(&self) -> bool {
+        matches!(&*self.inner, Inner::Ok(e) if e.data.is_some())
+    }
+
     /// The context this tensor was built in (its default dtype and backend).
     pub fn context(&self) -> &Context {
         &self.ctx

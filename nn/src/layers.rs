@@ -55,6 +55,25 @@ pub trait Layer: Debug + Send + Sync {
     fn parameters(&self) -> Vec<Parameter> {
         Vec::new()
     }
+
+    /// A replica: the same layer with parameters of its own that start at this layer's
+    /// current values (shared data, no copy: a step replaces a parameter's value, never
+    /// writes into it). Data-parallel training keeps one replica per worker.
+    fn duplicate(&self) -> Box<dyn Layer>;
+}
+
+impl Layer for Box<dyn Layer> {
+    fn forward(&self, x: &Tensor, mode: &Mode) -> Tensor {
+        (**self).forward(x, mode)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        (**self).parameters()
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        (**self).duplicate()
+    }
 }
 
 /// `y = x @ weight + bias`, with `weight` of shape `[in, out]` (so the product needs no
@@ -127,6 +146,13 @@ impl Layer for Linear {
             .chain(self.bias.clone())
             .collect()
     }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(Linear {
+            weight: self.weight.duplicate(),
+            bias: self.bias.as_ref().map(Parameter::duplicate),
+        })
+    }
 }
 
 /// An element-wise non-linearity.
@@ -150,6 +176,10 @@ impl Layer for Activation {
             Activation::Tanh => x.tanh(),
             Activation::Sigmoid => x.sigmoid(),
         }
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(*self)
     }
 }
 
@@ -180,6 +210,14 @@ impl Layer for LayerNorm {
 
     fn parameters(&self) -> Vec<Parameter> {
         vec![self.weight.clone(), self.bias.clone()]
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(LayerNorm {
+            weight: self.weight.duplicate(),
+            bias: self.bias.duplicate(),
+            eps: self.eps,
+        })
     }
 }
 
@@ -241,5 +279,18 @@ impl Layer for Sequential {
 
     fn parameters(&self) -> Vec<Parameter> {
         self.layers.iter().flat_map(|l| l.parameters()).collect()
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(self.replica())
+    }
+}
+
+impl Sequential {
+    /// A replica of the model (see [`Layer::duplicate`]), as a `Sequential`.
+    pub fn replica(&self) -> Sequential {
+        Sequential {
+            layers: self.layers.iter().map(|l| l.duplicate()).collect(),
+        }
     }
 }

@@ -387,6 +387,71 @@ impl Optimizer {
         self.commit(out, state_out)
     }
 
+    /// A replica over `params` (another model's parameters, in the same order and of the
+    /// same shapes): the same rule, schedule and step count, its state starting at this
+    /// one's (shared data, no copy). `Err` when the parameters do not match.
+    pub fn replica(&self, params: &[Parameter]) -> Result<Optimizer> {
+        let same = params.len() == self.params.len()
+            && params
+                .iter()
+                .zip(&self.params)
+                .all(|(a, b)| a.shape() == b.shape() && a.dtype() == b.dtype());
+        if !same {
+            return Err(Error::Argument {
+                what: "Optimizer::replica",
+                why: "the parameters differ in number, shape or dtype from the optimiser's".into(),
+            });
+        }
+        Ok(Optimizer {
+            method: self.method,
+            schedule: self.schedule.clone(),
+            weight_decay: self.weight_decay,
+            params: params.to_vec(),
+            state: self.state.clone(),
+            steps: self.steps,
+        })
+    }
+
+    /// Sets the state to `state` (data tensors, shared, in the order of
+    /// [`Optimizer::state`]), as averaging replicas does. `Err` naming the tensor and
+    /// both shapes when one differs, and then nothing changes.
+    pub fn share_state(&mut self, state: &[Tensor]) -> Result<()> {
+        let current = self.state();
+        if state.len() != current.len() {
+            return Err(Error::Argument {
+                what: "Optimizer::share_state",
+                why: format!("{} state tensors; {} expected", state.len(), current.len()),
+            });
+        }
+        for ((name, old), new) in current.iter().zip(state) {
+            if old.shape().ok() != new.shape().ok()
+                || old.dtype().ok() != new.dtype().ok()
+                || !new.is_data()
+            {
+                return Err(Error::Argument {
+                    what: "Optimizer::share_state",
+                    why: format!(
+                        "`{name}` is {:?}{:?}; the value given is {:?}{:?} (data: {})",
+                        old.dtype().ok(),
+                        old.shape().ok(),
+                        new.dtype().ok(),
+                        new.shape().ok(),
+                        new.is_data()
+                    ),
+                });
+            }
+        }
+        let mut it = state.iter();
+        for s in &mut self.state {
+            for slot in s.iter_mut() {
+                if let Some(t) = it.next() {
+                    *slot = t.clone();
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Replaces the state and step count (from a checkpoint): `state` in the order of
     /// [`Optimizer::state`]. `Err` naming both shapes when one does not match, and then
     /// nothing changes.

@@ -92,6 +92,45 @@ impl Parameter {
         Ok(self.value().eval()?)
     }
 
+    /// A new parameter of the same name whose value starts as this one's current value
+    /// (shared data: values are replaced, never written into).
+    pub fn duplicate(&self) -> Parameter {
+        Parameter(Arc::new(Slot {
+            name: self.0.name.clone(),
+            value: RwLock::new(self.value()),
+        }))
+    }
+
+    /// Sets the value to `value`, a data tensor (shared, not copied), as data-parallel
+    /// training does to hand averaged values to every replica. `Err` naming both types
+    /// when the shape or dtype differs, or when `value` is an expression.
+    pub fn share(&self, value: &Tensor) -> Result<()> {
+        let (shape, dtype) = (self.shape(), self.dtype());
+        let ok = value.shape().ok() == Some(shape.as_slice()) && value.dtype().ok() == Some(dtype);
+        if !ok || !value.is_data() {
+            return Err(Error::Argument {
+                what: "Parameter::share",
+                why: format!(
+                    "parameter `{}` is {dtype}{shape:?}; the value is {:?}{:?}{}",
+                    self.name(),
+                    value.dtype().ok(),
+                    value.shape().ok(),
+                    if value.is_data() {
+                        ""
+                    } else {
+                        " (an expression, not data)"
+                    }
+                ),
+            });
+        }
+        *self
+            .0
+            .value
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = value.clone();
+        Ok(())
+    }
+
     /// Whether `self` and `other` are the same parameter (not merely equal values).
     pub fn same(&self, other: &Parameter) -> bool {
         Arc::ptr_eq(&self.0, &other.0)

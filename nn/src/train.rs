@@ -105,6 +105,63 @@ impl<M: Layer> Trainer<M> {
         self
     }
 
+    /// Evaluations of this trainer run in `ctx` (its backend or device set, and a thread
+    /// bound there), wherever its parameters were made.
+    pub fn in_context(mut self, ctx: Context) -> Trainer<M> {
+        self.ctx = ctx;
+        self
+    }
+
+    /// A replica for another worker: the model duplicated ([`Layer::duplicate`]), the
+    /// optimiser's state and step count shared, the same loss and seed, evaluated in
+    /// `ctx`.
+    pub fn replica(&self, ctx: Context) -> Result<Trainer<Box<dyn Layer>>> {
+        let model = self.model.duplicate();
+        let optimizer = self.optimizer.replica(&model.parameters())?;
+        Ok(Trainer {
+            ctx,
+            model,
+            optimizer,
+            loss: self.loss,
+            seed: self.seed,
+        })
+    }
+
+    /// The loss and the gradients of every parameter on `x`, `y` (a training-mode
+    /// forward pass), evaluated as one graph, without changing anything: what
+    /// synchronous data parallelism averages across workers.
+    pub fn gradients(&self, x: &Tensor, y: &Tensor) -> Result<(f64, Vec<Array>)> {
+        let mode = Mode::train(self.key()?);
+        let loss = self.loss.of(&self.model.forward(x, &mode), y);
+        let params: Vec<Tensor> = self
+            .optimizer
+            .parameters()
+            .iter()
+            .map(|p| p.value())
+            .collect();
+        let grads = ndfuse::grad(&loss, &params.iter().collect::<Vec<_>>())?;
+        let outputs: Vec<&Tensor> = std::iter::once(&loss).chain(&grads).collect();
+        let mut out = self.ctx.eval(&outputs)?;
+        let grads = out.split_off(1);
+        Ok((out[0].to_f64_vec()[0], grads))
+    }
+
+    /// One optimiser step with the given gradients (one per parameter, in order, moved
+    /// in), evaluated and committed.
+    pub fn apply_gradients(&mut self, grads: Vec<Array>) -> Result<()> {
+        let grads: Vec<Tensor> = grads.into_iter().map(|g| self.ctx.tensor(g)).collect();
+        let Update { params, state } = self.optimizer.update(&grads)?;
+        let outputs: Vec<&Tensor> = params.iter().chain(&state).collect();
+        let mut out = self.ctx.eval(&outputs)?;
+        let state = out.split_off(params.len());
+        self.optimizer.commit(out, state)
+    }
+
+    /// The seed of the step keys.
+    pub fn random_seed(&self) -> u64 {
+        self.seed
+    }
+
     /// The model.
     pub fn model(&self) -> &M {
         &self.model
