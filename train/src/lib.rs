@@ -1,0 +1,16 @@
+//! # ndfuse-train
+//!
+//! Training above one trainer: [`ParallelWrapper`], a model replicated over the
+//! devices of a [`ndfuse::DeviceSet`] (every GPU first, then CPU devices), each replica
+//! fed its own mini-batches, with gradients averaged every step or parameters every
+//! `k` steps (Deeplearning4j's `ParallelWrapper`); and early stopping over one trainer
+//! or a parallel one (`EarlyStoppingParallelTrainer`).
+
+mod early;
+mod epoch;
+mod error;
+mod worker;
+mod wrapper;
+
+pub use epoch::EpochTrainer;
+pub use error::{Error, Result};

@@ -1,0 +1,1 @@
+//! A worker: a replica trainer on a thread bound to its device, driven by messages.
