@@ -3,7 +3,8 @@
 //! and 4096x33 positions (vector tails), on pools of 1, 2 and 4 threads, read
 //! contiguously and through a transpose, a broadcast and a slice, fused with a
 //! multiply-add; positions past 2^32 take the key schedule of their high half; and a
-//! kernel with reduce axes is refused (the interpreter runs it).
+//! kernel with reduce axes is refused (the interpreter runs it); dropout's kernel runs on
+//! i32x4 lanes (the hash) and lane masks (the select), NaN and infinities included.
 
 use ndfuse_codegen_cpu::{compile, supports};
 use ndfuse_ir::interp::eval_kernel;
@@ -261,4 +262,132 @@ fn a_reduce_kernel_with_a_random_op_goes_to_the_interpreter() {
     };
     let why = supports(&k).expect_err("refused");
     assert!(why.contains("random op"), "{why}");
+}
+
+/// `where(random >= 0.25, x * (4/3), 0)` over `n` positions: dropout's kernel.
+fn dropout_kernel(n: usize, store_mask: bool) -> Kernel {
+    let domain = Shape::new([n]);
+    let f = |expr| Instr {
+        dtype: DType::F32,
+        expr,
+    };
+    let mut body = vec![
+        key_load(&domain),
+        f(Expr::Random {
+            key: ValueId(0),
+            view: View::contiguous(domain.clone()),
+        }),
+        f(Expr::Const(ndfuse_ir::Scalar::F(0.25))),
+        Instr {
+            dtype: DType::Bool,
+            expr: Expr::Binary(BinaryOp::Ge, ValueId(1), ValueId(2)),
+        },
+        f(Expr::Load {
+            input: 1,
+            view: View::contiguous(domain.clone()),
+        }),
+        f(Expr::Const(ndfuse_ir::Scalar::F(f64::from(4.0f32 / 3.0)))),
+    ];
+    body.push(f(Expr::Binary(BinaryOp::Mul, ValueId(4), ValueId(5))));
+    body.push(f(Expr::Const(ndfuse_ir::Scalar::F(0.0))));
+    body.push(f(Expr::Where(ValueId(3), ValueId(6), ValueId(7))));
+    let mut outputs = vec![Buffer {
+        dtype: DType::F32,
+        len: n,
+    }];
+    let mut stores = vec![Store {
+        value: ValueId(8),
+        output: 0,
+    }];
+    if store_mask {
+        outputs.push(Buffer {
+            dtype: DType::Bool,
+            len: n,
+        });
+        stores.push(Store {
+            value: ValueId(3),
+            output: 1,
+        });
+    }
+    let k = Kernel {
+        name: "k0_ge_mul_where".into(),
+        domain,
+        reduce_axes: vec![],
+        inputs: vec![
+            Buffer {
+                dtype: DType::I64,
+                len: 1,
+            },
+            Buffer {
+                dtype: DType::F32,
+                len: n,
+            },
+        ],
+        outputs,
+        body,
+        stores,
+        plan: Plan::Elementwise,
+        plan_reason: "test".into(),
+        contraction: None,
+    };
+    k.check().unwrap_or_else(|e| panic!("{e:?}\n{k}"));
+    k
+}
+
+#[test]
+fn dropout_runs_on_i32x4_lanes_with_the_interpreters_bits() {
+    for n in [1, 7, 1001, 4096 * 33 + 5] {
+        for store_mask in [false, true] {
+            let k = dropout_kernel(n, store_mask);
+            let ck = compile(&k).unwrap_or_else(|e| panic!("{e}\n{k}"));
+            // The vector loop: the hash on i32x4 lanes, the mask selected lane-wise
+            // (a stored mask keeps the kernel scalar: bools are bytes; and a domain of
+            // one position is a fixed element, read before any loop).
+            let vector = ck.clif().contains("i32x4") && ck.clif().contains("bitselect");
+            assert_eq!(vector, !store_mask && n > 1, "{}", ck.clif());
+            // x with NaN, infinities and signed zeros among ordinary values.
+            let specials = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.0, 0.0, 1.5];
+            let x: Vec<f64> = (0..n)
+                .map(|i| specials[i % 6] * (1 + i % 5) as f64)
+                .collect();
+            let xa = HostArray::from_f64s(DType::F32, Shape::new([n]), &x);
+            let keys = key_array(31);
+            let want = eval_kernel(&k, &[&keys, &xa]).expect("interprets");
+            for threads in [1, 2, 4] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .expect("a pool");
+                let got = pool.install(|| {
+                    let mut outs: Vec<HostArray> = k
+                        .outputs
+                        .iter()
+                        .map(|b| HostArray::zeros(b.dtype, Shape::new([b.len])))
+                        .collect();
+                    let mut refs: Vec<&mut HostArray> = outs.iter_mut().collect();
+                    ck.run(&[&keys, &xa], &mut refs)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    outs
+                });
+                for (g, w) in got.iter().zip(&want) {
+                    let (g, w) = (g.to_f64s(), w.to_f64s());
+                    let same = g.iter().zip(&w).all(|(p, q)| p.to_bits() == q.to_bits());
+                    assert!(same, "n {n}, mask {store_mask}, {threads} threads");
+                }
+                // Kept where the reference hash says so.
+                let y = got[0].to_f64s();
+                for (i, yi) in y.iter().enumerate() {
+                    let keep = random_uniform(31, i as u64) >= 0.25;
+                    let want = if keep {
+                        x[i] as f32 * (4.0f32 / 3.0)
+                    } else {
+                        0.0
+                    };
+                    let yi = *yi as f32;
+                    let same = yi.to_bits() == want.to_bits() || (yi.is_nan() && want.is_nan());
+                    assert!(same, "element {i}: {yi} for {want}");
+                }
+            }
+        }
+    }
 }

@@ -53,14 +53,14 @@
 //! candidates combine pairwise, the better value or on a tie (equal values, two NaNs)
 //! the smaller index: the row's first best element, as the reference's.
 
-use super::function::{vector_input_flags, Lowering, Offset};
+use super::function::{cl_type, vector_input_flags, Lowering, Offset};
 use super::sweep::{Acc, AccInfo, Bound, Range, SweepEnv};
 use crate::index::{Access, IndexPlan};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::MemFlagsData;
 use cranelift_codegen::ir::{types, Endianness, InstBuilder, Type, Value};
 use cranelift_module::Module;
-use ndfuse_ir::{Accumulate, ArgReduceOp, BinaryOp, DType, Expr, Kernel, Level, UnaryOp};
+use ndfuse_ir::{Accumulate, ArgReduceOp, BinaryOp, DType, Expr, Kernel, Level, UnaryOp, ValueId};
 
 /// Parts of a sweep's vector range read side by side: a core keeps more misses in
 /// flight over two streams of memory than one (a full sum of 64M f32 on one thread of
@@ -213,26 +213,65 @@ fn contiguous_from(plan: &IndexPlan, access: &Option<Access>) -> Option<i64> {
 /// Vectors per iteration of an element-wise vector loop.
 const ELEMENTWISE_UNROLL: i64 = 2;
 
+/// Whether value `v` is not stored and every use of it is `uses(expr)`.
+fn used_only_as(kernel: &Kernel, v: usize, uses: impl Fn(&Expr, ValueId) -> bool) -> bool {
+    let id = ValueId(v as u32);
+    !kernel.stores.iter().any(|s| s.value == id)
+        && kernel
+            .body
+            .iter()
+            .all(|ins| !Kernel::operands(&ins.expr).contains(&id) || uses(&ins.expr, id))
+}
+
 /// The vector type of an element-wise kernel's loop, or `None` when it stays scalar:
-/// every value is a float of one dtype, every load contiguous or of one fixed element
-/// (`load_access[v]` is `None` for a fixed load, already loaded before the loop), and
-/// every other instruction a constant or an op with a vector form.
+/// every value is a float of the stored values' one dtype, every load contiguous or of
+/// one fixed element (`load_access[v]` is `None` for a fixed load, already loaded
+/// before the loop), and every other instruction a constant or an op with a vector
+/// form. Besides: a random op whose positions run contiguously below 2^32 from a key
+/// loaded before the loop (the key stays a scalar: its schedule is splatted), and a
+/// float comparison used only as `where` conditions (a lane mask that `where` selects
+/// with): dropout's kernel.
 pub(super) fn elementwise_type(
     kernel: &Kernel,
     plan: &IndexPlan,
     load_access: &[Option<Access>],
 ) -> Option<Type> {
-    let dtype = kernel.body.first()?.dtype;
+    let dtype = kernel.body[kernel.stores.first()?.value.index()].dtype;
     let vt = lane_vector(dtype)?;
-    let ok = kernel.body.iter().enumerate().all(|(v, ins)| {
-        ins.dtype == dtype
-            && match &ins.expr {
-                Expr::Load { .. } => {
-                    load_access[v].is_none() || contiguous_from(plan, &load_access[v]).is_some()
+    let is_key = |v: usize| {
+        kernel.body[v].dtype == DType::I64
+            && matches!(kernel.body[v].expr, Expr::Load { .. })
+            && load_access[v].is_none()
+    };
+    let ok = kernel.body.iter().enumerate().all(|(v, ins)| match &ins.expr {
+        Expr::Load { .. } if dtype != DType::I64 && is_key(v) => used_only_as(kernel, v, |e, id| {
+            matches!(e, Expr::Random { key, .. } if *key == id)
+        }),
+        Expr::Random { key, view } => {
+            ins.dtype == dtype
+                && is_key(key.index())
+                && super::random::below_2_32(view)
+                && contiguous_from(plan, &load_access[v]).is_some()
+        }
+        Expr::Binary(op, x, _) if op.is_comparison() && dtype.is_float() => {
+            kernel.body[x.index()].dtype == dtype
+                && used_only_as(kernel, v, |e, id| {
+                    matches!(e, Expr::Where(c, a, b) if *c == id && *a != id && *b != id)
+                })
+        }
+        // Its condition is a comparison kept as a mask (the rule above).
+        Expr::Where(..) => ins.dtype == dtype && dtype.is_float(),
+        e => {
+            ins.dtype == dtype
+                && match e {
+                    Expr::Load { .. } => {
+                        load_access[v].is_none()
+                            || contiguous_from(plan, &load_access[v]).is_some()
+                    }
+                    Expr::Const(_) => true,
+                    e => vector_op(kernel, e, dtype),
                 }
-                Expr::Const(_) => true,
-                e => vector_op(kernel, e, dtype),
-            }
+        }
     });
     ok.then_some(vt)
 }
@@ -253,16 +292,40 @@ impl<M: Module> Lowering<'_, '_, M> {
     ) -> Result<Value, String> {
         let width = i64::from(vt.lane_count());
         let step = width * ELEMENTWISE_UNROLL;
-        // Loop invariants as vectors: fixed loads and constants.
+        // Loop invariants as vectors: fixed loads and constants; a random op's key stays
+        // a scalar, its schedule is splatted.
         let mut invariant: Vec<Option<Value>> = vec![None; kernel.body.len()];
+        let mut streams: Vec<Option<Value>> = vec![None; kernel.body.len()];
         for (v, ins) in kernel.body.iter().enumerate() {
             let scalar = match (&ins.expr, fixed[v]) {
+                (Expr::Load { .. }, Some(x)) if cl_type(ins.dtype) != vt.lane_type() => {
+                    invariant[v] = Some(x);
+                    continue;
+                }
                 (Expr::Load { .. }, Some(x)) => x,
                 (Expr::Const(_), _) => self.compute(kernel, v, &invariant)?,
+                (Expr::Random { key, .. }, _) => {
+                    let key = fixed[key.index()].expect("a fixed key (elementwise_type)");
+                    let h = self.random_stream(key, None);
+                    streams[v] = Some(self.b.ins().splat(types::I32X4, h));
+                    continue;
+                }
                 _ => continue,
             };
             invariant[v] = Some(self.b.ins().splat(vt, scalar));
         }
+        // Lane numbers 0..4, added to a random op's first position.
+        let iota = if streams.iter().any(Option::is_some) {
+            let zero = self.b.ins().iconst(types::I32, 0);
+            let mut v = self.b.ins().splat(types::I32X4, zero);
+            for l in 1..4u8 {
+                let n = self.b.ins().iconst(types::I32, i64::from(l));
+                v = self.b.ins().insertlane(v, n, l);
+            }
+            Some(v)
+        } else {
+            None
+        };
         let len = self.b.ins().isub(end, start);
         let vlen = self.b.ins().band_imm_s(len, -step);
         let vend = self.b.ins().iadd(start, vlen);
@@ -289,6 +352,19 @@ impl<M: Module> Lowering<'_, '_, M> {
                             };
                             let (addr, imm) = lw.address(in_bases[*input], off, ins.dtype);
                             lw.load_typed(ins.dtype, vt, flags, addr, imm)
+                        }
+                        // Positions from + i + lane + 0..4, all below 2^32: the low
+                        // halves are the positions themselves.
+                        Expr::Random { .. } => {
+                            let from = contiguous_from(plan, &load_access[v])
+                                .expect("random positions are contiguous (elementwise_type)");
+                            let first = lw.b.ins().iadd_imm_s(i, from + lane);
+                            let low = lw.b.ins().ireduce(types::I32, first);
+                            let low = lw.b.ins().splat(types::I32X4, low);
+                            let iota = iota.expect("made for random ops");
+                            let c0 = lw.b.ins().iadd(low, iota);
+                            let h = streams[v].expect("made for random ops");
+                            lw.random_value(h, c0)
                         }
                         _ => lw.compute(kernel, v, &vals)?,
                     };
