@@ -215,3 +215,36 @@ fn a_key_that_is_not_a_0d_i64_and_a_bad_p_are_errors() {
         assert!(e.contains("dropout.rs"), "the call site: {e}");
     }
 }
+
+#[test]
+fn the_expression_language_has_dropout() {
+    let ctx = cpu(2);
+    let x = data(&ctx, &[1000], 5);
+    let key = ctx.key(17);
+    let want = bits(&x.dropout(0.25, &key));
+    let with_input = ctx
+        .evaluate("dropout(x, 0.25, k)", &[("x", &x), ("k", &key)])
+        .expect("evaluates");
+    let with_seed = ctx
+        .evaluate("dropout(x, p=0.25, key=17)", &[("x", &x)])
+        .expect("evaluates");
+    for got in [with_input, with_seed] {
+        let got: Vec<u32> = got
+            .to_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f32::to_bits)
+            .collect();
+        assert_eq!(got, want);
+    }
+    let e = ctx
+        .evaluate("dropout(x, 1.5, 1)", &[("x", &x)])
+        .expect_err("p outside [0, 1)")
+        .to_string();
+    assert!(e.contains("p = 1.5"), "{e}");
+    let e = ctx
+        .evaluate("dropout(x, 0.5, x)", &[("x", &x)])
+        .expect_err("an f32 key")
+        .to_string();
+    assert!(e.contains("f32[1000]") && e.contains("0-d i64"), "{e}");
+}

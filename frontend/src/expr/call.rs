@@ -23,7 +23,7 @@ pub const FUNCTIONS: &[&str] = &[
     // views
     "reshape", "transpose", "permute", "broadcast_to", "expand_dims", "squeeze",
     // composites
-    "softmax", "log_softmax", "layernorm",
+    "softmax", "log_softmax", "layernorm", "dropout",
     // differentiation
     "grad",
 ];

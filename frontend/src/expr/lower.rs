@@ -522,6 +522,17 @@ impl<'a> Lowerer<'a> {
                     .unwrap_or(1e-5);
                 x.layernorm(axis, eps)
             }
+            "dropout" => {
+                // dropout(x, p, key): the key an i64 0-d input, or an integer literal seed.
+                let a = bind(name, pos, args, kwargs, &["x", "p", "key"])?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                let p = float_literal(req(&a, 1), "p")?;
+                let key = match int_literal(req(&a, 2), "key") {
+                    Ok(seed) => self.ctx.key(seed as u64),
+                    Err(_) => self.tensor_arg(req(&a, 2))?,
+                };
+                x.dropout(p, &key)
+            }
             "grad" => {
                 // grad(f, x): the gradient of the 0-d float `f` with respect to input `x`.
                 let a = bind(name, pos, args, kwargs, &["f", "x"])?;
