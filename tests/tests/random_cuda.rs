@@ -195,3 +195,63 @@ fn the_emitted_hash_gives_the_interpreters_bits() {
     assert_eq!(got, want);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A small domain reading positions past 2^31 of a random op: the index type is wide.
+#[test]
+fn positions_past_2_pow_31_index_in_long_long() {
+    use ndfuse_ir::{Buffer, Expr, Instr, Kernel, Plan, Store, ValueId, View};
+    let domain = Shape::new([1000]);
+    let kernel = |offset: isize| Kernel {
+        name: "k0_random_uniform".into(),
+        domain: domain.clone(),
+        reduce_axes: vec![],
+        inputs: vec![Buffer {
+            dtype: DType::I64,
+            len: 1,
+        }],
+        outputs: vec![Buffer {
+            dtype: DType::F32,
+            len: 1000,
+        }],
+        body: vec![
+            Instr {
+                dtype: DType::I64,
+                expr: Expr::Load {
+                    input: 0,
+                    view: View {
+                        shape: domain.clone(),
+                        strides: vec![0],
+                        offset: 0,
+                    },
+                },
+            },
+            Instr {
+                dtype: DType::F32,
+                expr: Expr::Random {
+                    key: ValueId(0),
+                    view: View {
+                        shape: domain.clone(),
+                        strides: vec![1],
+                        offset,
+                    },
+                },
+            },
+        ],
+        stores: vec![Store {
+            value: ValueId(1),
+            output: 0,
+        }],
+        plan: Plan::Elementwise,
+        plan_reason: "test".into(),
+        contraction: None,
+    };
+    let small = emit(&kernel(5), &CudaOptions::default()).unwrap();
+    assert!(small.source.contains("typedef int nd_idx;"));
+    let far = emit(&kernel(1 << 32), &CudaOptions::default()).unwrap();
+    assert!(
+        far.source.contains("typedef long long nd_idx;"),
+        "{}",
+        far.source
+    );
+    assert!(far.source.contains("4294967296"), "{}", far.source);
+}

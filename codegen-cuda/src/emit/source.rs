@@ -27,8 +27,15 @@ impl<'k> Gen<'k> {
     pub(super) fn new(k: &'k Kernel, opts: &CudaOptions) -> Gen<'k> {
         let (stage, sweeps) = k.stages();
         let limit = (i32::MAX / 2) as usize;
-        let wide =
-            k.domain.numel() > limit || k.inputs.iter().chain(&k.outputs).any(|b| b.len > limit);
+        // A random op's positions are offsets too, into no buffer (a slice of a huge op
+        // may reach past 2^31 from a small domain).
+        let random_reach = k.body.iter().any(|ins| match &ins.expr {
+            Expr::Random { view, .. } => view.span().is_some_and(|(_, hi)| hi > limit as i128),
+            _ => false,
+        });
+        let wide = k.domain.numel() > limit
+            || random_reach
+            || k.inputs.iter().chain(&k.outputs).any(|b| b.len > limit);
         let mut opts = *opts;
         opts.max_block_size = pow2_floor(opts.max_block_size.clamp(32, 1024));
         opts.max_grid_size = opts.max_grid_size.max(1);
