@@ -251,6 +251,12 @@ impl Optimizer {
         self.steps
     }
 
+    /// Sets the step count (the schedule's position and Adam's bias corrections), as
+    /// replicas kept in step by data-parallel training need.
+    pub fn set_steps(&mut self, steps: u64) {
+        self.steps = steps;
+    }
+
     /// The learning rate the next step uses.
     pub fn rate(&self) -> f64 {
         self.schedule.rate(self.steps)

@@ -14,3 +14,6 @@ mod wrapper;
 
 pub use epoch::EpochTrainer;
 pub use error::{Error, Result};
+pub use wrapper::{
+    Builder, Failure, OnFailure, ParallelEpoch, ParallelReport, ParallelWrapper, WorkerReport,
+};
