@@ -1,6 +1,7 @@
 //! The errors of ndfuse-train.
 
 use ndfuse::DeviceId;
+use std::path::PathBuf;
 
 /// What went wrong in parallel training or early stopping.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +28,15 @@ pub enum Error {
     /// Every worker failed.
     #[error("every worker failed; the last: {0}")]
     NoWorkers(Box<Error>),
+    /// Early stopping's directory (for `best.safetensors` and `latest.safetensors`)
+    /// cannot be made or written.
+    #[error("early stopping cannot write its directory {}: {source}", path.display())]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
     /// A bad argument: what was asked and why it cannot be done.
     #[error("{what}: {why}")]
     Argument {

@@ -12,6 +12,10 @@ mod error;
 mod worker;
 mod wrapper;
 
+pub use early::{
+    EarlyStopping, EarlyStoppingBuilder, EarlyStoppingResult, Score, StopReason, Termination,
+    BEST_FILE, LATEST_FILE,
+};
 pub use epoch::EpochTrainer;
 pub use error::{Error, Result};
 pub use wrapper::{
