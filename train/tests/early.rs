@@ -587,3 +587,61 @@ fn a_digits_mlp_for_5_epochs_records_5_scores_and_its_best_reloads_to_the_same_s
     assert!(acc > 0.8, "held-out accuracy {acc}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_digits_mlp_that_overfits_stops_at_the_patience_and_keeps_its_best_epoch() {
+    let (ctx, train, test) = digits();
+    // 60 training images and a large step: the validation loss bottoms out early, then
+    // climbs as the model learns the 60 by heart.
+    let small = train.subset(&(0..60).collect::<Vec<_>>()).unwrap();
+    let model = Sequential::mlp(&ctx, &[64, 128, 10], Activation::Relu, 7).unwrap();
+    let opt = Optimizer::adam(&model.parameters(), 2e-2);
+    let trainer = Trainer::new(model, opt, Loss::CrossEntropy).unwrap();
+    let dir = scratch("overfit");
+    let patience = 3;
+    let mut r = EarlyStopping::builder(trainer)
+        .validation(test.clone())
+        .batch_size(10)
+        .directory(&dir)
+        .stop_when(Termination::MaxEpochs(60))
+        .stop_when(Termination::NoImprovement {
+            patience,
+            min_delta: 0.0,
+        })
+        .fit(&small)
+        .unwrap();
+    assert_eq!(
+        r.reason,
+        StopReason::NoImprovement {
+            patience,
+            min_delta: 0.0
+        },
+        "{:?}",
+        r.scores
+    );
+    // By hand from the recorded scores: the best is their minimum, and training ended
+    // exactly `patience` epochs after it, with every epoch scored.
+    let epochs: Vec<u64> = r.scores.iter().map(|s| s.0).collect();
+    assert_eq!(epochs, (0..r.epochs_trained).collect::<Vec<_>>());
+    let (best_epoch, best) = r
+        .scores
+        .iter()
+        .copied()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap();
+    assert_eq!((r.best_epoch, r.best_score), (Some(best_epoch), Some(best)));
+    assert_eq!(r.epochs_trained, best_epoch + 1 + patience);
+    // The trainer holds the latest (worse) parameters; the best file, loaded back,
+    // scores the recorded best.
+    let last = r.scores.last().unwrap().1;
+    assert!(last > best, "{:?}", r.scores);
+    let latest = r.trainer().evaluate_dataset(&test, 0).unwrap().loss;
+    assert!((latest - last).abs() <= 1e-12, "{latest} vs {last}");
+    r.load_best().unwrap();
+    let loaded = r.trainer().evaluate_dataset(&test, 0).unwrap().loss;
+    assert!(
+        (loaded - best).abs() <= 1e-12,
+        "best {best}, loaded back {loaded}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
