@@ -30,6 +30,7 @@
 //!     .directory("runs/digits")
 //!     .stop_when(Termination::MaxEpochs(100))
 //!     .stop_when(Termination::NoImprovement { patience: 5, min_delta: 0.0 })
+//!     .on_epoch(|e| eprintln!("{e}"))
 //!     .fit(&train)?;
 //! println!("stopped: {} (best epoch {:?})", result.reason, result.best_epoch);
 //! result.load_best()?;
@@ -178,6 +179,54 @@ impl fmt::Display for StopReason {
     }
 }
 
+/// What one epoch of early stopping did: what [`EarlyStoppingBuilder::on_epoch`] is
+/// handed after every epoch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EpochReport {
+    /// The epoch, from 0.
+    pub epoch: u64,
+    /// Its mean training loss.
+    pub train_loss: f64,
+    /// Its validation score, when it was evaluated.
+    pub score: Option<f64>,
+    /// Whether that score became the best (and was saved).
+    pub improved: bool,
+    /// The best so far: its epoch and score.
+    pub best: Option<(u64, f64)>,
+    /// Time since `fit` began.
+    pub elapsed: Duration,
+    /// Why training stops here, when it does.
+    pub stop: Option<StopReason>,
+}
+
+impl fmt::Display for EpochReport {
+    /// `epoch 3: loss 0.1234, score 0.2345 (best), 1.20 s`, then `; stopping: <reason>`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "epoch {}: loss {:.4}", self.epoch, self.train_loss)?;
+        if let Some(s) = self.score {
+            write!(
+                f,
+                ", score {s:.4}{}",
+                if self.improved { " (best)" } else { "" }
+            )?;
+        }
+        write!(f, ", {:.2} s", self.elapsed.as_secs_f64())?;
+        match &self.stop {
+            Some(reason) => write!(f, "; stopping: {reason}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The callback of [`EarlyStoppingBuilder::on_epoch`] (a box has no `Debug`).
+struct OnEpoch(Box<dyn FnMut(&EpochReport)>);
+
+impl fmt::Debug for OnEpoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OnEpoch(..)")
+    }
+}
+
 /// Sets up an [`EarlyStopping`]; see [`EarlyStopping::builder`].
 #[derive(Debug)]
 pub struct EarlyStoppingBuilder<T> {
@@ -189,6 +238,7 @@ pub struct EarlyStoppingBuilder<T> {
     directory: Option<PathBuf>,
     conditions: Vec<Termination>,
     stop_on_non_finite: bool,
+    on_epoch: Option<OnEpoch>,
 }
 
 impl<T: EpochTrainer> EarlyStoppingBuilder<T> {
@@ -237,6 +287,13 @@ impl<T: EpochTrainer> EarlyStoppingBuilder<T> {
     /// recorded, never becomes the best, and counts as no improvement.
     pub fn stop_on_non_finite(mut self, on: bool) -> Self {
         self.stop_on_non_finite = on;
+        self
+    }
+
+    /// Calls `f` after every epoch, once its conditions are checked (to print progress,
+    /// say: an [`EpochReport`] displays as one line).
+    pub fn on_epoch(mut self, f: impl FnMut(&EpochReport) + 'static) -> Self {
+        self.on_epoch = Some(OnEpoch(Box::new(f)));
         self
     }
 
@@ -314,6 +371,7 @@ impl<T: EpochTrainer> EarlyStoppingBuilder<T> {
             score: self.score,
             directory,
             conditions,
+            on_epoch: self.on_epoch,
         })
     }
 
@@ -335,6 +393,7 @@ pub struct EarlyStopping<T> {
     score: Score,
     directory: PathBuf,
     conditions: Vec<Termination>,
+    on_epoch: Option<OnEpoch>,
 }
 
 /// The reference score and the evaluations since it, of one `NoImprovement` condition.
@@ -356,6 +415,7 @@ impl<T: EpochTrainer> EarlyStopping<T> {
             directory: None,
             conditions: Vec::new(),
             stop_on_non_finite: true,
+            on_epoch: None,
         }
     }
 
@@ -390,12 +450,14 @@ impl<T: EpochTrainer> EarlyStopping<T> {
             let loss = self.trainer.train_epoch(train, epoch, self.batch_size)?;
             train_losses.push(loss);
             self.trainer.save(&latest_path)?;
+            let mut improved = false;
             let score = if (epoch + 1) % self.evaluate_every == 0 {
                 let s = self.score.of(&self.trainer.score(&self.validation)?)?;
                 scores.push((epoch, s));
                 if s.is_finite() && best.is_none_or(|(_, b)| self.score.gain(s, b) > 0.0) {
                     self.trainer.save(&best_path)?;
                     best = Some((epoch, s));
+                    improved = true;
                 }
                 for (c, p) in self.conditions.iter().zip(&mut patience) {
                     if let Termination::NoImprovement { min_delta, .. } = *c {
@@ -412,6 +474,17 @@ impl<T: EpochTrainer> EarlyStopping<T> {
                 .iter()
                 .zip(&patience)
                 .find_map(|(c, p)| check(*c, p, self.score, trained, score, start.elapsed()));
+            if let Some(OnEpoch(f)) = &mut self.on_epoch {
+                f(&EpochReport {
+                    epoch,
+                    train_loss: loss,
+                    score,
+                    improved,
+                    best,
+                    elapsed: start.elapsed(),
+                    stop,
+                });
+            }
             if let Some(reason) = stop {
                 break reason;
             }

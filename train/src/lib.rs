@@ -13,8 +13,8 @@ mod worker;
 mod wrapper;
 
 pub use early::{
-    EarlyStopping, EarlyStoppingBuilder, EarlyStoppingResult, Score, StopReason, Termination,
-    BEST_FILE, LATEST_FILE,
+    EarlyStopping, EarlyStoppingBuilder, EarlyStoppingResult, EpochReport, Score, StopReason,
+    Termination, BEST_FILE, LATEST_FILE,
 };
 pub use epoch::EpochTrainer;
 pub use error::{Error, Result};

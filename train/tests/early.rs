@@ -5,10 +5,12 @@
 use ndfuse::{Array, Context};
 use ndfuse_nn::{Activation, Dataset, Layer, Loss, Optimizer, Scores, Sequential, Trainer};
 use ndfuse_train::{
-    EarlyStopping, EarlyStoppingBuilder, EpochTrainer, Error, Result, Score, StopReason,
-    Termination, BEST_FILE, LATEST_FILE,
+    EarlyStopping, EarlyStoppingBuilder, EpochReport, EpochTrainer, Error, Result, Score,
+    StopReason, Termination, BEST_FILE, LATEST_FILE,
 };
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Duration;
 
 /// A trainer whose whole state is the number of epochs it has trained; after epoch `e`
@@ -121,7 +123,10 @@ fn patience_stops_at_the_hand_computed_epoch_and_keeps_best_and_latest() {
     // Best 3.0 at epoch 2; epochs 3, 4, 5 do not better it: the third of them (epoch 5)
     // exhausts a patience of 3, so 6 epochs are trained and 3.05 is never seen.
     let script = [5.0, 4.0, 3.0, 3.5, 3.2, 3.1, 3.05, 1.0, 0.5];
+    let reports = Rc::new(RefCell::new(Vec::new()));
+    let seen = reports.clone();
     let mut r = scripted(Scripted::losses(&script), &dir)
+        .on_epoch(move |e: &EpochReport| seen.borrow_mut().push(*e))
         .stop_when(Termination::MaxEpochs(100))
         .stop_when(Termination::NoImprovement {
             patience: 3,
@@ -146,6 +151,26 @@ fn patience_stops_at_the_hand_computed_epoch_and_keeps_best_and_latest() {
         vec![100.0, 101.0, 102.0, 103.0, 104.0, 105.0]
     );
     assert_eq!((r.best_epoch, r.best_score), (Some(2), Some(3.0)));
+    // The callback saw every epoch, which ones improved, and the stop on the last.
+    let reports = reports.borrow();
+    let seen: Vec<(u64, Option<f64>, bool)> = reports
+        .iter()
+        .map(|e| (e.epoch, e.score, e.improved))
+        .collect();
+    let improved = [true, true, true, false, false, false];
+    let expected: Vec<(u64, Option<f64>, bool)> = (0..6)
+        .map(|e| (e, Some(script[e as usize]), improved[e as usize]))
+        .collect();
+    assert_eq!(seen, expected);
+    assert_eq!(reports[4].best, Some((2, 3.0)));
+    assert!(reports[..5].iter().all(|e| e.stop.is_none()));
+    assert_eq!(reports[5].stop, Some(r.reason));
+    let line = reports[5].to_string();
+    assert!(
+        line.starts_with("epoch 5: loss 105.0000, score 3.1000, ")
+            && line.ends_with("; stopping: no improvement by more than 0 in 3 evaluations"),
+        "{line}"
+    );
     // The files: the best is the state after epoch 2 (3 epochs), the latest after 6.
     let best = r.best_path.clone().unwrap();
     assert_eq!(best, dir.join(BEST_FILE));
