@@ -47,7 +47,7 @@ pub fn cross_entropy_with_logits(logits: &Tensor, labels: &Tensor) -> Tensor {
 pub fn accuracy(logits: &Tensor, labels: &Tensor) -> Tensor {
     logits
         .argmax(-1)
-        .eq(&labels.cast(DType::I64))
+        .eq(labels.cast(DType::I64))
         .cast(DType::F32)
         .mean(..)
 }

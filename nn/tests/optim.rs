@@ -22,7 +22,7 @@ fn run(make: impl Fn(&[Parameter]) -> Optimizer) -> Vec<Vec<f64>> {
     let ctx = Context::builder().dtype(DType::F64).build().unwrap();
     let w0 = start();
     let p = Parameter::new("w", &ctx.from_vec(w0.clone(), &[w0.len()]).unwrap()).unwrap();
-    let mut opt = make(&[p.clone()]);
+    let mut opt = make(std::slice::from_ref(&p));
     (0..STEPS)
         .map(|t| {
             let g: Vec<f64> = (0..w0.len()).map(|i| grad_at(t, i)).collect();
@@ -205,7 +205,7 @@ fn a_step_over_several_parameters_is_one_kernel_per_parameter_and_the_graph_stay
 fn mismatched_gradients_and_state_are_errors_that_change_nothing() {
     let ctx = Context::new();
     let p = Parameter::new("w", &ctx.ones(&[3])).unwrap();
-    let mut opt = Optimizer::adam(&[p.clone()], 0.1);
+    let mut opt = Optimizer::adam(std::slice::from_ref(&p), 0.1);
     let err = opt.update(&[]).unwrap_err().to_string();
     assert!(err.contains("0 gradients for 1 parameters"), "{err}");
     let bad = ndfuse::Array::from_vec(vec![1.0f32; 4], &[4]).unwrap();

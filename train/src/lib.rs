@@ -17,6 +17,11 @@ pub use early::{
     Termination, BEST_FILE, LATEST_FILE,
 };
 pub use epoch::EpochTrainer;
+
+/// Deeplearning4j's `EarlyStoppingParallelTrainer`: early stopping over a
+/// [`ParallelWrapper`] (each epoch trained by every worker, scored on the averaged
+/// model).
+pub type EarlyStoppingParallelTrainer<M> = EarlyStopping<ParallelWrapper<M>>;
 pub use error::{Error, Result};
 pub use wrapper::{
     Builder, Failure, OnFailure, ParallelEpoch, ParallelReport, ParallelWrapper, WorkerReport,
