@@ -9,11 +9,11 @@ use ndfuse::{Context, Tensor};
 use std::fmt::Debug;
 
 /// Whether a forward pass trains (Dropout drops) or evaluates (Dropout passes through),
-/// and the random key of the step.
-#[derive(Debug, Clone)]
+/// and the random seed of the step, from which each layer draws its own key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mode {
     train: bool,
-    key: Option<Tensor>,
+    seed: u64,
 }
 
 impl Mode {
@@ -21,17 +21,14 @@ impl Mode {
     pub fn eval() -> Mode {
         Mode {
             train: false,
-            key: None,
+            seed: 0,
         }
     }
 
-    /// Training with `key`, a 0-d i64 data tensor ([`Context::key`]) that changes every
-    /// step; as data, a new key does not change the compiled graph.
-    pub fn train(key: Tensor) -> Mode {
-        Mode {
-            train: true,
-            key: Some(key),
-        }
+    /// Training with the step's `seed` (a new one every step: keys are data, so a new
+    /// seed does not change the compiled graph).
+    pub fn train(seed: u64) -> Mode {
+        Mode { train: true, seed }
     }
 
     /// Whether this pass trains.
@@ -39,10 +36,27 @@ impl Mode {
         self.train
     }
 
-    /// The step's random key, when training.
-    pub fn key(&self) -> Option<&Tensor> {
-        self.key.as_ref()
+    /// The mode of sub-layer `i` of a container: its own seed, so two Dropout layers
+    /// of one model draw different masks.
+    pub fn child(&self, i: usize) -> Mode {
+        Mode {
+            train: self.train,
+            seed: mix(self.seed ^ mix(i as u64 + 1)),
+        }
     }
+
+    /// This layer's random key in `ctx` (a 0-d i64 data tensor), when training.
+    pub fn key(&self, ctx: &Context) -> Option<Tensor> {
+        self.train.then(|| ctx.key(self.seed))
+    }
+}
+
+/// SplitMix64's output function: a well-mixed 64-bit value of `x`.
+pub(crate) fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// A differentiable function of one tensor with its own parameters.
@@ -221,6 +235,38 @@ impl Layer for LayerNorm {
     }
 }
 
+/// Inverted dropout: in training, each element is zeroed with probability `p` and the
+/// kept ones scaled by `1 / (1 - p)`; in evaluation, the identity. The mask comes from
+/// the IR's counter-based random op keyed by the step's seed (see [`Mode`]), so it is
+/// the same bits on every backend and thread count, and fuses into the kernels around
+/// it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dropout {
+    p: f64,
+}
+
+impl Dropout {
+    /// Dropout of probability `p` in `[0, 1)` (checked when the layer runs: another
+    /// value gives a tensor carrying the error, with the call site).
+    pub fn new(p: f64) -> Dropout {
+        Dropout { p }
+    }
+}
+
+impl Layer for Dropout {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, mode: &Mode) -> Tensor {
+        match mode.key(x.context()) {
+            Some(key) => x.dropout(self.p, &key),
+            None => x.clone(),
+        }
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(*self)
+    }
+}
+
 /// Layers applied one after another.
 #[derive(Debug, Default)]
 pub struct Sequential {
@@ -274,7 +320,8 @@ impl Layer for Sequential {
     fn forward(&self, x: &Tensor, mode: &Mode) -> Tensor {
         self.layers
             .iter()
-            .fold(x.clone(), |x, layer| layer.forward(&x, mode))
+            .enumerate()
+            .fold(x.clone(), |x, (i, layer)| layer.forward(&x, &mode.child(i)))
     }
 
     fn parameters(&self) -> Vec<Parameter> {

@@ -23,7 +23,7 @@ pub use data::{Batch, Batches, Dataset, Prefetch};
 pub use error::{Error, Result};
 pub use fit::{epoch_line, Epoch, FitOptions, History};
 pub use init::Init;
-pub use layers::{Activation, Layer, LayerNorm, Linear, Mode, Sequential};
+pub use layers::{Activation, Dropout, Layer, LayerNorm, Linear, Mode, Sequential};
 pub use loss::{accuracy, cross_entropy_with_logits, mse};
 pub use optim::{Method, Optimizer, Update};
 pub use param::Parameter;

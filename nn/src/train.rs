@@ -5,7 +5,7 @@
 
 use crate::checkpoint::{load, save};
 use crate::error::{Error, Result};
-use crate::layers::{Layer, Mode};
+use crate::layers::{mix, Layer, Mode};
 use crate::loss::{accuracy, cross_entropy_with_logits, mse};
 use crate::optim::{Optimizer, Update};
 use crate::param::Parameter;
@@ -131,7 +131,7 @@ impl<M: Layer> Trainer<M> {
     /// forward pass), evaluated as one graph, without changing anything: what
     /// synchronous data parallelism averages across workers.
     pub fn gradients(&self, x: &Tensor, y: &Tensor) -> Result<(f64, Vec<Array>)> {
-        let mode = Mode::train(self.key()?);
+        let mode = Mode::train(self.step_seed());
         let loss = self.loss.of(&self.model.forward(x, &mode), y);
         let params: Vec<Tensor> = self
             .optimizer
@@ -182,15 +182,14 @@ impl<M: Layer> Trainer<M> {
         &self.ctx
     }
 
-    /// The step's random key: a 0-d i64 data tensor drawn from the seed and the step.
-    fn key(&self) -> Result<Tensor> {
-        let k = split_mix(self.seed ^ split_mix(self.optimizer.steps()));
-        Ok(self.ctx.from_vec(vec![k as i64], &[])?)
+    /// The step's random seed, drawn from the trainer's seed and the step count.
+    fn step_seed(&self) -> u64 {
+        mix(self.seed ^ mix(self.optimizer.steps()))
     }
 
     /// The lazy graph of one step on `x` and `y`: the loss, then the update.
     pub fn step_graph(&self, x: &Tensor, y: &Tensor) -> Result<(Tensor, Update)> {
-        let mode = Mode::train(self.key()?);
+        let mode = Mode::train(self.step_seed());
         let out = self.model.forward(x, &mode);
         let loss = self.loss.of(&out, y);
         let params: Vec<Tensor> = self
@@ -368,12 +367,4 @@ fn rows(t: &Tensor, start: usize, end: usize) -> Tensor {
         return t.clone();
     }
     t.slice(&[(start as i64..end as i64).into()])
-}
-
-/// SplitMix64's output function: a well-mixed 64-bit value of `x`.
-fn split_mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
