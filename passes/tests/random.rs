@@ -205,6 +205,11 @@ fn a_matmul_epilogue_computes_it_and_an_operand_is_stored() {
     let s = checked(&g, &inputs);
     // matmul + epilogue; the second operand filled; the second matmul.
     assert_eq!(s.kernel_count(), 3, "{}", s.to_text(&g));
+    let annotated = s.annotate(&g, &|_| None);
+    assert!(
+        annotated.contains("a random operand of matmul (a GEMM reads memory)"),
+        "{annotated}"
+    );
 }
 
 #[test]

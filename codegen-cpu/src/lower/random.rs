@@ -7,7 +7,7 @@ use super::function::Lowering;
 use cranelift_codegen::ir::immediates::Ieee32;
 use cranelift_codegen::ir::{types, InstBuilder, Type, Value};
 use cranelift_module::Module;
-use ndfuse_ir::op::{mix32, random_stream};
+use ndfuse_ir::op::mix32;
 use ndfuse_ir::View;
 
 /// Whether every position `view` reaches is below 2^32: the high half of the index is 0
@@ -45,17 +45,15 @@ impl<M: Module> Lowering<'_, '_, M> {
         self.xorshift(x, 16)
     }
 
-    /// [`random_stream`]`(key, c1)` for an i64 `key` and an i32 `c1` (`None` for 0,
-    /// whose inner mix is a constant).
+    /// [`ndfuse_ir::op::random_stream`]`(key, c1)` for an i64 `key` and an i32 `c1`
+    /// (`None` for 0, whose inner mix is a constant).
     pub(super) fn random_stream(&mut self, key: Value, c1: Option<Value>) -> Value {
         let k0 = self.b.ins().ireduce(types::I32, key);
         let hi = self.b.ins().ushr_imm_u(key, 32);
         let k1 = self.b.ins().ireduce(types::I32, hi);
         let inner = match c1 {
-            None => {
-                debug_assert_eq!(random_stream(0, 0), mix32(mix32(mix32(0x9e37_79b9))));
-                self.u32_const(types::I32, mix32(0x9e37_79b9))
-            }
+            // mix32(0 ^ 0x9e3779b9), folded here.
+            None => self.u32_const(types::I32, mix32(0x9e37_79b9)),
             Some(c1) => {
                 let golden = self.u32_const(types::I32, 0x9e37_79b9);
                 let x = self.b.ins().bxor(c1, golden);

@@ -91,12 +91,12 @@ impl Fuser<'_> {
         for n in self.order.clone() {
             if self.g.node(n).op.is_contraction() {
                 for o in self.g.operands(n) {
-                    if matches!(self.resolve(o), Source::Const(_) | Source::Random { .. }) {
-                        self.store(
-                            o,
-                            "a constant or random operand of matmul (a GEMM reads memory)".into(),
-                        );
-                    }
+                    let why = match self.resolve(o) {
+                        Source::Const(_) => "a constant operand of matmul (a GEMM reads memory)",
+                        Source::Random { .. } => "a random operand of matmul (a GEMM reads memory)",
+                        Source::Buffer { .. } => continue,
+                    };
+                    self.store(o, why.into());
                 }
             }
         }
