@@ -9,6 +9,7 @@
 mod early;
 mod epoch;
 mod error;
+mod ranks;
 mod worker;
 mod wrapper;
 
@@ -23,6 +24,7 @@ pub use epoch::EpochTrainer;
 /// model).
 pub type EarlyStoppingParallelTrainer<M> = EarlyStopping<ParallelWrapper<M>>;
 pub use error::{Error, Result};
+pub use ranks::Ranks;
 pub use wrapper::{
     Builder, Failure, OnFailure, ParallelEpoch, ParallelReport, ParallelWrapper, WorkerReport,
 };

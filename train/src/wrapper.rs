@@ -23,6 +23,7 @@
 
 use crate::epoch::EpochTrainer;
 use crate::error::{Error, Result};
+use crate::ranks::{hash_arrays, Ranks};
 use crate::worker::{Job, Reply, Worker};
 use ndfuse::{Array, Context, DeviceId, DeviceSet, Tensor};
 use ndfuse_nn::{Batch, Dataset, Layer, Parameter, Progress, Scores, Trainer};
@@ -151,6 +152,7 @@ pub struct ParallelWrapper<M: Layer> {
     batch_size: usize,
     seed: u64,
     progress: bool,
+    ranks: Option<Arc<dyn Ranks>>,
 }
 
 /// Builder of a [`ParallelWrapper`] (DL4J's `ParallelWrapper.Builder`).
@@ -227,6 +229,16 @@ impl<M: Layer> Builder<M> {
         self
     }
 
+    /// Spans the processes of a multi-process run (MPI: [`crate::MpiRanks`]): every
+    /// rank runs this many local workers on its own share of each round's batches, and
+    /// gradients (frequency 1) or parameters (frequency k) are averaged locally, then
+    /// summed across ranks. Only rank 0 draws the progress bar and writes the failure
+    /// checkpoint. A failed worker then stops the run on every rank.
+    pub fn ranks(mut self, ranks: Arc<dyn Ranks>) -> Builder<M> {
+        self.0.ranks = Some(ranks);
+        self
+    }
+
     /// The wrapper; `Err` for 0 workers, frequency 0 or batch size 0.
     pub fn build(mut self) -> Result<ParallelWrapper<M>> {
         let w = &mut self.0;
@@ -236,9 +248,14 @@ impl<M: Layer> Builder<M> {
                 None => w.trainer.context().devices()?.devices().len(),
             };
         }
+        let ranked = w.ranks.is_some();
         for (bad, why) in [
             (w.frequency == 0, "averaging_frequency must be at least 1"),
             (w.batch_size == 0, "batch_size must be at least 1"),
+            (
+                ranked && w.on_failure == OnFailure::Continue,
+                "with ranks a failed worker stops the run (OnFailure::Stop): the ranks' shares of the data must stay in step",
+            ),
         ] {
             if bad {
                 return Err(Error::Argument {
@@ -268,7 +285,13 @@ impl<M: Layer> ParallelWrapper<M> {
             batch_size: 32,
             seed: 0,
             progress: true,
+            ranks: None,
         })
+    }
+
+    /// This process's rank and the number of ranks ((0, 1) without ranks).
+    pub fn rank(&self) -> (usize, usize) {
+        self.ranks.as_ref().map_or((0, 1), |r| (r.rank(), r.size()))
     }
 
     /// The trainer holding the averaged model and optimiser.
@@ -296,7 +319,7 @@ impl<M: Layer> ParallelWrapper<M> {
         let mut workers = self.start_workers(&set)?;
         let per_epoch = data.len().div_ceil(self.batch_size) as u64;
         let total = per_epoch * (epochs.end - epochs.start);
-        let bar = if self.progress {
+        let bar = if self.progress && self.rank().0 == 0 {
             Progress::new(total, "parallel")
         } else {
             Progress::hidden(total, "parallel")
@@ -362,22 +385,45 @@ impl<M: Layer> ParallelWrapper<M> {
         };
         let mut queue: VecDeque<Batch> = VecDeque::new();
         let (mut loss_sum, mut samples) = (0.0, 0usize);
+        let (rank, ranks) = self.rank();
+        // With ranks every rank runs the same number of rounds, computed from the data
+        // set's size: rank r takes the r-th share of each round's batches (none, at the
+        // end of an epoch, is a share too: it still takes part in the collectives).
+        let per_rank = workers.len() * self.frequency as usize;
+        let mut rounds_left = (ranks > 1).then(|| {
+            data.len()
+                .div_ceil(self.batch_size)
+                .div_ceil(per_rank * ranks)
+        });
         loop {
             let live = workers.len();
-            if live == 0 {
+            if live == 0 || rounds_left == Some(0) {
                 break;
             }
             let want = live * self.frequency as usize;
-            while queue.len() < want {
-                match source.next() {
-                    Some(b) => queue.push_back(b?),
-                    None => break,
+            let round: Vec<Batch> = if let Some(left) = &mut rounds_left {
+                *left -= 1;
+                let mut mine = Vec::new();
+                for j in 0..per_rank * ranks {
+                    match source.next() {
+                        Some(b) if j / per_rank == rank => mine.push(b?),
+                        Some(b) => drop(b?),
+                        None => break,
+                    }
                 }
-            }
-            if queue.is_empty() {
-                break;
-            }
-            let round: Vec<Batch> = queue.drain(..want.min(queue.len())).collect();
+                mine
+            } else {
+                while queue.len() < want {
+                    match source.next() {
+                        Some(b) => queue.push_back(b?),
+                        None => break,
+                    }
+                }
+                if queue.is_empty() {
+                    break;
+                }
+                queue.drain(..want.min(queue.len())).collect()
+            };
             let (l, n) = if self.frequency == 1 {
                 self.sync_round(data, round, workers, &mut queue, run)?
             } else {
@@ -452,6 +498,9 @@ impl<M: Layer> ParallelWrapper<M> {
             }
         }
         self.handle_failures(data, failed, workers, queue, step, run)?;
+        if let Some(ranks) = self.ranks.clone() {
+            return self.sync_across(&*ranks, done, data, workers, queue, step, run);
+        }
         if done.is_empty() {
             return Ok((0.0, 0));
         }
@@ -478,6 +527,63 @@ impl<M: Layer> ParallelWrapper<M> {
             total,
             run,
         ))
+    }
+
+    /// The cross-rank half of a synchronous step: this rank's batch-weighted gradient
+    /// sums (zeros when it had no batch) and sample count are summed over the ranks,
+    /// divided by the total count, and one optimiser step is taken on every rank (the
+    /// same bits everywhere: the same sums in, the same step out). The score is the
+    /// global batch-weighted mean loss; the samples returned are this rank's.
+    #[allow(clippy::too_many_arguments)]
+    fn sync_across(
+        &mut self,
+        ranks: &dyn Ranks,
+        done: Vec<(f64, usize, Vec<Array>)>,
+        data: &Dataset,
+        workers: &mut Vec<Worker>,
+        queue: &mut VecDeque<Batch>,
+        step: u64,
+        run: &mut Run,
+    ) -> Result<(f64, usize)> {
+        let averaging = Instant::now();
+        let ctx = self.trainer.context().clone();
+        let local: usize = done.iter().map(|d| d.1).sum();
+        let mut sums: Vec<Array> = if done.is_empty() {
+            let zeros: Vec<Tensor> = self
+                .trainer
+                .model()
+                .parameters()
+                .iter()
+                .map(|p| ctx.full_dtype(&p.shape(), 0.0, p.dtype()))
+                .collect();
+            ctx.eval(&zeros.iter().collect::<Vec<_>>())?
+        } else {
+            let sets: Vec<Vec<Tensor>> = done
+                .iter()
+                .map(|d| d.2.iter().map(|g| ctx.tensor(g.clone())).collect())
+                .collect();
+            let counts: Vec<f64> = done.iter().map(|d| d.1 as f64).collect();
+            weighted_sum(&ctx, &sets, &counts)?
+        };
+        ranks.allreduce_sum(&mut sums)?;
+        let loss: f64 = done.iter().map(|d| d.0 * d.1 as f64).sum();
+        let mut totals = [local as f64, loss];
+        ranks.allreduce_sum_f64(&mut totals)?;
+        if totals[0] == 0.0 {
+            return Ok((0.0, local));
+        }
+        let scaled: Vec<Tensor> = sums
+            .into_iter()
+            .map(|a| ctx.tensor(a) / totals[0])
+            .collect();
+        let grads = ctx.eval(&scaled.iter().collect::<Vec<_>>())?;
+        self.trainer.apply_gradients(grads)?;
+        self.share(data, workers, None, queue, step, run)?;
+        run.report.averaging += averaging.elapsed();
+        run.batches_done += done.len() as u64;
+        let score = totals[1] / totals[0];
+        run.report.scores.push(score);
+        Ok((score, local))
     }
 
     /// One averaging round: each live worker takes up to k whole steps on its own
@@ -530,18 +636,51 @@ impl<M: Layer> ParallelWrapper<M> {
             }
         }
         self.handle_failures(data, failed, workers, queue, step, run)?;
+        let ranks = self.ranks.clone();
         if params.is_empty() {
-            return Ok((0.0, 0));
+            match &ranks {
+                // No batch here this round: this rank's replicas hold the trainer's
+                // values, and it takes part in the averaging with them.
+                Some(_) => {
+                    params.push(
+                        self.trainer
+                            .model()
+                            .parameters()
+                            .iter()
+                            .map(Parameter::value)
+                            .collect(),
+                    );
+                    states.push(
+                        self.trainer
+                            .optimizer()
+                            .state()
+                            .into_iter()
+                            .map(|(_, t)| t)
+                            .collect(),
+                    );
+                    steps = self.trainer.optimizer().steps();
+                }
+                None => return Ok((0.0, 0)),
+            }
         }
         let averaging = Instant::now();
         let ctx = self.trainer.context().clone();
         let equal = vec![1.0 / params.len() as f64; params.len()];
-        let avg = mean(&ctx, &params, &equal)?;
+        let mut avg = mean(&ctx, &params, &equal)?;
+        if let Some(r) = &ranks {
+            avg = across(&**r, &ctx, avg)?;
+            let mut s = [steps as f64];
+            r.allreduce_max_f64(&mut s)?;
+            steps = s[0] as u64;
+        }
         for (p, a) in self.trainer.model().parameters().iter().zip(avg) {
             p.replace(a)?;
         }
         let state = if self.average_state && !states[0].is_empty() {
-            let avg = mean(&ctx, &states, &equal)?;
+            let mut avg = mean(&ctx, &states, &equal)?;
+            if let Some(r) = &ranks {
+                avg = across(&**r, &ctx, avg)?;
+            }
             let shared: Vec<Tensor> = avg.into_iter().map(|a| ctx.tensor(a)).collect();
             self.trainer.optimizer_mut().share_state(&shared)?;
             Some(shared)
@@ -574,6 +713,22 @@ impl<M: Layer> ParallelWrapper<M> {
             .map(Parameter::value)
             .collect();
         let steps = self.trainer.optimizer().steps();
+        if cfg!(debug_assertions) {
+            if let Some(r) = &self.ranks {
+                let values = self
+                    .trainer
+                    .context()
+                    .eval(&params.iter().collect::<Vec<_>>())?;
+                if !r.all_equal(hash_arrays(&values))? {
+                    return Err(Error::Argument {
+                        what: "ParallelWrapper",
+                        why: format!(
+                            "after step {step} the ranks hold different parameters (a bug)"
+                        ),
+                    });
+                }
+            }
+        }
         for w in workers.iter() {
             w.send(Job::Adopt {
                 params: params.clone(),
@@ -651,7 +806,7 @@ impl<M: Layer> ParallelWrapper<M> {
         }
         let error = first.expect("at least one failure");
         if self.on_failure == OnFailure::Stop {
-            if let Some(path) = &self.checkpoint {
+            if let (Some(path), 0) = (&self.checkpoint, self.rank().0) {
                 self.trainer.save(path)?;
             }
             return Err(error);
@@ -705,6 +860,30 @@ fn mean(ctx: &Context, sets: &[Vec<Tensor>], weights: &[f64]) -> Result<Vec<Arra
             }
         })
         .collect();
+    Ok(ctx.eval(&outs.iter().collect::<Vec<_>>())?)
+}
+
+/// `sum_i counts[i] * sets[i][k]` for every k, as one evaluated graph.
+fn weighted_sum(ctx: &Context, sets: &[Vec<Tensor>], counts: &[f64]) -> Result<Vec<Array>> {
+    let n = sets.first().map_or(0, Vec::len);
+    let outs: Vec<Tensor> = (0..n)
+        .map(|k| {
+            let mut acc = &sets[0][k] * counts[0];
+            for (s, c) in sets[1..].iter().zip(&counts[1..]) {
+                acc = &acc + &(&s[k] * *c);
+            }
+            acc
+        })
+        .collect();
+    Ok(ctx.eval(&outs.iter().collect::<Vec<_>>())?)
+}
+
+/// The mean across ranks of each rank's `local` arrays: summed by the ranks, then
+/// divided by their count in one evaluated graph.
+fn across(ranks: &dyn Ranks, ctx: &Context, mut local: Vec<Array>) -> Result<Vec<Array>> {
+    ranks.allreduce_sum(&mut local)?;
+    let n = ranks.size() as f64;
+    let outs: Vec<Tensor> = local.into_iter().map(|a| ctx.tensor(a) / n).collect();
     Ok(ctx.eval(&outs.iter().collect::<Vec<_>>())?)
 }
 
