@@ -38,7 +38,14 @@
 //! # Ok::<(), ndfuse::Error>(())
 //! ```
 //!
-//! Layers: `options` < `cases` < `peak` < `machine` < `run` < `report`.
+//! The training rows (selected by names containing `train`, run after the cases) time
+//! one training step of a 784-512-512-10 ReLU MLP (forward, backward, Adam) on batch
+//! 128, set against the same FMA peak by the FLOPs of its products
+//! ([`TrainingShape::step_flops`]), with its kernel count and host allocations per step;
+//! and data-parallel training of it (`ParallelWrapper`) over CPU devices, in samples a
+//! second against one worker of one thread.
+//!
+//! Layers: `options` < `cases` < `peak` < `machine` < `training` < `run` < `report`.
 
 mod cases;
 mod machine;
@@ -46,6 +53,7 @@ mod options;
 mod peak;
 mod report;
 mod run;
+mod training;
 
 pub use cases::{cases, Case, Versus};
 pub use machine::{
@@ -54,6 +62,9 @@ pub use machine::{
 pub use options::{BenchOptions, Kind, Size};
 pub use peak::{measure_wide_fma_peak, FmaPeak};
 pub use run::{run_suite, run_suite_with, BenchReport, Compared, Event, Row};
+pub use training::{
+    training_names, ParallelRow, Shape as TrainingShape, StepRow, TrainingRow, WARMUP_STEPS,
+};
 
 #[cfg(test)]
 mod tests {
@@ -217,6 +228,54 @@ mod tests {
             json["machine"]["compute"]["vector_ops_per_s"].is_number(),
             "{json}"
         );
+    }
+
+    #[test]
+    fn the_step_flops_are_the_products_of_forward_and_backward() {
+        // By hand, 784-512-512-10 on batch 128: the three layers' forward and weight
+        // gradient products 2*128*2*(401 408 + 262 144 + 5 120) = 342 360 064, the
+        // input gradients of layers 2 and 3 2*128*(262 144 + 5 120) = 68 419 584.
+        let full = TrainingShape::of(Size::Full);
+        assert_eq!(full.step_flops(), 342_360_064 + 68_419_584);
+        assert_eq!(full.step_flops(), 410_779_648);
+        assert_eq!(full.model_text(), "784-512-512-10 relu");
+    }
+
+    /// The FLOPs of every matrix product in one step's kernel list: the products the
+    /// step really runs (each `Contraction` counts `2*batch*M*N*K`).
+    fn step_product_flops(shape: &TrainingShape) -> (u64, usize) {
+        use ndfuse_nn::{Activation, Layer, Loss, Optimizer, Sequential, Trainer};
+        let ctx = Context::new();
+        let model = Sequential::mlp(&ctx, &shape.widths, Activation::Relu, 1).expect("mlp");
+        let opt = Optimizer::adam(&model.parameters(), 1e-3);
+        let mut t = Trainer::new(model, opt, Loss::CrossEntropy).expect("trainer");
+        let x = ctx.rand_normal(&[shape.batch, shape.widths[0]], 0.0, 1.0, 3);
+        let labels: Vec<i64> = (0..shape.batch as i64).map(|i| i % 10).collect();
+        let y = ctx.from_vec(labels, &[shape.batch]).expect("labels");
+        let (_, report) = t.step_report(&x, &y).expect("a step");
+        let schedule = report.evaluation().schedule.as_ref().expect("a schedule");
+        let (mut flops, mut products) = (0, 0);
+        for step in &schedule.steps {
+            if let ndfuse_passes::Step::Kernel { kernel, .. } = step {
+                if let Some(c) = &kernel.contraction {
+                    flops += c.flops() as u64;
+                    products += 1;
+                }
+            }
+        }
+        (flops, products)
+    }
+
+    #[test]
+    fn the_step_flop_formula_matches_the_products_in_the_kernel_list() {
+        // Three forward products, three weight gradients, two input gradients: the
+        // first layer's input is data, so no kernel computes its gradient.
+        for size in [Size::Tiny, Size::Full] {
+            let shape = TrainingShape::of(size);
+            let (flops, products) = step_product_flops(&shape);
+            assert_eq!(products, 8, "{shape:?}");
+            assert_eq!(flops, shape.step_flops(), "{shape:?}");
+        }
     }
 
     #[test]

@@ -2,13 +2,101 @@
 
 use crate::options::{Kind, Size};
 use crate::run::BenchReport;
+use crate::training::{ParallelRow, StepRow, TrainingRow};
 use std::fmt::Write as _;
+
+/// A training row as JSON (snake_case keys; `kind` is `step` or `parallel`).
+fn training_json(row: &TrainingRow) -> serde_json::Value {
+    match row {
+        TrainingRow::Step(r) => serde_json::json!({
+            "name": r.name,
+            "kind": "step",
+            "model": r.model,
+            "batch": r.batch,
+            "backend": r.backend,
+            "kernels": r.kernels,
+            "runs": r.runs,
+            "median_ms": r.median_ms,
+            "min_ms": r.min_ms,
+            "flops": r.flops,
+            "gflops": r.gflops,
+            "fraction_of_fma_peak": r.fma_peak_fraction,
+            "allocations_per_step": r.allocations_per_step,
+            "loss": r.loss,
+        }),
+        TrainingRow::Parallel(r) => serde_json::json!({
+            "name": r.name,
+            "kind": "parallel",
+            "model": r.model,
+            "workers": r.workers,
+            "threads_per_worker": r.threads_per_worker,
+            "averaging_frequency": r.frequency,
+            "batch_per_worker": r.batch,
+            "samples": r.samples,
+            "runs": r.runs,
+            "samples_per_sec": r.samples_per_sec,
+            "scaling_efficiency": r.efficiency,
+            "rounds": r.rounds,
+            "averaging_ms_per_round": r.averaging_ms_per_round,
+            "busy_fraction": r.busy_fraction,
+            "loss": r.loss,
+        }),
+    }
+}
+
+/// The step row's line of the training block.
+fn step_line(r: &StepRow) -> String {
+    format!(
+        "{}: {} on batch {} ({}), forward + backward + Adam: median {:.2} ms, min {:.2} ms over {} steps; {:.1} GFLOP/s ({:.3} GFLOP of products), {} of the FMA peak (target 50%); {} kernels; {:.2} host allocations per step (target 0)",
+        r.name,
+        r.model,
+        r.batch,
+        r.backend,
+        r.median_ms,
+        r.min_ms,
+        r.runs,
+        r.gflops,
+        r.flops / 1e9,
+        r.fma_peak_fraction
+            .map_or_else(|| "-".into(), |f| format!("{:.1}%", f * 100.0)),
+        r.kernels,
+        r.allocations_per_step
+    )
+}
+
+/// A parallel row's line of the training block.
+fn parallel_line(r: &ParallelRow) -> String {
+    let busy: Vec<String> = r
+        .busy_fraction
+        .iter()
+        .map(|b| format!("{:.0}%", b * 100.0))
+        .collect();
+    format!(
+        "{}: {} worker{} x {} thread{}, frequency {}, batch {} per worker, {} samples an epoch: {:.0} samples/s (median of {} epochs), scaling efficiency {} against 1 worker of 1 thread (target 85% at 2 workers); averaging {:.2} ms per round over {} rounds; busy {}",
+        r.name,
+        r.workers,
+        if r.workers == 1 { "" } else { "s" },
+        r.threads_per_worker,
+        if r.threads_per_worker == 1 { "" } else { "s" },
+        r.frequency,
+        r.batch,
+        r.samples,
+        r.samples_per_sec,
+        r.runs,
+        r.efficiency
+            .map_or_else(|| "-".into(), |e| format!("{:.1}%", e * 100.0)),
+        r.averaging_ms_per_round,
+        r.rounds,
+        busy.join(" / ")
+    )
+}
 
 // ----- output -----
 
 impl BenchReport {
     /// The whole report as one JSON object: `machine` (cores, CPU, the four measured
-    /// bandwidths and the one used), `size`, and `rows`.
+    /// bandwidths and the one used), `size`, `rows`, and `training` (one object per
+    /// training row).
     pub fn to_json(&self) -> serde_json::Value {
         let m = &self.machine;
         let bw = &m.bandwidth;
@@ -93,6 +181,7 @@ impl BenchReport {
             },
             "size": match self.size { Size::Full => "full", Size::Tiny => "tiny" },
             "rows": rows,
+            "training": self.training.iter().map(training_json).collect::<Vec<_>>(),
             "host_cache": {
                 "hits": self.host_cache.hits,
                 "misses": self.host_cache.misses,
@@ -168,8 +257,11 @@ impl BenchReport {
             );
         }
         s.push('\n');
-        s.push_str("| case | expression | inputs | kernels | runs | median ms | ideal MB | GB/s | of bandwidth | GFLOP/s | of FMA peak | ops/elem | compute floor ms | x floor | faults/eval | note |\n");
-        s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        // A run of the training rows alone has no case table.
+        if !self.rows.is_empty() {
+            s.push_str("| case | expression | inputs | kernels | runs | median ms | ideal MB | GB/s | of bandwidth | GFLOP/s | of FMA peak | ops/elem | compute floor ms | x floor | faults/eval | note |\n");
+            s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        }
         for r in &self.rows {
             let kernels = match r.interp_steps {
                 0 => r.kernels.to_string(),
@@ -237,6 +329,16 @@ impl BenchReport {
                     .map_or_else(|| "-".into(), |f| format!("{f:.0}")),
                 note
             );
+        }
+        if !self.training.is_empty() {
+            s.push_str("\ntraining:\n");
+            for row in &self.training {
+                let line = match row {
+                    TrainingRow::Step(r) => step_line(r),
+                    TrainingRow::Parallel(r) => parallel_line(r),
+                };
+                let _ = writeln!(s, "- {line}");
+            }
         }
         let _ = writeln!(
             s,

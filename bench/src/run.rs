@@ -6,6 +6,7 @@ use crate::machine::{
     cpu_model, measure_bandwidth, measure_compute_peak, measure_fma_peak, Bandwidth, Machine,
 };
 use crate::options::{BenchOptions, Kind, Size};
+use crate::training::{run_parallel, run_step, training_names, TrainingRow, STEP_NAME};
 use ndfuse::{BackendKind, Context, Error, Report, Result, Tensor};
 use ndfuse_runtime::StepPath;
 use std::panic::Location;
@@ -122,6 +123,9 @@ pub struct BenchReport {
     pub size: Size,
     /// One row per case run, in suite order.
     pub rows: Vec<Row>,
+    /// The training rows run (names containing the filter), after the cases: the step
+    /// row, then the parallel rows.
+    pub training: Vec<TrainingRow>,
     /// The host buffer cache after the last case: its limits and traffic.
     pub host_cache: ndfuse_runtime::CacheStats,
 }
@@ -147,10 +151,17 @@ pub enum Event<'a> {
     },
     /// A case finished.
     CaseDone(&'a Row),
+    /// A training row is about to run.
+    TrainingStart {
+        /// The row's name.
+        name: &'static str,
+    },
+    /// A training row finished.
+    TrainingDone(&'a TrainingRow),
 }
 
-/// Runs the cases whose name contains `filter` (every case for `None`) and returns a
-/// row for each, after measuring the machine's bandwidth.
+/// Runs the cases and training rows whose name contains `filter` (every one for `None`)
+/// and returns a row for each, after measuring the machine's bandwidth and peaks.
 pub fn run_suite(filter: Option<&str>, opts: &BenchOptions) -> Result<BenchReport> {
     run_suite_with(filter, opts, &mut |_| {})
 }
@@ -168,8 +179,10 @@ pub fn run_suite_with(
         .iter()
         .filter(|c| filter.is_none_or(|f| c.name.contains(f)))
         .collect();
-    if selected.is_empty() {
-        let names: Vec<&str> = all.iter().map(|c| c.name).collect();
+    let keep = |name: &str| filter.is_none_or(|f| name.contains(f));
+    let training: Vec<&str> = training_names().into_iter().filter(|n| keep(n)).collect();
+    if selected.is_empty() && training.is_empty() {
+        let names: Vec<&str> = all.iter().map(|c| c.name).chain(training_names()).collect();
         return Err(Error::Argument {
             what: "bench",
             why: format!(
@@ -221,6 +234,30 @@ pub fn run_suite_with(
             ratio: own / base,
         });
     }
+    let mut training_rows = Vec::new();
+    if training.contains(&STEP_NAME) {
+        on_event(Event::TrainingStart { name: STEP_NAME });
+        // The FMA peak is the host's: no fraction of it for a step run on a GPU.
+        let host_peak = (opts.backend != BackendKind::Cuda).then_some(fma.flops_all);
+        let row = TrainingRow::Step(run_step(&ctx, opts, host_peak)?);
+        on_event(Event::TrainingDone(&row));
+        training_rows.push(row);
+    }
+    let parallel: Vec<&str> = training
+        .iter()
+        .copied()
+        .filter(|n| *n != STEP_NAME)
+        .collect();
+    if !parallel.is_empty() {
+        let rows = run_parallel(opts, &|n| parallel.contains(&n), &mut |name| {
+            on_event(Event::TrainingStart { name })
+        })?;
+        for row in rows {
+            let row = TrainingRow::Parallel(row);
+            on_event(Event::TrainingDone(&row));
+            training_rows.push(row);
+        }
+    }
     Ok(BenchReport {
         machine: Machine {
             cores: bandwidth.threads,
@@ -234,6 +271,7 @@ pub fn run_suite_with(
         },
         size: opts.size,
         rows,
+        training: training_rows,
         host_cache: ndfuse_runtime::host_cache_stats(),
     })
 }

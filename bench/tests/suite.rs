@@ -119,6 +119,8 @@ fn progress_events_come_in_order() {
                 format!("start {index}/{total} {}", case.name)
             }
             Event::CaseDone(row) => format!("done {}", row.name),
+            Event::TrainingStart { name } => format!("start {name}"),
+            Event::TrainingDone(row) => format!("done {}", row.name()),
         });
     })
     .expect("runs");
