@@ -44,17 +44,22 @@ fn training_json(row: &TrainingRow) -> serde_json::Value {
     }
 }
 
+/// `1 step`, `3 steps`.
+fn counted(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
 /// The step row's line of the training block.
 fn step_line(r: &StepRow) -> String {
     format!(
-        "{}: {} on batch {} ({}), forward + backward + Adam: median {:.2} ms, min {:.2} ms over {} steps; {:.1} GFLOP/s ({:.3} GFLOP of products), {} of the FMA peak (target 50%); {} kernels; {:.2} host allocations per step (target 0)",
+        "{}: {} on batch {} ({}), forward + backward + Adam: median {:.2} ms, min {:.2} ms over {}; {:.1} GFLOP/s ({:.3} GFLOP of products), {} of the FMA peak (target 50%); {} kernels; {:.2} host allocations per step (target 0)",
         r.name,
         r.model,
         r.batch,
         r.backend,
         r.median_ms,
         r.min_ms,
-        r.runs,
+        counted(r.runs, "step"),
         r.gflops,
         r.flops / 1e9,
         r.fma_peak_fraction
@@ -72,7 +77,7 @@ fn parallel_line(r: &ParallelRow) -> String {
         .map(|b| format!("{:.0}%", b * 100.0))
         .collect();
     format!(
-        "{}: {} worker{} x {} thread{}, frequency {}, batch {} per worker, {} samples an epoch: {:.0} samples/s (median of {} epochs), scaling efficiency {} against 1 worker of 1 thread (target 85% at 2 workers); averaging {:.2} ms per round over {} rounds; busy {}",
+        "{}: {} worker{} x {} thread{}, frequency {}, batch {} per worker, {} samples an epoch: {:.0} samples/s (median of {}), scaling efficiency {} against 1 worker of 1 thread (target 85% at 2 workers); averaging {:.2} ms per round over {}; busy {}",
         r.name,
         r.workers,
         if r.workers == 1 { "" } else { "s" },
@@ -82,11 +87,11 @@ fn parallel_line(r: &ParallelRow) -> String {
         r.batch,
         r.samples,
         r.samples_per_sec,
-        r.runs,
+        counted(r.runs, "epoch"),
         r.efficiency
             .map_or_else(|| "-".into(), |e| format!("{:.1}%", e * 100.0)),
         r.averaging_ms_per_round,
-        r.rounds,
+        counted(r.rounds as usize, "round"),
         busy.join(" / ")
     )
 }
@@ -331,7 +336,12 @@ impl BenchReport {
             );
         }
         if !self.training.is_empty() {
-            s.push_str("\ntraining:\n");
+            // A blank line after the case table; the machine's lines end with one.
+            s.push_str(if self.rows.is_empty() {
+                "training:\n"
+            } else {
+                "\ntraining:\n"
+            });
             for row in &self.training {
                 let line = match row {
                     TrainingRow::Step(r) => step_line(r),
