@@ -10,7 +10,9 @@ use std::io::{IsTerminal as _, Write as _};
 pub struct BenchArgs {
     /// Run only the cases whose name contains SUITE: gelu, chain, softmax, layernorm,
     /// sum, colsum, broadcast, gelu_f16, compile_new, compile_cached, matmul_f32,
-    /// matmul_gelu, attention, matmul_f16, matmul_bf16, matmul_cached.
+    /// matmul_gelu, attention, matmul_f16, matmul_bf16, matmul_cached; and the training
+    /// rows (`train` selects them all): train_step_mlp, train_parallel_1w1t,
+    /// train_parallel_1w2t, train_parallel_2w1t_f1, train_parallel_2w1t_f8.
     suite: Option<String>,
     /// Print one JSON object (machine, measured bandwidths, rows) instead of the table.
     #[arg(long)]
@@ -59,7 +61,8 @@ pub fn run(a: &BenchArgs) -> Result<(), Failure> {
                 case.expr,
                 case.inputs_text()
             ),
-            Event::CaseDone(_) => {}
+            Event::TrainingStart { name } => eprintln!("ndfuse bench: training row {name}"),
+            Event::CaseDone(_) | Event::TrainingDone(_) => {}
         }
     };
     let report = run_suite_with(a.suite.as_deref(), &opts, &mut on_event)
