@@ -470,6 +470,8 @@ impl Kernel {
     ///   they come from (so a bool value can only ever be 0 or 1), loads and constants
     ///   have their buffer's / value's dtype;
     /// - every output is stored exactly once, with its dtype and the domain's size;
+    /// - a random op reads one key for the whole kernel, an i64, at positions in
+    ///   `0..2^63`;
     /// - the domain can be indexed with i64.
     pub fn check(&self) -> Result<(), Vec<String>> {
         let mut errs = Vec::new();
@@ -520,6 +522,22 @@ impl Kernel {
                     }
                 },
                 Expr::Random { key, view } => {
+                    // One key for the whole kernel: a constant, or a load of one element.
+                    let uniform = match &self.body[key.index()].expr {
+                        Expr::Const(_) => true,
+                        Expr::Load { view: kv, .. } => kv
+                            .shape
+                            .dims()
+                            .iter()
+                            .zip(&kv.strides)
+                            .all(|(&d, &st)| d == 1 || st == 0),
+                        _ => false,
+                    };
+                    if !uniform {
+                        errs.push(format!(
+                            "v{i} = random_uniform {key}: the key must be one value for the whole kernel (a constant or a load of one element)"
+                        ));
+                    }
                     if self.body[key.index()].dtype != DType::I64 || ins.dtype != DType::F32 {
                         errs.push(format!(
                             "v{i} = random_uniform {key}: takes an i64 key and gives f32, not {} -> {}",

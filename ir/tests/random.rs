@@ -236,13 +236,26 @@ fn a_kernel_reads_the_ops_own_positions_through_views() {
 }
 
 #[test]
-fn kernel_check_refuses_a_float_key_and_negative_positions() {
+fn kernel_check_refuses_a_float_key_a_varying_key_and_negative_positions() {
     let domain = Shape::new([4]);
     let mut k = random_kernel(&domain, View::contiguous(domain.clone()));
     k.body[0].dtype = DType::F32;
     k.inputs[0].dtype = DType::F32;
     let errs = k.check().expect_err("an f32 key is malformed");
     assert!(errs.iter().any(|e| e.contains("i64 key")), "{errs:?}");
+    // A key that varies over the domain.
+    let mut k = random_kernel(&domain, View::contiguous(domain.clone()));
+    k.inputs[0].len = 4;
+    k.body[0].expr = Expr::Load {
+        input: 0,
+        view: View::contiguous(domain.clone()),
+    };
+    let errs = k.check().expect_err("a varying key is malformed");
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("one value for the whole kernel")),
+        "{errs:?}"
+    );
     let mut view = View::contiguous(domain.clone());
     view.offset = -1;
     let errs = random_kernel(&domain, view)
