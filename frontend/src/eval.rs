@@ -23,6 +23,16 @@ impl Context {
     /// part took, and timings.
     pub fn eval_report(&self, outputs: &[&Tensor]) -> Result<(Vec<Array>, Report)> {
         let (graph, inputs) = crate::graph_cache::graph_of(outputs)?;
+        self.eval_graph(graph, inputs)
+    }
+
+    /// Evaluates a lowered graph with its input bindings on this context's backend or
+    /// device set.
+    pub(crate) fn eval_graph(
+        &self,
+        graph: Arc<Graph>,
+        inputs: crate::graph_cache::Bindings,
+    ) -> Result<(Vec<Array>, Report)> {
         let own = self.own_devices();
         let ev = match own {
             Some(set) => {

@@ -22,6 +22,7 @@
 //! carries the error (with the shapes and your call site), and `eval` returns it.
 
 mod array;
+mod compiled;
 mod composite;
 mod constructors;
 mod context;
@@ -40,6 +41,7 @@ mod report;
 mod tensor;
 
 pub use array::Array;
+pub use compiled::Compiled;
 pub use context::{Context, ContextBuilder};
 pub use contract::matmul;
 pub use error::{Error, Result};

@@ -9,45 +9,49 @@ use ndfuse::{Context, Tensor};
 use std::fmt::Debug;
 
 /// Whether a forward pass trains (Dropout drops) or evaluates (Dropout passes through),
-/// and the random seed of the step, from which each layer draws its own key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// and the random key of the step, from which each layer draws its own.
+#[derive(Debug, Clone)]
 pub struct Mode {
-    train: bool,
-    seed: u64,
+    /// The step's key (a 0-d i64 data tensor) when training.
+    key: Option<Tensor>,
+    /// This layer's offset from the step's key (each container gives each of its
+    /// layers its own): a constant of the graph, so the graph stays the same.
+    salt: i64,
 }
 
 impl Mode {
     /// Evaluation: no randomness.
     pub fn eval() -> Mode {
-        Mode {
-            train: false,
-            seed: 0,
-        }
+        Mode { key: None, salt: 0 }
     }
 
-    /// Training with the step's `seed` (a new one every step: keys are data, so a new
-    /// seed does not change the compiled graph).
-    pub fn train(seed: u64) -> Mode {
-        Mode { train: true, seed }
+    /// Training with the step's `key`, a 0-d i64 data tensor ([`Context::key`]) that
+    /// changes every step: as data, a new key does not change the compiled graph.
+    pub fn train(key: Tensor) -> Mode {
+        Mode {
+            key: Some(key),
+            salt: 0,
+        }
     }
 
     /// Whether this pass trains.
     pub fn is_train(&self) -> bool {
-        self.train
+        self.key.is_some()
     }
 
-    /// The mode of sub-layer `i` of a container: its own seed, so two Dropout layers
+    /// The mode of sub-layer `i` of a container: its own offset, so two Dropout layers
     /// of one model draw different masks.
     pub fn child(&self, i: usize) -> Mode {
         Mode {
-            train: self.train,
-            seed: mix(self.seed ^ mix(i as u64 + 1)),
+            key: self.key.clone(),
+            salt: mix(self.salt as u64 ^ mix(i as u64 + 1)) as i64,
         }
     }
 
-    /// This layer's random key in `ctx` (a 0-d i64 data tensor), when training.
-    pub fn key(&self, ctx: &Context) -> Option<Tensor> {
-        self.train.then(|| ctx.key(self.seed))
+    /// This layer's random key (the step's key plus the layer's offset, wrapping), when
+    /// training.
+    pub fn key(&self) -> Option<Tensor> {
+        self.key.as_ref().map(|k| k + self.salt)
     }
 }
 
@@ -256,7 +260,7 @@ impl Dropout {
 impl Layer for Dropout {
     #[track_caller]
     fn forward(&self, x: &Tensor, mode: &Mode) -> Tensor {
-        match mode.key(x.context()) {
+        match mode.key() {
             Some(key) => x.dropout(self.p, &key),
             None => x.clone(),
         }

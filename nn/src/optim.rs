@@ -76,6 +76,9 @@ pub struct Update {
     pub params: Vec<Tensor>,
     /// New optimiser state.
     pub state: Vec<Tensor>,
+    /// The step's scalars, the data leaves the update reads: (dtype, role, leaf).
+    /// Their values at a later step are [`Optimizer::scalar`] of the role.
+    pub scalars: Vec<(DType, &'static str, Tensor)>,
 }
 
 /// An optimiser over a fixed list of parameters, with its state and step count.
@@ -289,15 +292,13 @@ impl Optimizer {
                 ),
             });
         }
-        let t = self.steps;
-        let rate = self.schedule.rate(t);
         let mut scalars = Scalars::default();
         let (mut params, mut state) = (Vec::new(), Vec::new());
         for ((p, g), s) in self.params.iter().zip(grads).zip(&self.state) {
             let p = p.value();
             let ctx = p.context().clone();
             let dtype = p.dtype()?;
-            let mut data = |role, v: f64| scalars.get(&ctx, dtype, role, v);
+            let mut data = |role| scalars.get(&ctx, dtype, role, self.scalar(role));
             let wd = self.weight_decay;
             match self.method {
                 Method::Sgd {
@@ -317,7 +318,7 @@ impl Optimizer {
                             b
                         }
                     };
-                    params.push(&p - &(&d * &data("rate", rate)));
+                    params.push(&p - &(&d * &data("rate")));
                 }
                 Method::Adam { beta1, beta2, eps } | Method::AdamW { beta1, beta2, eps } => {
                     let decoupled = matches!(self.method, Method::AdamW { .. });
@@ -329,13 +330,10 @@ impl Optimizer {
                     let m = &(&s[0] * beta1) + &(&g * (1.0 - beta1));
                     let v = &(&s[1] * beta2) + &(&g.square() * (1.0 - beta2));
                     // PyTorch's form: p -= rate / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
-                    let n = i32::try_from(t + 1).unwrap_or(i32::MAX);
-                    let bc1 = 1.0 - beta1.powi(n);
-                    let bc2 = 1.0 - beta2.powi(n);
-                    let step = &(&m * &data("rate_over_bc1", rate / bc1))
-                        / &(&v.sqrt() * &data("inv_sqrt_bc2", 1.0 / bc2.sqrt()) + eps);
+                    let step =
+                        &(&m * &data("rate_over_bc1")) / &(&v.sqrt() * &data("inv_sqrt_bc2") + eps);
                     let base = if decoupled && wd != 0.0 {
-                        &p * &data("decay", 1.0 - rate * wd)
+                        &p * &data("decay")
                     } else {
                         p.clone()
                     };
@@ -345,7 +343,32 @@ impl Optimizer {
                 }
             }
         }
-        Ok(Update { params, state })
+        Ok(Update {
+            params,
+            state,
+            scalars: scalars.0,
+        })
+    }
+
+    /// The value of the step scalar `role` at the current step: `rate` (the
+    /// schedule's), Adam's `rate_over_bc1` and `inv_sqrt_bc2` (the bias corrections of
+    /// step t + 1), AdamW's `decay` (`1 - rate * weight_decay`). Unknown roles are NaN.
+    pub fn scalar(&self, role: &str) -> f64 {
+        let rate = self.schedule.rate(self.steps);
+        let n = i32::try_from(self.steps + 1).unwrap_or(i32::MAX);
+        let (beta1, beta2) = match self.method {
+            Method::Adam { beta1, beta2, .. } | Method::AdamW { beta1, beta2, .. } => {
+                (beta1, beta2)
+            }
+            Method::Sgd { .. } => (0.0, 0.0),
+        };
+        match role {
+            "rate" => rate,
+            "rate_over_bc1" => rate / (1.0 - beta1.powi(n)),
+            "inv_sqrt_bc2" => 1.0 / (1.0 - beta2.powi(n)).sqrt(),
+            "decay" => 1.0 - rate * self.weight_decay,
+            _ => f64::NAN,
+        }
     }
 
     /// Takes a step's evaluated results: `params` replace the parameters' values and
@@ -382,7 +405,7 @@ impl Optimizer {
     /// evaluates the forward and backward passes in the same graph calls
     /// [`Optimizer::update`] and [`Optimizer::commit`] itself).
     pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
-        let Update { params, state } = self.update(grads)?;
+        let Update { params, state, .. } = self.update(grads)?;
         let Some(first) = self.params.first() else {
             return Ok(());
         };

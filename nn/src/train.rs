@@ -9,7 +9,7 @@ use crate::layers::{mix, Layer, Mode};
 use crate::loss::{accuracy, cross_entropy_with_logits, mse};
 use crate::optim::{Optimizer, Update};
 use crate::param::Parameter;
-use ndfuse::{Array, Context, Report, Tensor};
+use ndfuse::{Array, Compiled, Context, Report, Tensor};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -68,6 +68,20 @@ pub struct Trainer<M: Layer> {
     optimizer: Optimizer,
     loss: Loss,
     seed: u64,
+    /// The step as a compiled graph, for batches of one type (see [`StepCache`]).
+    cache: Option<StepCache>,
+    /// Whether steps keep their compiled graph (on by default).
+    reuse: bool,
+}
+
+/// One training step lowered once: its slots are the batch, the step key, the
+/// parameters, the optimiser state and the step scalars, in that order; a step with a
+/// batch of the same dtypes and shapes only binds new data to them.
+#[derive(Debug, Clone)]
+struct StepCache {
+    batch: [(ndfuse::DType, Vec<usize>); 2],
+    step: Compiled,
+    scalars: Vec<(ndfuse::DType, &'static str)>,
 }
 
 impl<M: Layer> Trainer<M> {
@@ -95,6 +109,8 @@ impl<M: Layer> Trainer<M> {
             optimizer,
             loss,
             seed: 0,
+            cache: None,
+            reuse: true,
         })
     }
 
@@ -105,10 +121,20 @@ impl<M: Layer> Trainer<M> {
         self
     }
 
+    /// Whether a step reuses the graph the first step of its batch type compiled (on by
+    /// default); off, every step builds, differentiates and lowers its graph again (the
+    /// same results, more host time: for checking the reuse).
+    pub fn reuse_steps(mut self, on: bool) -> Trainer<M> {
+        self.reuse = on;
+        self.cache = None;
+        self
+    }
+
     /// Evaluations of this trainer run in `ctx` (its backend or device set, and a thread
     /// bound there), wherever its parameters were made.
     pub fn in_context(mut self, ctx: Context) -> Trainer<M> {
         self.ctx = ctx;
+        self.cache = None;
         self
     }
 
@@ -124,6 +150,8 @@ impl<M: Layer> Trainer<M> {
             optimizer,
             loss: self.loss,
             seed: self.seed,
+            cache: None,
+            reuse: self.reuse,
         })
     }
 
@@ -131,7 +159,7 @@ impl<M: Layer> Trainer<M> {
     /// forward pass), evaluated as one graph, without changing anything: what
     /// synchronous data parallelism averages across workers.
     pub fn gradients(&self, x: &Tensor, y: &Tensor) -> Result<(f64, Vec<Array>)> {
-        let mode = Mode::train(self.step_seed());
+        let mode = Mode::train(self.step_key());
         let loss = self.loss.of(&self.model.forward(x, &mode), y);
         let params: Vec<Tensor> = self
             .optimizer
@@ -150,7 +178,7 @@ impl<M: Layer> Trainer<M> {
     /// in), evaluated and committed.
     pub fn apply_gradients(&mut self, grads: Vec<Array>) -> Result<()> {
         let grads: Vec<Tensor> = grads.into_iter().map(|g| self.ctx.tensor(g)).collect();
-        let Update { params, state } = self.optimizer.update(&grads)?;
+        let Update { params, state, .. } = self.optimizer.update(&grads)?;
         let outputs: Vec<&Tensor> = params.iter().chain(&state).collect();
         let mut out = self.ctx.eval(&outputs)?;
         let state = out.split_off(params.len());
@@ -187,9 +215,14 @@ impl<M: Layer> Trainer<M> {
         mix(self.seed ^ mix(self.optimizer.steps()))
     }
 
+    /// The step's random key: a 0-d i64 data tensor holding [`Trainer::step_seed`].
+    fn step_key(&self) -> Tensor {
+        self.ctx.key(self.step_seed())
+    }
+
     /// The lazy graph of one step on `x` and `y`: the loss, then the update.
     pub fn step_graph(&self, x: &Tensor, y: &Tensor) -> Result<(Tensor, Update)> {
-        let mode = Mode::train(self.step_seed());
+        let mode = Mode::train(self.step_key());
         let out = self.model.forward(x, &mode);
         let loss = self.loss.of(&out, y);
         let params: Vec<Tensor> = self
@@ -219,14 +252,85 @@ impl<M: Layer> Trainer<M> {
 
     /// [`Trainer::step_tensors`], also returning the evaluation's report: the kernels
     /// the step compiled to, the path each took, and timings.
+    ///
+    /// The first step on a batch of given dtypes and shapes builds the step's graph
+    /// (forward, loss, gradients, update) and lowers it once ([`Context::compile`]);
+    /// later steps on data batches of the same type bind the new batch, key,
+    /// parameters, state and scalars to it and evaluate it directly: no tensors are
+    /// built, nothing is differentiated or lowered again.
     pub fn step_report(&mut self, x: &Tensor, y: &Tensor) -> Result<(f64, Report)> {
-        let (loss, update) = self.step_graph(x, y)?;
-        let outputs: Vec<&Tensor> = std::iter::once(&loss)
-            .chain(&update.params)
-            .chain(&update.state)
+        let batch = match (x.is_data() && self.reuse, y.is_data()) {
+            (true, true) => Some([
+                (x.dtype()?, x.shape()?.to_vec()),
+                (y.dtype()?, y.shape()?.to_vec()),
+            ]),
+            _ => None,
+        };
+        let key = self.step_key();
+        let params: Vec<Tensor> = self
+            .optimizer
+            .parameters()
+            .iter()
+            .map(Parameter::value)
             .collect();
-        let (mut out, report) = self.ctx.eval_report(&outputs)?;
-        let state = out.split_off(1 + update.params.len());
+        let state: Vec<Tensor> = self.optimizer.state().into_iter().map(|(_, t)| t).collect();
+        let hit = self
+            .cache
+            .as_ref()
+            .filter(|c| Some(&c.batch) == batch.as_ref());
+        let (out, report) = match hit {
+            Some(c) => {
+                let scalars: Vec<Tensor> = c
+                    .scalars
+                    .iter()
+                    .map(|(dtype, role)| {
+                        scalar_leaf(&self.ctx, *dtype, self.optimizer.scalar(role))
+                    })
+                    .collect();
+                let data: Vec<&Tensor> = [x, y, &key]
+                    .into_iter()
+                    .chain(&params)
+                    .chain(&state)
+                    .chain(&scalars)
+                    .collect();
+                c.step.run_report(&data)?
+            }
+            None => {
+                let mode = Mode::train(key.clone());
+                let loss = self.loss.of(&self.model.forward(x, &mode), y);
+                let grads = ndfuse::grad(&loss, &params.iter().collect::<Vec<_>>())?;
+                let update = self.optimizer.update(&grads)?;
+                let outputs: Vec<&Tensor> = std::iter::once(&loss)
+                    .chain(&update.params)
+                    .chain(&update.state)
+                    .collect();
+                let Some(batch) = batch else {
+                    // An expression batch: evaluated as it is, nothing kept.
+                    return self.finish(self.ctx.eval_report(&outputs)?);
+                };
+                let inputs: Vec<&Tensor> = [x, y, &key]
+                    .into_iter()
+                    .chain(&params)
+                    .chain(&state)
+                    .chain(update.scalars.iter().map(|s| &s.2))
+                    .collect();
+                let step = self.ctx.compile(&outputs, &inputs)?;
+                let result = step.run_report(&inputs)?;
+                self.cache = Some(StepCache {
+                    batch,
+                    step,
+                    scalars: update.scalars.iter().map(|s| (s.0, s.1)).collect(),
+                });
+                result
+            }
+        };
+        self.finish((out, report))
+    }
+
+    /// Commits a step's evaluated outputs (the loss, new parameters, new state).
+    fn finish(&mut self, (mut out, report): (Vec<Array>, Report)) -> Result<(f64, Report)> {
+        let n = self.optimizer.parameters().len();
+        let state = out.split_off(1 + n);
         let params = out.split_off(1);
         let loss = out[0].to_f64_vec()[0];
         self.optimizer.commit(params, state)?;
@@ -266,6 +370,12 @@ impl<M: Layer> Trainer<M> {
             samples: n,
         })
     }
+}
+
+/// A 0-d data tensor of `dtype` holding `v` (rounded into the dtype).
+fn scalar_leaf(ctx: &Context, dtype: ndfuse::DType, v: f64) -> Tensor {
+    let a = ndfuse_ir::HostArray::from_f64s(dtype, ndfuse_ir::Shape::scalar(), &[v]);
+    ctx.tensor(Array::from_host(a))
 }
 
 /// The `format` metadata of a trainer's checkpoint.

@@ -100,3 +100,48 @@ fn evaluation_scores_every_sample_in_slices() {
     );
     assert_eq!(whole.accuracy, sliced.accuracy);
 }
+
+#[test]
+fn reusing_the_compiled_step_gives_the_bits_of_building_it_every_step() {
+    let run = |reuse: bool| {
+        let ctx = Context::new();
+        let model = Sequential::new()
+            .push(Linear::new(&ctx, "fc0", 16, 32, Init::HeUniform, 3).unwrap())
+            .push(Activation::Relu)
+            .push(ndfuse_nn::Dropout::new(0.2))
+            .push(LayerNorm::new(&ctx, "ln0", 32, 1e-5).unwrap())
+            .push(Linear::new(&ctx, "fc1", 32, 4, Init::GlorotUniform, 4).unwrap());
+        let schedule = ndfuse_nn::Schedule::Cosine {
+            base: 1e-2,
+            floor: 1e-4,
+            steps: 10,
+        }
+        .with_warmup(2);
+        let opt = Optimizer::adamw(&model.parameters(), 1e-2, 0.05).schedule(schedule);
+        let mut t = Trainer::new(model, opt, Loss::CrossEntropy)
+            .unwrap()
+            .seed(5)
+            .reuse_steps(reuse);
+        let mut losses = Vec::new();
+        for s in 0..10 {
+            let (x, y) = problem(64, 16, 4, 20 + s);
+            losses.push(t.step(&x, &y).unwrap().to_bits());
+        }
+        let params: Vec<Vec<u32>> = t
+            .model()
+            .parameters()
+            .iter()
+            .map(|p| {
+                p.array()
+                    .unwrap()
+                    .to_vec::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            })
+            .collect();
+        (losses, params)
+    };
+    assert_eq!(run(true), run(false));
+}
