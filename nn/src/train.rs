@@ -70,6 +70,9 @@ pub struct Trainer<M: Layer> {
     seed: u64,
     /// The step as a compiled graph, for batches of one type (see [`StepCache`]).
     cache: Option<StepCache>,
+    /// [`Trainer::gradients`] and [`Trainer::apply_gradients`] compiled.
+    grads_cache: Option<StepCache>,
+    apply_cache: Option<StepCache>,
     /// Whether steps keep their compiled graph (on by default).
     reuse: bool,
 }
@@ -79,7 +82,8 @@ pub struct Trainer<M: Layer> {
 /// batch of the same dtypes and shapes only binds new data to them.
 #[derive(Debug, Clone)]
 struct StepCache {
-    batch: [(ndfuse::DType, Vec<usize>); 2],
+    /// The batch type it was compiled for (`None`: it reads no batch).
+    batch: Option<[(ndfuse::DType, Vec<usize>); 2]>,
     step: Compiled,
     scalars: Vec<(ndfuse::DType, &'static str)>,
 }
@@ -110,6 +114,8 @@ impl<M: Layer> Trainer<M> {
             loss,
             seed: 0,
             cache: None,
+            grads_cache: None,
+            apply_cache: None,
             reuse: true,
         })
     }
@@ -126,15 +132,19 @@ impl<M: Layer> Trainer<M> {
     /// same results, more host time: for checking the reuse).
     pub fn reuse_steps(mut self, on: bool) -> Trainer<M> {
         self.reuse = on;
-        self.cache = None;
+        self.forget_compiled();
         self
+    }
+
+    fn forget_compiled(&mut self) {
+        (self.cache, self.grads_cache, self.apply_cache) = (None, None, None);
     }
 
     /// Evaluations of this trainer run in `ctx` (its backend or device set, and a thread
     /// bound there), wherever its parameters were made.
     pub fn in_context(mut self, ctx: Context) -> Trainer<M> {
         self.ctx = ctx;
-        self.cache = None;
+        self.forget_compiled();
         self
     }
 
@@ -151,38 +161,124 @@ impl<M: Layer> Trainer<M> {
             loss: self.loss,
             seed: self.seed,
             cache: None,
+            grads_cache: None,
+            apply_cache: None,
             reuse: self.reuse,
         })
     }
 
     /// The loss and the gradients of every parameter on `x`, `y` (a training-mode
     /// forward pass), evaluated as one graph, without changing anything: what
-    /// synchronous data parallelism averages across workers.
-    pub fn gradients(&self, x: &Tensor, y: &Tensor) -> Result<(f64, Vec<Array>)> {
-        let mode = Mode::train(self.step_key());
-        let loss = self.loss.of(&self.model.forward(x, &mode), y);
+    /// synchronous data parallelism averages across workers. Compiled once per batch
+    /// type, like a step.
+    pub fn gradients(&mut self, x: &Tensor, y: &Tensor) -> Result<(f64, Vec<Array>)> {
+        let batch = self.batch_type(x, y)?;
+        let key = self.step_key();
         let params: Vec<Tensor> = self
             .optimizer
             .parameters()
             .iter()
-            .map(|p| p.value())
+            .map(Parameter::value)
             .collect();
-        let grads = ndfuse::grad(&loss, &params.iter().collect::<Vec<_>>())?;
-        let outputs: Vec<&Tensor> = std::iter::once(&loss).chain(&grads).collect();
-        let mut out = self.ctx.eval(&outputs)?;
+        let inputs: Vec<&Tensor> = [x, y, &key].into_iter().chain(&params).collect();
+        let hit = self
+            .grads_cache
+            .as_ref()
+            .filter(|c| c.batch.is_some() && c.batch == batch);
+        let mut out = match hit {
+            Some(c) => c.step.run(&inputs)?,
+            None => {
+                let mode = Mode::train(key.clone());
+                let loss = self.loss.of(&self.model.forward(x, &mode), y);
+                let grads = ndfuse::grad(&loss, &params.iter().collect::<Vec<_>>())?;
+                let outputs: Vec<&Tensor> = std::iter::once(&loss).chain(&grads).collect();
+                match batch {
+                    Some(batch) => {
+                        let step = self.ctx.compile(&outputs, &inputs)?;
+                        let out = step.run(&inputs)?;
+                        self.grads_cache = Some(StepCache {
+                            batch: Some(batch),
+                            step,
+                            scalars: Vec::new(),
+                        });
+                        out
+                    }
+                    None => self.ctx.eval(&outputs)?,
+                }
+            }
+        };
         let grads = out.split_off(1);
         Ok((out[0].to_f64_vec()[0], grads))
     }
 
     /// One optimiser step with the given gradients (one per parameter, in order, moved
-    /// in), evaluated and committed.
+    /// in), evaluated and committed. Compiled once.
     pub fn apply_gradients(&mut self, grads: Vec<Array>) -> Result<()> {
         let grads: Vec<Tensor> = grads.into_iter().map(|g| self.ctx.tensor(g)).collect();
-        let Update { params, state, .. } = self.optimizer.update(&grads)?;
-        let outputs: Vec<&Tensor> = params.iter().chain(&state).collect();
-        let mut out = self.ctx.eval(&outputs)?;
-        let state = out.split_off(params.len());
+        let params: Vec<Tensor> = self
+            .optimizer
+            .parameters()
+            .iter()
+            .map(Parameter::value)
+            .collect();
+        let state: Vec<Tensor> = self.optimizer.state().into_iter().map(|(_, t)| t).collect();
+        let mut out = match (&self.apply_cache, self.reuse) {
+            (Some(c), true) => {
+                let scalars: Vec<Tensor> = c
+                    .scalars
+                    .iter()
+                    .map(|(dtype, role)| {
+                        scalar_leaf(&self.ctx, *dtype, self.optimizer.scalar(role))
+                    })
+                    .collect();
+                let data: Vec<&Tensor> = grads
+                    .iter()
+                    .chain(&params)
+                    .chain(&state)
+                    .chain(&scalars)
+                    .collect();
+                c.step.run(&data)?
+            }
+            _ => {
+                let update = self.optimizer.update(&grads)?;
+                let outputs: Vec<&Tensor> = update.params.iter().chain(&update.state).collect();
+                let inputs: Vec<&Tensor> = grads
+                    .iter()
+                    .chain(&params)
+                    .chain(&state)
+                    .chain(update.scalars.iter().map(|s| &s.2))
+                    .collect();
+                let step = self.ctx.compile(&outputs, &inputs)?;
+                let out = step.run(&inputs)?;
+                if self.reuse {
+                    self.apply_cache = Some(StepCache {
+                        batch: None,
+                        step,
+                        scalars: update.scalars.iter().map(|s| (s.0, s.1)).collect(),
+                    });
+                }
+                out
+            }
+        };
+        let state = out.split_off(self.optimizer.parameters().len());
         self.optimizer.commit(out, state)
+    }
+
+    /// The dtypes and shapes of a data batch, `None` for an expression batch (or with
+    /// reuse off): the key of the compiled steps.
+    fn batch_type(
+        &self,
+        x: &Tensor,
+        y: &Tensor,
+    ) -> Result<Option<[(ndfuse::DType, Vec<usize>); 2]>> {
+        Ok(if x.is_data() && y.is_data() && self.reuse {
+            Some([
+                (x.dtype()?, x.shape()?.to_vec()),
+                (y.dtype()?, y.shape()?.to_vec()),
+            ])
+        } else {
+            None
+        })
     }
 
     /// The seed of the step keys.
@@ -259,13 +355,7 @@ impl<M: Layer> Trainer<M> {
     /// parameters, state and scalars to it and evaluate it directly: no tensors are
     /// built, nothing is differentiated or lowered again.
     pub fn step_report(&mut self, x: &Tensor, y: &Tensor) -> Result<(f64, Report)> {
-        let batch = match (x.is_data() && self.reuse, y.is_data()) {
-            (true, true) => Some([
-                (x.dtype()?, x.shape()?.to_vec()),
-                (y.dtype()?, y.shape()?.to_vec()),
-            ]),
-            _ => None,
-        };
+        let batch = self.batch_type(x, y)?;
         let key = self.step_key();
         let params: Vec<Tensor> = self
             .optimizer
@@ -277,7 +367,7 @@ impl<M: Layer> Trainer<M> {
         let hit = self
             .cache
             .as_ref()
-            .filter(|c| Some(&c.batch) == batch.as_ref());
+            .filter(|c| c.batch.is_some() && c.batch == batch);
         let (out, report) = match hit {
             Some(c) => {
                 let scalars: Vec<Tensor> = c
@@ -317,7 +407,7 @@ impl<M: Layer> Trainer<M> {
                 let step = self.ctx.compile(&outputs, &inputs)?;
                 let result = step.run_report(&inputs)?;
                 self.cache = Some(StepCache {
-                    batch,
+                    batch: Some(batch),
                     step,
                     scalars: update.scalars.iter().map(|s| (s.0, s.1)).collect(),
                 });
