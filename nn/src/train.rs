@@ -77,13 +77,16 @@ pub struct Trainer<M: Layer> {
     reuse: bool,
 }
 
+/// The dtypes and shapes of a batch's features and labels.
+type BatchType = [(ndfuse::DType, Vec<usize>); 2];
+
 /// One training step lowered once: its slots are the batch, the step key, the
 /// parameters, the optimiser state and the step scalars, in that order; a step with a
 /// batch of the same dtypes and shapes only binds new data to them.
 #[derive(Debug, Clone)]
 struct StepCache {
     /// The batch type it was compiled for (`None`: it reads no batch).
-    batch: Option<[(ndfuse::DType, Vec<usize>); 2]>,
+    batch: Option<BatchType>,
     step: Compiled,
     scalars: Vec<(ndfuse::DType, &'static str)>,
 }
@@ -266,11 +269,7 @@ impl<M: Layer> Trainer<M> {
 
     /// The dtypes and shapes of a data batch, `None` for an expression batch (or with
     /// reuse off): the key of the compiled steps.
-    fn batch_type(
-        &self,
-        x: &Tensor,
-        y: &Tensor,
-    ) -> Result<Option<[(ndfuse::DType, Vec<usize>); 2]>> {
+    fn batch_type(&self, x: &Tensor, y: &Tensor) -> Result<Option<BatchType>> {
         Ok(if x.is_data() && y.is_data() && self.reuse {
             Some([
                 (x.dtype()?, x.shape()?.to_vec()),
