@@ -77,7 +77,7 @@ fn parallel_line(r: &ParallelRow) -> String {
         .map(|b| format!("{:.0}%", b * 100.0))
         .collect();
     format!(
-        "{}: {} worker{} x {} thread{}, frequency {}, batch {} per worker, {} samples an epoch: {:.0} samples/s (median of {}), scaling efficiency {} against 1 worker of 1 thread (target 85% at 2 workers); averaging {:.2} ms per round over {}; busy {}",
+        "{}: {} worker{} x {} thread{}, frequency {}, batch {} per worker, {} samples an epoch: {:.0} samples/s (median of {}), scaling efficiency {} per thread against 1 worker of 1 thread (target 85% at 2 workers); averaging {:.2} ms per round over {}; busy {}",
         r.name,
         r.workers,
         if r.workers == 1 { "" } else { "s" },

@@ -150,9 +150,11 @@ pub struct ParallelRow {
     pub averaging_ms_per_round: f64,
     /// Each worker's busy time over the epoch's wall time (median epoch).
     pub busy_fraction: Vec<f64>,
-    /// `samples_per_sec / (workers * baseline samples_per_sec)`, the baseline being one
-    /// worker of one thread (`train_parallel_1w1t`) in the same run; `None` when the
-    /// baseline did not run. 1.0 is linear scaling.
+    /// `samples_per_sec / (threads * baseline samples_per_sec)`, where `threads` is
+    /// `workers * threads_per_worker` (the workers for the 2 x 1-thread rows) and the
+    /// baseline is one worker of one thread (`train_parallel_1w1t`) in the same run;
+    /// `None` when the baseline did not run. 1.0 is linear scaling in the threads, so
+    /// one worker of 2 threads is judged by the same measure as 2 workers of 1.
     pub efficiency: Option<f64>,
     /// The mean training loss of the last timed epoch.
     pub loss: f64,
@@ -310,7 +312,7 @@ pub fn run_parallel(
     for r in &mut rows {
         r.efficiency = baseline
             .filter(|b| *b > 0.0)
-            .map(|b| r.samples_per_sec / (r.workers as f64 * b));
+            .map(|b| r.samples_per_sec / ((r.workers * r.threads_per_worker) as f64 * b));
     }
     Ok(rows)
 }

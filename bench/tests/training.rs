@@ -78,6 +78,19 @@ fn the_tiny_training_rows_run_with_their_figures() {
         panic!("the baseline is a parallel row");
     };
     assert_eq!(base.efficiency, Some(1.0));
+    // The others per thread: 1 worker of 2 threads is set against 2 baseline threads.
+    for row in &report.training[2..] {
+        let TrainingRow::Parallel(r) = row else {
+            panic!("parallel rows follow the step row");
+        };
+        let threads = (r.workers * r.threads_per_worker) as f64;
+        assert_eq!(threads, 2.0, "{r:?}");
+        let want = r.samples_per_sec / (2.0 * base.samples_per_sec);
+        assert!(
+            (r.efficiency.expect("efficiency") - want).abs() <= 1e-12,
+            "{r:?}"
+        );
+    }
     let table = report.table();
     assert!(
         table.contains("\ntraining:\n- train_step_mlp: 16-32-32-10 relu on batch 8"),
