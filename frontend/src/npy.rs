@@ -105,7 +105,7 @@ pub fn write_npy(path: impl AsRef<Path>, array: &Array) -> Result<()> {
         path: path.to_path_buf(),
         why,
     })?;
-    write_atomic(path, &bytes).map_err(|e| io_error("write", path, e))
+    write_atomic(path, |f| f.write_all(&bytes)).map_err(|e| io_error("write", path, e))
 }
 
 /// Why reading `path` failed: memory for its bytes that could not be had is
@@ -644,11 +644,14 @@ fn to_bytes(array: &HostArray) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-/// Writes `bytes` to `path` so that `path` is either untouched or complete: the data
+/// Writes a file with `write` so that `path` is either untouched or complete: the data
 /// goes to a temporary file in the same directory (same file system, so the rename
 /// is atomic), is flushed to disk, and only then renamed over `path`. On any failure
 /// the temporary file is removed.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub fn write_atomic(
+    path: &Path,
+    write: impl FnOnce(&mut fs::File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     use std::io::{Error as IoError, ErrorKind};
     let name = path
         .file_name()
@@ -672,7 +675,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
             .write(true)
             .create_new(true)
             .open(&tmp)?;
-        f.write_all(bytes)?;
+        write(&mut f)?;
         f.sync_all()?;
         drop(f);
         fs::rename(&tmp, path)?;

@@ -142,7 +142,7 @@ pub fn save(
     let info = (!info.is_empty()).then_some(info);
     let file =
         safetensors::tensor::serialize(views, info).map_err(|e| refuse(None, e.to_string()))?;
-    write_atomic(path, |f| f.write_all(&file)).map_err(|source| Error::Io {
+    ndfuse::npy::write_atomic(path, |f| f.write_all(&file)).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })
@@ -255,54 +255,6 @@ fn from_view(view: &TensorView<'_>) -> std::result::Result<Array, String> {
         })
 }
 
-/// Replaces `path` by what `write` puts into a fresh file, atomically: the bytes go to a
-/// temporary file in the same directory, are synced to disk, and only then renamed over
-/// `path`, so `path` is either untouched or complete. The temporary file is removed
-/// when anything fails.
-pub(crate) fn write_atomic(
-    path: &Path,
-    write: impl FnOnce(&mut fs::File) -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    use std::io::{Error as IoError, ErrorKind};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    let name = path
-        .file_name()
-        .ok_or_else(|| IoError::new(ErrorKind::InvalidInput, "not a file path"))?
-        .to_string_lossy()
-        .into_owned();
-    let dir: PathBuf = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if path.is_dir() {
-        return Err(IoError::new(ErrorKind::IsADirectory, "is a directory"));
-    }
-    // The process id keeps two processes writing the same file apart; the counter,
-    // two threads of one process.
-    static SERIAL: AtomicU64 = AtomicU64::new(0);
-    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!(".{name}.{}.{serial}.tmp", std::process::id()));
-    let result = (|| {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        write(&mut f)?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)?;
-        // Persist the rename itself; not every platform lets a directory be synced,
-        // and the data is complete either way, so a failure here is not an error.
-        if let Ok(d) = fs::File::open(&dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    result.inspect_err(|_| {
-        let _ = fs::remove_file(&tmp);
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,7 +272,7 @@ mod tests {
         let dir = scratch("midway");
         let path = dir.join("model.safetensors");
         fs::write(&path, b"the previous checkpoint").unwrap();
-        let err = write_atomic(&path, |f| {
+        let err = ndfuse::npy::write_atomic(&path, |f| {
             f.write_all(b"half of the new one")?;
             Err(std::io::Error::other("disk full (simulated)"))
         })
@@ -336,7 +288,7 @@ mod tests {
             ["model.safetensors"],
             "a temporary file was left behind"
         );
-        write_atomic(&path, |f| f.write_all(b"new")).unwrap();
+        ndfuse::npy::write_atomic(&path, |f| f.write_all(b"new")).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"new");
         fs::remove_dir_all(&dir).unwrap();
     }

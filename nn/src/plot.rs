@@ -19,7 +19,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use crate::checkpoint::write_atomic;
 use crate::error::{Error, Result};
 use plotters::prelude::*;
 use std::io::Write as _;
@@ -84,7 +83,7 @@ pub fn plot_curves(
     let mut svg = String::new();
     draw(&mut svg, (WIDTH, height), title, x_label, panels)
         .map_err(|e| refuse(format!("drawing failed: {e}")))?;
-    write_atomic(path, |f| f.write_all(svg.as_bytes())).map_err(|source| Error::Io {
+    ndfuse::npy::write_atomic(path, |f| f.write_all(svg.as_bytes())).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })

@@ -227,13 +227,7 @@ impl<M: Layer> Trainer<M> {
         let state: Vec<Tensor> = self.optimizer.state().into_iter().map(|(_, t)| t).collect();
         let mut out = match (&self.apply_cache, self.reuse) {
             (Some(c), true) => {
-                let scalars: Vec<Tensor> = c
-                    .scalars
-                    .iter()
-                    .map(|(dtype, role)| {
-                        scalar_leaf(&self.ctx, *dtype, self.optimizer.scalar(role))
-                    })
-                    .collect();
+                let scalars = self.scalars_now(&c.scalars);
                 let data: Vec<&Tensor> = grads
                     .iter()
                     .chain(&params)
@@ -265,6 +259,14 @@ impl<M: Layer> Trainer<M> {
         };
         let state = out.split_off(self.optimizer.parameters().len());
         self.optimizer.commit(out, state)
+    }
+
+    /// The step scalars `roles` at the current step, as data leaves.
+    fn scalars_now(&self, roles: &[(ndfuse::DType, &'static str)]) -> Vec<Tensor> {
+        roles
+            .iter()
+            .map(|(dtype, role)| scalar_leaf(&self.ctx, *dtype, self.optimizer.scalar(role)))
+            .collect()
     }
 
     /// The dtypes and shapes of a data batch, `None` for an expression batch (or with
@@ -369,13 +371,7 @@ impl<M: Layer> Trainer<M> {
             .filter(|c| c.batch.is_some() && c.batch == batch);
         let (out, report) = match hit {
             Some(c) => {
-                let scalars: Vec<Tensor> = c
-                    .scalars
-                    .iter()
-                    .map(|(dtype, role)| {
-                        scalar_leaf(&self.ctx, *dtype, self.optimizer.scalar(role))
-                    })
-                    .collect();
+                let scalars = self.scalars_now(&c.scalars);
                 let data: Vec<&Tensor> = [x, y, &key]
                     .into_iter()
                     .chain(&params)
