@@ -14,7 +14,8 @@ pub struct BenchArgs {
     /// rows (`train` selects them all): train_step_mlp, train_parallel_1w1t,
     /// train_parallel_1w2t, train_parallel_2w1t_f1, train_parallel_2w1t_f8.
     suite: Option<String>,
-    /// Print one JSON object (machine, measured bandwidths, rows) instead of the table.
+    /// Print one JSON object (machine, measured bandwidths, rows, training rows) instead
+    /// of the table.
     #[arg(long)]
     json: bool,
     /// At most N timed runs of each case after its warm-up run; a case stops earlier
