@@ -761,10 +761,19 @@ impl<'k> Units<'k> {
             for u in 0..self.units {
                 self.fill(ops, &base, u, par);
                 let range = self.block(u).1;
+                // The epilogue is element-wise, so any cut gives the same bits: each
+                // block is cut in as many pieces as there are threads (a unit of one
+                // block, such as a product of 128 rows, otherwise runs its epilogue on
+                // one thread), in multiples of 64 positions.
+                let threads = rayon::current_num_threads().max(1);
                 let blocks: Vec<Range<usize>> = range
                     .clone()
                     .step_by(step)
-                    .map(|s| s..(s + step).min(range.end))
+                    .flat_map(|s| {
+                        let end = (s + step).min(range.end);
+                        let piece = (end - s).div_ceil(threads).next_multiple_of(64).max(64);
+                        (s..end).step_by(piece).map(move |p| p..(p + piece).min(end))
+                    })
                     .collect();
                 self.compiled
                     .run_units(&inputs, outs, &blocks, |_| Ok::<(), RuntimeError>(()))?;
