@@ -772,7 +772,9 @@ impl<'k> Units<'k> {
                     .flat_map(|s| {
                         let end = (s + step).min(range.end);
                         let piece = (end - s).div_ceil(threads).next_multiple_of(64).max(64);
-                        (s..end).step_by(piece).map(move |p| p..(p + piece).min(end))
+                        (s..end)
+                            .step_by(piece)
+                            .map(move |p| p..(p + piece).min(end))
                     })
                     .collect();
                 self.compiled
