@@ -17,8 +17,8 @@
 //! that does not parse are errors that name the key, where it came from and, for an
 //! unknown key, the nearest valid one. `NDFUSE_CONFIG` (the file),
 //! `NDFUSE_CUDA_INCLUDE` (where NVRTC finds the CUDA headers), `NDFUSE_REQUIRE_CUDA` and
-//! `NDFUSE_REQUIRE_NVRTC` (test switches) and `NDFUSE_CI_VENV` (CI's venv) are not keys
-//! and are let through.
+//! `NDFUSE_REQUIRE_NVRTC` (test switches), `NDFUSE_CI_VENV` (CI's venv) and
+//! `NDFUSE_MPI_TIMEOUT_S` (ndfuse-train's MPI bound) are not keys and are let through.
 //!
 //! # Keys
 //!
@@ -87,6 +87,8 @@ const NOT_KEYS: &[&str] = &[
     "NDFUSE_CPU_FMA",
     // How many cases the fuzz suites run (tests/tests/fuzz_support).
     "NDFUSE_FUZZ_CASES",
+    // The bound on one MPI collective (ndfuse_train::MpiRanks), read where MPI starts.
+    "NDFUSE_MPI_TIMEOUT_S",
 ];
 
 /// Variables accepted as aliases of keys: ND4J's names for the priorities, and

@@ -37,6 +37,24 @@ pub enum Error {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// A collective across ranks did not complete in time: the ranks named did not
+    /// arrive (they died, hang, or are stuck earlier). The run cannot go on.
+    #[error(
+        "rank {rank}: {what} (collective #{sequence}) did not complete within {seconds} s: {}",
+        missing_ranks(missing)
+    )]
+    Rank {
+        /// This process's rank.
+        rank: usize,
+        /// The collective.
+        what: &'static str,
+        /// Its sequence number (collectives called so far, from 0).
+        sequence: u64,
+        /// The ranks that did not arrive, when they are known.
+        missing: Vec<usize>,
+        /// The bound waited.
+        seconds: f64,
+    },
     /// A bad argument: what was asked and why it cannot be done.
     #[error("{what}: {why}")]
     Argument {
@@ -45,6 +63,15 @@ pub enum Error {
         /// Why it is refused.
         why: String,
     },
+}
+
+/// "rank 3 did not arrive", or why no rank could be named.
+fn missing_ranks(missing: &[usize]) -> String {
+    match missing {
+        [] => "every rank arrived but the reduction did not finish".into(),
+        [r] => format!("rank {r} did not arrive (dead or hung)"),
+        rs => format!("ranks {rs:?} did not arrive (dead or hung)"),
+    }
 }
 
 /// `Result` with this crate's [`Error`].

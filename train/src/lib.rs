@@ -9,6 +9,8 @@
 mod early;
 mod epoch;
 mod error;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod ranks;
 mod worker;
 mod wrapper;
@@ -23,6 +25,8 @@ pub use epoch::EpochTrainer;
 /// [`ParallelWrapper`] (each epoch trained by every worker, scored on the averaged
 /// model).
 pub type EarlyStoppingParallelTrainer<M> = EarlyStopping<ParallelWrapper<M>>;
+#[cfg(feature = "mpi")]
+pub use crate::mpi::MpiRanks;
 pub use error::{Error, Result};
 pub use ranks::Ranks;
 pub use wrapper::{
