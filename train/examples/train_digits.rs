@@ -146,22 +146,24 @@ fn distributed(_: &Args) -> Result<(), Box<dyn std::error::Error>> {
     )
 }
 
-/// Training over the ranks of an `mpiexec` run. An error is printed and the process
-/// exits non-zero at once: after a failed collective MPI must not be finalised (it
-/// would wait for the dead rank).
+/// Training over the ranks of an `mpiexec` run. An error is printed and the whole run
+/// ends (MPI_Abort): after a failed collective MPI must not be finalised (it would wait
+/// for the dead rank), and a hung rank must not outlive the others.
 #[cfg(feature = "mpi")]
 fn distributed(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let ranks = ndfuse_train::MpiRanks::init()?;
-    let rank = ndfuse_train::Ranks::rank(&ranks);
-    if let Err(e) = run_ranks(args, ranks) {
-        eprintln!("error on rank {rank}: {e}");
-        std::process::exit(1);
+    let ranks = std::sync::Arc::new(ndfuse_train::MpiRanks::init()?);
+    if let Err(e) = run_ranks(args, std::sync::Arc::clone(&ranks)) {
+        eprintln!("error on rank {}: {e}", ndfuse_train::Ranks::rank(&*ranks));
+        ranks.abort(1);
     }
     Ok(())
 }
 
 #[cfg(feature = "mpi")]
-fn run_ranks(args: &Args, ranks: ndfuse_train::MpiRanks) -> Result<(), Box<dyn std::error::Error>> {
+fn run_ranks(
+    args: &Args,
+    ranks: std::sync::Arc<ndfuse_train::MpiRanks>,
+) -> Result<(), Box<dyn std::error::Error>> {
     use ndfuse::{CpuDevice, Device, DeviceSet};
     use ndfuse_train::{ParallelWrapper, Ranks};
     use std::sync::Arc;
@@ -214,7 +216,7 @@ fn run_ranks(args: &Args, ranks: ndfuse_train::MpiRanks) -> Result<(), Box<dyn s
         .batch_size(batch)
         .averaging_frequency(args.frequency)
         .seed(1)
-        .ranks(Arc::new(ranks))
+        .ranks(ranks)
         .build()?;
     let mut accuracy = 0.0;
     let mut samples = 0;
