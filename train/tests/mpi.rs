@@ -385,20 +385,22 @@ fn a_rank_that_hangs_makes_the_others_exit_naming_it() {
 }
 
 /// A rank killed by a signal: MPICH's launcher ends the whole run at once, before the
-/// survivors' deadline (its report gives the process id and the signal, not the rank;
-/// the rank is named by the victim's own last line here).
+/// survivors' deadline. Its report names a process id and the signal of the first
+/// process it saw end (the victim's SIGABRT, or a survivor it killed), not a rank; the
+/// rank is named by the victim's own last line here.
 #[test]
 fn a_rank_killed_by_a_signal_ends_the_run_at_once() {
     for (n, victim) in [(2, 1), (4, 2)] {
         let start = Instant::now();
         let out = faulty_run(n, victim, "abort");
         assert!(
-            out.contains("BAD TERMINATION") && out.contains("signal 6"),
-            "the launcher reports SIGABRT; output: {out}"
+            out.contains("BAD TERMINATION"),
+            "the launcher ended the run; output: {out}"
         );
         assert!(
             start.elapsed() < Duration::from_secs(5),
-            "before any deadline"
+            "ended before any rank's 5 s deadline: {:?}",
+            start.elapsed()
         );
     }
 }
