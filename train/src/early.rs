@@ -10,6 +10,9 @@
 //! 3. check the [`Termination`] conditions in the order they were given; the first that
 //!    holds ends training and becomes the [`StopReason`].
 //!
+//! To score every N iterations instead of every epoch, wrap the trainer in
+//! [`crate::Iterations`]: its "epochs" are N mini-batches each.
+//!
 //! Both files are written by [`EpochTrainer::save`], which is atomic, so a crash never
 //! leaves half a file. After [`EarlyStopping::fit`] the trainer holds the *latest*
 //! parameters; [`EarlyStoppingResult::load_best`] loads the best ones back.

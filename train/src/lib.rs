@@ -19,7 +19,7 @@ pub use early::{
     EarlyStopping, EarlyStoppingBuilder, EarlyStoppingResult, EpochReport, Score, StopReason,
     Termination, BEST_FILE, LATEST_FILE,
 };
-pub use epoch::EpochTrainer;
+pub use epoch::{EpochTrainer, Iterations};
 
 /// Deeplearning4j's `EarlyStoppingParallelTrainer`: early stopping over a
 /// [`ParallelWrapper`] (each epoch trained by every worker, scored on the averaged
