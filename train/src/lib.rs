@@ -11,6 +11,8 @@ mod epoch;
 mod error;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod ranks;
 mod worker;
 mod wrapper;
@@ -27,6 +29,8 @@ pub use epoch::{EpochTrainer, Iterations};
 pub type EarlyStoppingParallelTrainer<M> = EarlyStopping<ParallelWrapper<M>>;
 #[cfg(feature = "mpi")]
 pub use crate::mpi::MpiRanks;
+#[cfg(feature = "nccl")]
+pub use crate::nccl::NcclRanks;
 pub use error::{Error, Result};
 pub use ranks::Ranks;
 pub use wrapper::{

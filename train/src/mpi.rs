@@ -143,6 +143,19 @@ impl MpiRanks {
         mpi::environment::processor_name().unwrap_or_default()
     }
 
+    /// Copies `bytes` of rank `root` into every rank's `bytes` (`MPI_Bcast`, blocking:
+    /// for set-up, such as handing NCCL's unique id to every rank).
+    pub fn broadcast_bytes(&self, root: usize, bytes: &mut [u8]) {
+        use mpi::collective::Root;
+        let _serial = self
+            .sequence
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.world
+            .process_at_rank(root as i32)
+            .broadcast_into(bytes);
+    }
+
     /// Ends every rank of the run (MPI_Abort: the launcher kills them all) with exit
     /// status `code`: what a rank does after it has reported a failed collective, so
     /// that ranks hung or waiting elsewhere do not outlive the run.
