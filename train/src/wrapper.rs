@@ -538,7 +538,7 @@ impl<M: Layer> ParallelWrapper<M> {
     fn sync_across(
         &mut self,
         ranks: &dyn Ranks,
-        done: Vec<(f64, usize, Vec<Array>)>,
+        mut done: Vec<(f64, usize, Vec<Array>)>,
         data: &Dataset,
         workers: &mut Vec<Worker>,
         queue: &mut VecDeque<Batch>,
@@ -558,9 +558,15 @@ impl<M: Layer> ParallelWrapper<M> {
                 .collect();
             ctx.eval(&zeros.iter().collect::<Vec<_>>())?
         } else {
+            // Moved into the graph's leaves, not copied.
             let sets: Vec<Vec<Tensor>> = done
-                .iter()
-                .map(|d| d.2.iter().map(|g| ctx.tensor(g.clone())).collect())
+                .iter_mut()
+                .map(|d| {
+                    std::mem::take(&mut d.2)
+                        .into_iter()
+                        .map(|g| ctx.tensor(g))
+                        .collect()
+                })
                 .collect();
             let counts: Vec<f64> = done.iter().map(|d| d.1 as f64).collect();
             weighted_sum(&ctx, &sets, &counts)?
