@@ -177,12 +177,7 @@ impl<M: Layer> Trainer<M> {
     pub fn gradients(&mut self, x: &Tensor, y: &Tensor) -> Result<(f64, Vec<Array>)> {
         let batch = self.batch_type(x, y)?;
         let key = self.step_key();
-        let params: Vec<Tensor> = self
-            .optimizer
-            .parameters()
-            .iter()
-            .map(Parameter::value)
-            .collect();
+        let params = self.param_values();
         let inputs: Vec<&Tensor> = [x, y, &key].into_iter().chain(&params).collect();
         let hit = self
             .grads_cache
@@ -218,13 +213,8 @@ impl<M: Layer> Trainer<M> {
     /// in), evaluated and committed. Compiled once.
     pub fn apply_gradients(&mut self, grads: Vec<Array>) -> Result<()> {
         let grads: Vec<Tensor> = grads.into_iter().map(|g| self.ctx.tensor(g)).collect();
-        let params: Vec<Tensor> = self
-            .optimizer
-            .parameters()
-            .iter()
-            .map(Parameter::value)
-            .collect();
-        let state: Vec<Tensor> = self.optimizer.state().into_iter().map(|(_, t)| t).collect();
+        let params = self.param_values();
+        let state = self.state_values();
         let mut out = match (&self.apply_cache, self.reuse) {
             (Some(c), true) => {
                 let scalars = self.scalars_now(&c.scalars);
@@ -259,6 +249,20 @@ impl<M: Layer> Trainer<M> {
         };
         let state = out.split_off(self.optimizer.parameters().len());
         self.optimizer.commit(out, state)
+    }
+
+    /// The parameters' current values, in order.
+    fn param_values(&self) -> Vec<Tensor> {
+        self.optimizer
+            .parameters()
+            .iter()
+            .map(Parameter::value)
+            .collect()
+    }
+
+    /// The optimiser state's current values, in order.
+    fn state_values(&self) -> Vec<Tensor> {
+        self.optimizer.state().into_iter().map(|(_, t)| t).collect()
     }
 
     /// The step scalars `roles` at the current step, as data leaves.
@@ -322,12 +326,7 @@ impl<M: Layer> Trainer<M> {
         let mode = Mode::train(self.step_key());
         let out = self.model.forward(x, &mode);
         let loss = self.loss.of(&out, y);
-        let params: Vec<Tensor> = self
-            .optimizer
-            .parameters()
-            .iter()
-            .map(|p| p.value())
-            .collect();
+        let params = self.param_values();
         let wrt: Vec<&Tensor> = params.iter().collect();
         let grads = ndfuse::grad(&loss, &wrt)?;
         let update = self.optimizer.update(&grads)?;
@@ -358,13 +357,8 @@ impl<M: Layer> Trainer<M> {
     pub fn step_report(&mut self, x: &Tensor, y: &Tensor) -> Result<(f64, Report)> {
         let batch = self.batch_type(x, y)?;
         let key = self.step_key();
-        let params: Vec<Tensor> = self
-            .optimizer
-            .parameters()
-            .iter()
-            .map(Parameter::value)
-            .collect();
-        let state: Vec<Tensor> = self.optimizer.state().into_iter().map(|(_, t)| t).collect();
+        let params = self.param_values();
+        let state = self.state_values();
         let hit = self
             .cache
             .as_ref()
