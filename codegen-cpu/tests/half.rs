@@ -497,8 +497,12 @@ fn values(dtype: DType, n: usize, seed: u64) -> Vec<f64> {
             DType::Bool => (rng.next() % 2) as f64,
             DType::I32 | DType::I64 => (rng.next() % 200_001) as f64 - 100_000.0,
             _ => {
-                let sign = if rng.next() % 2 == 0 { 1.0 } else { -1.0 };
-                let mag = if rng.next() % 4 == 0 {
+                let sign = if rng.next().is_multiple_of(2) {
+                    1.0
+                } else {
+                    -1.0
+                };
+                let mag = if rng.next().is_multiple_of(4) {
                     10f64.powf(rng.unit() * 12.0 - 8.0)
                 } else {
                     rng.unit() * 12.0

@@ -56,14 +56,14 @@ fn values(dtype: DType, n: usize, seed: u64) -> Vec<f64> {
         .map(|_| match dtype {
             DType::Bool => (rng.next() % 2) as f64,
             DType::I32 => {
-                if rng.next() % 4 == 0 {
+                if rng.next().is_multiple_of(4) {
                     2147483647.0 - (rng.next() % 3) as f64
                 } else {
                     (rng.next() % 2001) as f64 - 1000.0
                 }
             }
             DType::I64 => {
-                if rng.next() % 4 == 0 {
+                if rng.next().is_multiple_of(4) {
                     9.2e18 - (rng.next() % 3) as f64 * 1e18
                 } else {
                     (rng.next() % 2001) as f64 - 1000.0

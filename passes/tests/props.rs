@@ -128,7 +128,7 @@ fn const_value(dtype: DType, k: usize) -> Scalar {
     match dtype {
         d if d.is_float() => Scalar::F(FLOAT_CONSTS[k % FLOAT_CONSTS.len()]),
         d if d.is_int() => Scalar::I(INT_CONSTS[k % INT_CONSTS.len()]),
-        _ => Scalar::B(k % 2 == 0),
+        _ => Scalar::B(k.is_multiple_of(2)),
     }
 }
 

@@ -454,7 +454,7 @@ impl<T: EpochTrainer> EarlyStopping<T> {
             train_losses.push(loss);
             self.trainer.save(&latest_path)?;
             let mut improved = false;
-            let score = if (epoch + 1) % self.evaluate_every == 0 {
+            let score = if (epoch + 1).is_multiple_of(self.evaluate_every) {
                 let s = self.score.of(&self.trainer.score(&self.validation)?)?;
                 scores.push((epoch, s));
                 if s.is_finite() && best.is_none_or(|(_, b)| self.score.gain(s, b) > 0.0) {

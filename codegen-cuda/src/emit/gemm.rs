@@ -226,7 +226,7 @@ impl Gen<'_> {
             let _ = writeln!(self.body, "{ind2}for (int r = 0; r < {per}; ++r) {{");
             let ind3 = "        ";
             let _ = writeln!(self.body, "{ind3}const int e = tid + r * {threads};");
-            let guard_e = total % threads != 0;
+            let guard_e = !total.is_multiple_of(threads);
             if guard_e {
                 let _ = writeln!(self.body, "{ind3}if (e < {total}) {{");
             }
