@@ -450,6 +450,12 @@ impl SplitMix64 {
     }
 }
 
+/// The SplitMix64 output of state `x`: its golden-ratio step, then [`mix`]. A
+/// well-mixed 64-bit value of `x`, also what step seeds and dropout offsets derive from.
+pub(crate) fn hash64(x: u64) -> u64 {
+    mix(x.wrapping_add(SplitMix64::GAMMA))
+}
+
 /// SplitMix64's output function.
 fn mix(z: u64) -> u64 {
     let z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

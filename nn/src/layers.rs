@@ -2,6 +2,7 @@
 //! pass only builds lazy tensors; the training step evaluates forward, backward and the
 //! optimiser together as one graph.
 
+use crate::data::hash64;
 use crate::error::Result;
 use crate::init::Init;
 use crate::param::Parameter;
@@ -44,7 +45,7 @@ impl Mode {
     pub fn child(&self, i: usize) -> Mode {
         Mode {
             key: self.key.clone(),
-            salt: mix(self.salt as u64 ^ mix(i as u64 + 1)) as i64,
+            salt: hash64(self.salt as u64 ^ hash64(i as u64 + 1)) as i64,
         }
     }
 
@@ -53,14 +54,6 @@ impl Mode {
     pub fn key(&self) -> Option<Tensor> {
         self.key.as_ref().map(|k| k + self.salt)
     }
-}
-
-/// SplitMix64's output function: a well-mixed 64-bit value of `x`.
-pub(crate) fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// A differentiable function of one tensor with its own parameters.

@@ -552,9 +552,14 @@ impl Scalars {
         }
         // Rounded into the parameter's dtype here: a cast node would be a kernel of
         // its own, shared by every parameter's update.
-        let a = HostArray::from_f64s(dtype, Shape::scalar(), &[v]);
-        let t = ctx.tensor(Array::from_host(a));
+        let t = scalar_leaf(ctx, dtype, v);
         self.0.push((dtype, role, t.clone()));
         t
     }
+}
+
+/// A 0-d data tensor of `dtype` holding `v` (rounded into the dtype): a step scalar.
+pub(crate) fn scalar_leaf(ctx: &Context, dtype: DType, v: f64) -> Tensor {
+    let a = HostArray::from_f64s(dtype, Shape::scalar(), &[v]);
+    ctx.tensor(Array::from_host(a))
 }

@@ -4,10 +4,11 @@
 //! checkpoints and the progress bar sit on top of the step.
 
 use crate::checkpoint::{load, save};
+use crate::data::hash64;
 use crate::error::{Error, Result};
-use crate::layers::{mix, Layer, Mode};
+use crate::layers::{Layer, Mode};
 use crate::loss::{accuracy, cross_entropy_with_logits, mse};
-use crate::optim::{Optimizer, Update};
+use crate::optim::{scalar_leaf, Optimizer, Update};
 use crate::param::Parameter;
 use ndfuse::{Array, Compiled, Context, Report, Tensor};
 use std::collections::BTreeMap;
@@ -313,7 +314,7 @@ impl<M: Layer> Trainer<M> {
 
     /// The step's random seed, drawn from the trainer's seed and the step count.
     fn step_seed(&self) -> u64 {
-        mix(self.seed ^ mix(self.optimizer.steps()))
+        hash64(self.seed ^ hash64(self.optimizer.steps()))
     }
 
     /// The step's random key: a 0-d i64 data tensor holding [`Trainer::step_seed`].
@@ -449,12 +450,6 @@ impl<M: Layer> Trainer<M> {
             samples: n,
         })
     }
-}
-
-/// A 0-d data tensor of `dtype` holding `v` (rounded into the dtype).
-fn scalar_leaf(ctx: &Context, dtype: ndfuse::DType, v: f64) -> Tensor {
-    let a = ndfuse_ir::HostArray::from_f64s(dtype, ndfuse_ir::Shape::scalar(), &[v]);
-    ctx.tensor(Array::from_host(a))
 }
 
 /// The `format` metadata of a trainer's checkpoint.

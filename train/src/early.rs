@@ -20,8 +20,8 @@
 //! ```no_run
 //! use ndfuse_nn::{Activation, Dataset, Layer, Loss, Optimizer, Sequential, Trainer};
 //! use ndfuse_train::{EarlyStopping, Score, Termination};
-//! # fn data() -> (Dataset, Dataset) { unimplemented!() }
-//! let (train, validation) = data();
+//! let data = Dataset::from_npy("x.npy".as_ref(), "labels.npy".as_ref())?;
+//! let (train, validation) = data.split(0.2, 1)?;
 //! let ctx = ndfuse::Context::new();
 //! let model = Sequential::mlp(&ctx, &[64, 32, 10], Activation::Relu, 7)?;
 //! let opt = Optimizer::adam(&model.parameters(), 3e-3);
