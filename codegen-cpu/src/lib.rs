@@ -69,6 +69,7 @@ mod lower;
 mod shared_math;
 mod support;
 mod vmath;
+pub mod wide;
 
 pub use error::CodegenError;
 pub use jit::{compile, CompiledKernel};

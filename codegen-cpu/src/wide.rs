@@ -1,0 +1,175 @@
+//! The whole vector unit: routines compiled ahead of time for the host's widest
+//! vectors (AVX-512F, else AVX2 with FMA and F16C), chosen at run time, that the
+//! element-wise kernels call on blocks of a few hundred elements held in L1 (`blocks`).
+//!
+//! Cranelift's x86 backend emits 128-bit vectors only and has no F16C conversions, so
+//! the pieces of a kernel that cost the most per element run here instead: the exp
+//! family of the inline math (`math`) and the f16/bf16 <-> f32 conversions of loads and
+//! stores (`convert`). Every routine gives the very bits of the 128-bit inline code
+//! with fused multiply-adds (`vmath`, `lower::convert`): the same algorithm, operation
+//! for operation, on wider registers. So a kernel's results do not depend on the path,
+//! the documented ULP bounds hold unchanged, and the thread count changes nothing.
+//!
+//! `NDFUSE_CPU_WIDE` chooses the path, read once per process: `0` (or `off`, `128`)
+//! keeps every kernel on the 128-bit code, `avx2` stops at AVX2 on a host with AVX-512,
+//! anything else (or unset) takes the widest the host has. There is no wide path where
+//! the inline math is unfused (`NDFUSE_CPU_FMA=0`, or a host without FMA): the bits
+//! every x86-64 reproduces come from the 128-bit code alone.
+
+pub(crate) mod convert;
+pub(crate) mod exp;
+pub(crate) mod lanes;
+pub(crate) mod log;
+pub(crate) mod math;
+
+use ndfuse_ir::{DType, UnaryOp};
+use std::sync::OnceLock;
+
+/// A width of the wide path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// AVX-512F: 16 f32 lanes.
+    Avx512,
+    /// AVX2, FMA and F16C: 8 f32 lanes.
+    Avx2,
+}
+
+impl Tier {
+    /// f32 lanes of one register.
+    pub fn lanes(self) -> usize {
+        match self {
+            Tier::Avx512 => 16,
+            Tier::Avx2 => 8,
+        }
+    }
+
+    /// `AVX-512F`, `AVX2`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Avx512 => "AVX-512F",
+            Tier::Avx2 => "AVX2",
+        }
+    }
+
+    /// Whether the host can run this tier's routines.
+    pub fn available(self) -> bool {
+        host_has(self)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn host_has(tier: Tier) -> bool {
+    use std::arch::is_x86_feature_detected as has;
+    match tier {
+        Tier::Avx512 => has!("avx512f") && has!("fma") && has!("f16c"),
+        Tier::Avx2 => has!("avx2") && has!("fma") && has!("f16c"),
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn host_has(_: Tier) -> bool {
+    false
+}
+
+/// The tiers this host can run, widest first (for tests and reports).
+pub fn available() -> Vec<Tier> {
+    [Tier::Avx512, Tier::Avx2]
+        .into_iter()
+        .filter(|t| t.available())
+        .collect()
+}
+
+/// The tier the kernels compiled in this process use, `None` for the 128-bit code
+/// alone (see the module docs for `NDFUSE_CPU_WIDE`).
+pub fn tier() -> Option<Tier> {
+    static TIER: OnceLock<Option<Tier>> = OnceLock::new();
+    *TIER.get_or_init(|| {
+        let choice = std::env::var("NDFUSE_CPU_WIDE").unwrap_or_default();
+        let choice = choice.trim().to_ascii_lowercase();
+        if matches!(choice.as_str(), "0" | "off" | "no" | "false" | "128") {
+            return None;
+        }
+        if !crate::vmath::builder::use_fma() {
+            return None;
+        }
+        let widest = available().into_iter().next()?;
+        if choice == "avx2" && Tier::Avx2.available() {
+            return Some(Tier::Avx2);
+        }
+        Some(widest)
+    })
+}
+
+/// A routine over `n` f32: reads `src[0..n]`, writes `dst[0..n]`; `src` and `dst` may
+/// be the same pointer (in place), never otherwise overlapping.
+pub(crate) type UnaryFn = unsafe fn(src: *const f32, dst: *mut f32, n: usize);
+
+/// A conversion of `n` elements to f32: reads `n` elements of the source dtype at
+/// `src`, writes `dst[0..n]`.
+pub(crate) type LoadFn = unsafe fn(src: *const u8, dst: *mut f32, n: usize);
+
+/// A conversion of `n` f32 to the destination dtype: reads `src[0..n]`, writes `n`
+/// elements at `dst`.
+pub(crate) type StoreFn = unsafe fn(src: *const f32, dst: *mut u8, n: usize);
+
+/// The routine of `op` on f32 at `tier`, where there is one.
+pub(crate) fn unary_fn(op: UnaryOp, tier: Tier) -> Option<UnaryFn> {
+    if !tier.available() {
+        return None;
+    }
+    math::unary_fn(op, tier)
+}
+
+/// The conversion of `dtype` (f16 or bf16) elements to f32 at `tier`.
+pub(crate) fn load_fn(dtype: DType, tier: Tier) -> Option<LoadFn> {
+    if !tier.available() {
+        return None;
+    }
+    convert::load_fn(dtype, tier)
+}
+
+/// The conversion of f32 to `dtype` (f16 or bf16) elements at `tier`.
+pub(crate) fn store_fn(dtype: DType, tier: Tier) -> Option<StoreFn> {
+    if !tier.available() {
+        return None;
+    }
+    convert::store_fn(dtype, tier)
+}
+
+/// `op` over `src` into `dst` with `tier`'s routine; `false` (and nothing written)
+/// when there is none or the lengths differ. For tests and benchmarks of the routines
+/// themselves.
+pub fn unary(op: UnaryOp, tier: Tier, src: &[f32], dst: &mut [f32]) -> bool {
+    let Some(f) = unary_fn(op, tier).filter(|_| src.len() == dst.len()) else {
+        return false;
+    };
+    // SAFETY: `unary_fn` only returns routines of a tier the host has (checked by
+    // `Tier::available`); `src` and `dst` are distinct slices of `n` elements each.
+    unsafe { f(src.as_ptr(), dst.as_mut_ptr(), src.len()) };
+    true
+}
+
+/// `src` (the little-endian bytes of f16 or bf16 elements) converted into `dst` with
+/// `tier`'s routine; `false` when there is none or the lengths do not match.
+pub fn load(dtype: DType, tier: Tier, src: &[u8], dst: &mut [f32]) -> bool {
+    let Some(f) = load_fn(dtype, tier).filter(|_| src.len() == dst.len() * 2) else {
+        return false;
+    };
+    // SAFETY: a routine of a tier the host has; `src` holds `dst.len()` 2-byte
+    // elements, and the slices are distinct.
+    unsafe { f(src.as_ptr(), dst.as_mut_ptr(), dst.len()) };
+    true
+}
+
+/// `src` converted to f16 or bf16 elements, written as little-endian bytes into
+/// `dst`, with `tier`'s routine; `false` when there is none or the lengths do not
+/// match.
+pub fn store(dtype: DType, tier: Tier, src: &[f32], dst: &mut [u8]) -> bool {
+    let Some(f) = store_fn(dtype, tier).filter(|_| dst.len() == src.len() * 2) else {
+        return false;
+    };
+    // SAFETY: a routine of a tier the host has; `dst` holds `src.len()` 2-byte
+    // elements, and the slices are distinct.
+    unsafe { f(src.as_ptr(), dst.as_mut_ptr(), src.len()) };
+    true
+}

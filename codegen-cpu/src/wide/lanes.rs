@@ -1,0 +1,1 @@
+//! The register types of each tier and the operations the wide math is written with.

@@ -1,0 +1,1 @@
+//! The log family on wide registers: log and log1p.
