@@ -1,6 +1,6 @@
 //! f16 and bf16 <-> f32 conversions of whole blocks on wide registers.
 
-use super::{LoadFn, StoreFn, Tier};
+use super::tier::{LoadFn, StoreFn, Tier};
 use ndfuse_ir::DType;
 
 /// The conversion of `dtype` elements to f32 at `tier`.

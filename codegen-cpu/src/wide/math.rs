@@ -1,6 +1,6 @@
 //! Which wide routine computes which unary op (filled in by the exp and log files).
 
-use super::{Tier, UnaryFn};
+use super::tier::{Tier, UnaryFn};
 use ndfuse_ir::UnaryOp;
 
 /// The routine of `op` at `tier`, where the wide path has one.
