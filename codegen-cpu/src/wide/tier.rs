@@ -78,14 +78,14 @@ pub fn tier() -> Option<Tier> {
     })
 }
 
-/// A routine over `n` f32: reads `src[0..n]`, writes `dst[0..n]`; `src` and `dst` may
+/// A routine over `n` f32 (C ABI, so JIT code may call it too): reads `src[0..n]`, writes `dst[0..n]`; `src` and `dst` may
 /// be the same pointer (in place), never otherwise overlapping.
-pub(crate) type UnaryFn = unsafe fn(src: *const f32, dst: *mut f32, n: usize);
+pub(crate) type UnaryFn = unsafe extern "C" fn(src: *const f32, dst: *mut f32, n: usize);
 
 /// A conversion of `n` elements to f32: reads `n` elements of the source dtype at
 /// `src`, writes `dst[0..n]`.
-pub(crate) type LoadFn = unsafe fn(src: *const u8, dst: *mut f32, n: usize);
+pub(crate) type LoadFn = unsafe extern "C" fn(src: *const u8, dst: *mut f32, n: usize);
 
 /// A conversion of `n` f32 to the destination dtype: reads `src[0..n]`, writes `n`
 /// elements at `dst`.
-pub(crate) type StoreFn = unsafe fn(src: *const f32, dst: *mut u8, n: usize);
+pub(crate) type StoreFn = unsafe extern "C" fn(src: *const f32, dst: *mut u8, n: usize);
