@@ -1,1 +1,104 @@
 //! The log family on wide registers: log and log1p.
+//!
+//! `vmath/log.rs`'s f32 code with fused multiply-adds, operation for operation, so
+//! every lane gets the bits of the 128-bit inline code. The constants are copies of
+//! `vmath/builder.rs`'s (`LOG_R` and the F32 `Prec`); `tests/wide_math.rs` would catch
+//! one that drifted.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+
+use super::exp::{LN2_HI, LN2_LO};
+use super::lanes::{routines, Lanes};
+
+/// R(z)/z of log (`vmath::builder::LOG_R`).
+const LOG_R: [f64; 4] = [
+    6.666_666_655e-1,
+    4.000_012_186e-1,
+    2.855_081_910e-1,
+    2.333_050_140e-1,
+];
+
+/// The bits of 1 and of √½, the mantissa mask.
+const ONE_BITS: i32 = 0x3F80_0000;
+const SQRT_HALF_BITS: i32 = 0x3F35_04F3;
+const MANT_MASK: i32 = 0x007F_FFFF;
+/// Subnormals are scaled by 2^25 before the core.
+const SUB_SCALE_LOG2: i32 = 25;
+/// Below this |x|, log1p(x) rounds to x (2^-24).
+const LOG1P_TINY: f64 = 5.960_464_477_539_063e-8;
+
+routines!(Log, log, log_avx512, log_avx2);
+routines!(Log1p, log1p, log1p_avx512, log1p_avx2);
+
+/// log(u) + c for u positive, normal and finite, `k_adj` taken off the exponent
+/// (`Math::log_core`).
+#[inline(always)]
+fn log_core<L: Lanes>(l: L, u: L::F, c: Option<L::F>, k_adj: Option<L::F>) -> L::F {
+    let ix = l.iadd(l.bits(u), l.isplat(ONE_BITS - SQRT_HALF_BITS));
+    let k = l.srl(ix, 23);
+    let k = l.isub(k, l.isplat(127));
+    let mant = l.and(ix, l.isplat(MANT_MASK));
+    let mant = l.iadd(mant, l.isplat(SQRT_HALF_BITS));
+    let m = l.float(mant);
+    let one = l.splat(1.0);
+    let f = l.sub(m, one);
+    let den = l.add(l.splat(2.0), f);
+    let s = l.div(f, den);
+    let z = l.mul(s, s);
+    let p = l.horner(z, &LOG_R);
+    let r = l.mul(z, p);
+    let ff = l.mul(f, f);
+    let hfsq = l.mul(ff, l.splat(0.5));
+    let mut kf = l.to_float(k);
+    if let Some(adj) = k_adj {
+        kf = l.sub(kf, adj);
+    }
+    let hr = l.add(hfsq, r);
+    let kl = l.mul(kf, l.splat(LN2_LO));
+    let lo = l.fma(s, hr, kl);
+    let lo = match c {
+        Some(c) => l.add(lo, c),
+        None => lo,
+    };
+    let t = l.sub(hfsq, lo);
+    let t = l.sub(t, f);
+    let kh = l.mul(kf, l.splat(LN2_HI));
+    l.sub(kh, t)
+}
+
+/// log's special inputs at `u`: 0 → -inf, inf → inf, negative or NaN → NaN
+/// (`Math::log_specials`).
+#[inline(always)]
+fn log_specials<L: Lanes>(l: L, u: L::F, v: L::F) -> L::F {
+    let zero = l.eq(u, l.splat(0.0));
+    let v = l.sel(zero, l.splat(f32::NEG_INFINITY), v);
+    let inf = l.splat(f32::INFINITY);
+    let is_inf = l.eq(u, inf);
+    let v = l.sel(is_inf, inf, v);
+    let ok = l.ge(u, l.splat(0.0));
+    l.sel(ok, v, l.splat(f32::NAN))
+}
+
+/// log (`Math::log`).
+#[inline(always)]
+pub(super) fn log<L: Lanes>(l: L, x: L::F) -> L::F {
+    let sub = l.lt(x, l.splat(f32::MIN_POSITIVE));
+    let big = l.mul(x, l.c(2f64.powi(SUB_SCALE_LOG2)));
+    let u = l.sel(sub, big, x);
+    let adj = l.sel(sub, l.c(f64::from(SUB_SCALE_LOG2)), l.splat(0.0));
+    let v = log_core(l, u, None, Some(adj));
+    log_specials(l, x, v)
+}
+
+/// log(1 + x) (`Math::log1p`).
+#[inline(always)]
+pub(super) fn log1p<L: Lanes>(l: L, x: L::F) -> L::F {
+    let one = l.splat(1.0);
+    let u = l.add(one, x);
+    let um1 = l.sub(u, one);
+    let d = l.sub(x, um1);
+    let c = l.div(d, u);
+    let v = log_core(l, u, Some(c), None);
+    let v = log_specials(l, u, v);
+    let tiny = l.lt(l.abs(x), l.c(LOG1P_TINY));
+    l.sel(tiny, x, v)
+}

@@ -3,8 +3,93 @@
 use super::tier::{Tier, UnaryFn};
 use ndfuse_ir::UnaryOp;
 
-/// The routine of `op` at `tier`, where the wide path has one.
+/// The routine of `op` at `tier`, where the wide path has one: the exp and log
+/// families of the inline math (`vmath`), on x86-64 only.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn unary_fn(op: UnaryOp, tier: Tier) -> Option<UnaryFn> {
+    use super::{exp, log};
+    let (avx512, avx2): (UnaryFn, UnaryFn) = match op {
+        UnaryOp::Exp => (exp::exp_avx512, exp::exp_avx2),
+        UnaryOp::Expm1 => (exp::expm1_avx512, exp::expm1_avx2),
+        UnaryOp::Tanh => (exp::tanh_avx512, exp::tanh_avx2),
+        UnaryOp::Sigmoid => (exp::sigmoid_avx512, exp::sigmoid_avx2),
+        UnaryOp::Erf => (exp::erf_avx512, exp::erf_avx2),
+        UnaryOp::Log => (log::log_avx512, log::log_avx2),
+        UnaryOp::Log1p => (log::log1p_avx512, log::log1p_avx2),
+        _ => return None,
+    };
+    if !tier.available() {
+        return None;
+    }
+    Some(match tier {
+        Tier::Avx512 => avx512,
+        Tier::Avx2 => avx2,
+    })
+}
+
+/// No wide routines off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
 pub(super) fn unary_fn(op: UnaryOp, tier: Tier) -> Option<UnaryFn> {
     let _ = (op, tier);
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OPS: [UnaryOp; 7] = [
+        UnaryOp::Exp,
+        UnaryOp::Expm1,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Erf,
+        UnaryOp::Log,
+        UnaryOp::Log1p,
+    ];
+
+    /// In place (`src == dst`, which the safe `wide::unary` cannot express) gives the
+    /// bits of two buffers, tails included; `tests/wide_math.rs` checks those against
+    /// the 128-bit code.
+    #[test]
+    fn in_place_matches_two_buffers() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        // Random bit patterns: every sign and exponent, NaNs and infinities among them.
+        let xs: Vec<f32> = (0..1000)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1);
+                f32::from_bits((state >> 32) as u32)
+            })
+            .collect();
+        for t in [Tier::Avx512, Tier::Avx2]
+            .into_iter()
+            .filter(|t| t.available())
+        {
+            for op in OPS {
+                let f = unary_fn(op, t).expect("a routine for every listed op");
+                for n in [0, 1, t.lanes() - 1, t.lanes() + 1, 1000] {
+                    let mut apart = vec![0.0f32; n];
+                    let mut buf = xs[..n].to_vec();
+                    let p = buf.as_mut_ptr();
+                    // SAFETY: `f` is a routine of a tier the host has (`available`);
+                    // `xs` and `apart` are distinct buffers of at least `n` f32, and `p`
+                    // is valid for `n` f32, read and written in place.
+                    unsafe {
+                        f(xs.as_ptr(), apart.as_mut_ptr(), n);
+                        f(p, p, n);
+                    }
+                    for (i, (a, b)) in apart.iter().zip(&buf).enumerate() {
+                        assert!(
+                            a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                            "{} {} n = {n}: element {i} in place {b:e}, apart {a:e}",
+                            t.name(),
+                            op.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1,0 +1,364 @@
+//! The wide (AVX-512 / AVX2) exp and log families against the 128-bit inline math:
+//! for every tier the host has, `wide::unary` must give the very bits of a JIT kernel
+//! `load f32 -> op -> store` over a domain of 4096 elements (whose math is the shared
+//! out-of-line copy of the inline code, bit-identical to it), on 2^20 log-uniform
+//! samples of both signs plus edge cases, the same sampler as `tests/vmath.rs`. Two
+//! NaNs count as equal whatever their payloads and signs (neither path promises a
+//! payload); every other result must match bit for bit, signed zeros included. Tails
+//! (n = 0, 1, lanes - 1, lanes + 1, 1000) are checked against the same reference
+//! (in place is checked by `wide::math`'s unit test, as the safe API takes two slices).
+//!
+//! The wide path exists only with fused multiply-adds: without FMA (or under
+//! `NDFUSE_CPU_FMA=0`), or on a host without AVX2, the tests print why and pass. A
+//! missing routine for one of the ops fails.
+//!
+//! `wide_timing` prints ns/element of each routine against the JIT over 1 Mi elements
+//! on one thread (figures, not assertions); the JIT runs its 128-bit code under
+//! `NDFUSE_CPU_WIDE=0`, and otherwise a kernel that large calls the wide routines. Every test holds one lock,
+//! so the timing runs alone.
+
+mod builder;
+
+use builder::{compiled, KernelBuilder};
+use ndfuse_codegen_cpu::{use_fma, wide};
+use ndfuse_ir::{DType, HostArray, Shape, UnaryOp};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Sampled inputs per op (besides the edge cases).
+const SAMPLES: usize = 1 << 20;
+
+/// The JIT reference's domain: below 64 Ki, so the kernel calls the shared
+/// out-of-line math and never takes a wide block path.
+const DOMAIN: usize = 4096;
+
+/// One test at a time, so the timing is not shared with the others' work.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A small deterministic generator (xorshift64*), so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// An f32 of random sign and mantissa whose binary exponent is uniform in
+    /// `[emin, emax]` (below -126: subnormals).
+    fn log_uniform(&mut self, emin: i32, emax: i32) -> f32 {
+        let r = self.next();
+        let span = (emax - emin + 1) as u64;
+        let e = emin + ((r >> 32) % span) as i32;
+        let mant = (r & 0x007F_FFFF) as u32;
+        let v = if e < -126 {
+            f32::from_bits((mant | 0x0080_0000) >> (-126 - e).min(24))
+        } else {
+            f32::from_bits((((e + 127) as u32) << 23) | mant)
+        };
+        if (r >> 31) & 1 == 1 {
+            -v
+        } else {
+            v
+        }
+    }
+}
+
+/// Zeros, infinities, NaNs, subnormals, extremes, and the thresholds where the math
+/// changes method or saturates, each with its neighbours and negation.
+fn edge_cases() -> Vec<f32> {
+    let mut v = vec![
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(1),
+        f32::from_bits(0x007F_FFFF),
+        f32::MIN_POSITIVE,
+        f32::MAX,
+    ];
+    let thresholds = [
+        88.722_83,                       // exp overflows above
+        87.0,                            // exp's fast path ends
+        -87.336_55,                      // exp becomes subnormal below
+        -103.278_93,                     // exp reaches the smallest subnormal
+        -103.972_08,                     // exp rounds to 0 below
+        -104.0,                          // exp's clamp
+        89.0,                            // exp's upper clamp
+        88.376_26,                       // n = 128 in expm1
+        -17.328_68,                      // expm1 rounds to -1
+        -20.0,                           // expm1's clamp
+        2.980_232_2e-8,                  // 2^-25: expm1 returns x below
+        5.960_464_5e-8,                  // 2^-24: log1p returns x below
+        9.0,                             // tanh is still below 1
+        9.010_913,                       // tanh saturates
+        9.1,                             // tanh's clamp
+        0.549_306_1,                     // tanh switches method
+        1.0,                             // erf switches method
+        4.0,                             // erf saturates
+        0.346_573_6,                     // ln2/2: the reduction's edge
+        std::f32::consts::FRAC_1_SQRT_2, // log's mantissa edge
+        std::f32::consts::SQRT_2,
+        0.5,
+        2.0,
+    ];
+    for t in thresholds {
+        for x in [t, next_up(t), next_down(t)] {
+            v.push(x);
+            v.push(-x);
+        }
+    }
+    for x in [f32::from_bits(1), f32::MIN_POSITIVE, f32::MAX] {
+        v.push(-x);
+        v.push(next_down(x));
+    }
+    v
+}
+
+fn next_up(x: f32) -> f32 {
+    f32::from_bits(x.to_bits() + 1)
+}
+
+fn next_down(x: f32) -> f32 {
+    f32::from_bits(x.to_bits() - 1)
+}
+
+/// The edge cases, then `SAMPLES` inputs: half over all magnitudes, half over
+/// 2^emin..2^emax.
+fn inputs(seed: u64, (emin, emax): (i32, i32)) -> Vec<f32> {
+    let mut rng = Rng(seed);
+    let mut v = edge_cases();
+    for i in 0..SAMPLES {
+        v.push(if i % 2 == 0 {
+            rng.log_uniform(-149, 127)
+        } else {
+            rng.log_uniform(emin, emax)
+        });
+    }
+    v
+}
+
+/// A 1-d f32 array of `xs` (through f64, which holds every f32 exactly).
+fn f32_array(xs: &[f32]) -> HostArray {
+    let wide: Vec<f64> = xs.iter().map(|&x| f64::from(x)).collect();
+    HostArray::from_f64s(DType::F32, Shape::new([xs.len()]), &wide)
+}
+
+/// The kernel `out = op(in)` over `n` f32.
+fn kernel(op: UnaryOp, n: usize) -> ndfuse_ir::Kernel {
+    let mut kb = KernelBuilder::new("k0_wide_math", &[n]);
+    let x = kb.load(DType::F32);
+    let y = kb.unary(op, x);
+    kb.store(y);
+    kb.build()
+}
+
+/// `op` on `xs` through the JIT's 128-bit code, `DOMAIN` elements a run (the last
+/// batch padded with zeros).
+fn jit(op: UnaryOp, xs: &[f32]) -> Vec<f32> {
+    let ck = compiled(&kernel(op, DOMAIN));
+    let mut out = Vec::with_capacity(xs.len());
+    for batch in xs.chunks(DOMAIN) {
+        let mut padded = batch.to_vec();
+        padded.resize(DOMAIN, 0.0);
+        let input = f32_array(&padded);
+        let mut y = HostArray::zeros(DType::F32, Shape::new([DOMAIN]));
+        ck.run(&[&input], &mut [&mut y])
+            .unwrap_or_else(|e| panic!("{e}"));
+        out.extend_from_slice(&y.as_slice::<f32>().expect("f32 output")[..batch.len()]);
+    }
+    out
+}
+
+/// Same bits, or both NaN.
+fn same(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+/// The tiers to test, or `None` (with the reason printed) where there is no wide path.
+fn tiers(what: &str) -> Option<Vec<wide::Tier>> {
+    if !use_fma() {
+        println!("{what}: skipped, the inline math is unfused (no FMA or NDFUSE_CPU_FMA=0)");
+        return None;
+    }
+    let tiers = wide::available();
+    if tiers.is_empty() {
+        println!("{what}: skipped, the host has neither AVX-512F nor AVX2+FMA+F16C");
+        return None;
+    }
+    Some(tiers)
+}
+
+/// Checks every tier's routine for `op` against the JIT on the sampled inputs, whole
+/// and in tails.
+fn check(op: UnaryOp, seed: u64, range: (i32, i32)) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(tiers) = tiers(op.name()) else {
+        return;
+    };
+    let xs = inputs(seed, range);
+    let want = jit(op, &xs);
+    for tier in tiers {
+        let mut got = vec![0.0f32; xs.len()];
+        assert!(
+            wide::unary(op, tier, &xs, &mut got),
+            "no {} routine for {}",
+            tier.name(),
+            op.name()
+        );
+        let bad: Vec<usize> = (0..xs.len()).filter(|&i| !same(got[i], want[i])).collect();
+        if let Some(&i) = bad.first() {
+            panic!(
+                "{} {}: {} of {} inputs differ from the 128-bit code; first at x = {:e} ({:#010x}): wide {:e} ({:#010x}), 128-bit {:e} ({:#010x})",
+                tier.name(),
+                op.name(),
+                bad.len(),
+                xs.len(),
+                xs[i],
+                xs[i].to_bits(),
+                got[i],
+                got[i].to_bits(),
+                want[i],
+                want[i].to_bits()
+            );
+        }
+        // Tails, from several starting points (the first holds the edge cases).
+        let lanes = tier.lanes();
+        for n in [0, 1, lanes - 1, lanes + 1, 1000] {
+            for start in [0, 7, 100_003] {
+                let src = &xs[start..start + n];
+                // Filled with a value no result has, so unwritten elements show.
+                let mut dst = vec![f32::from_bits(0x7FC0_1234); n];
+                assert!(wide::unary(op, tier, src, &mut dst));
+                for (i, (&g, &w)) in dst.iter().zip(&want[start..start + n]).enumerate() {
+                    assert!(
+                        same(g, w) && g.to_bits() != 0x7FC0_1234,
+                        "{} {} over {n} elements from {start}: element {i} (x = {:e}) gave {g:e}, the 128-bit code {w:e}",
+                        tier.name(),
+                        op.name(),
+                        src[i]
+                    );
+                }
+            }
+        }
+        // Mismatched lengths are refused, nothing written.
+        let mut short = vec![1.0f32; 3];
+        assert!(!wide::unary(op, tier, &xs[..4], &mut short));
+        assert_eq!(short, [1.0; 3]);
+        println!(
+            "{} {}: {} inputs bit-identical to the 128-bit code",
+            tier.name(),
+            op.name(),
+            xs.len()
+        );
+    }
+}
+
+#[test]
+fn exp_matches_128_bit() {
+    check(UnaryOp::Exp, 1, (-30, 7));
+}
+
+#[test]
+fn expm1_matches_128_bit() {
+    check(UnaryOp::Expm1, 2, (-30, 7));
+}
+
+#[test]
+fn log_matches_128_bit() {
+    check(UnaryOp::Log, 3, (-3, 3));
+}
+
+#[test]
+fn log1p_matches_128_bit() {
+    check(UnaryOp::Log1p, 4, (-30, 3));
+}
+
+#[test]
+fn tanh_matches_128_bit() {
+    check(UnaryOp::Tanh, 5, (-30, 4));
+}
+
+#[test]
+fn sigmoid_matches_128_bit() {
+    check(UnaryOp::Sigmoid, 6, (-30, 7));
+}
+
+#[test]
+fn erf_matches_128_bit() {
+    check(UnaryOp::Erf, 7, (-30, 3));
+}
+
+/// Ops without a wide routine get none (`false`, nothing written).
+#[test]
+fn other_ops_have_no_routine() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for tier in wide::available() {
+        for op in [UnaryOp::Sin, UnaryOp::Rsqrt, UnaryOp::Neg] {
+            let mut dst = [5.0f32; 4];
+            assert!(!wide::unary(op, tier, &[1.0; 4], &mut dst), "{}", op.name());
+            assert_eq!(dst, [5.0; 4]);
+        }
+    }
+}
+
+/// ns/element of each routine and of the JIT's 128-bit code (one thread, 1 Mi
+/// elements of the op's interesting range, best of 5). Prints only.
+#[test]
+fn wide_timing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(tiers) = tiers("timing") else {
+        return;
+    };
+    const N: usize = 1 << 20;
+    let ops = [
+        (UnaryOp::Exp, (-30, 6)),
+        (UnaryOp::Expm1, (-30, 6)),
+        (UnaryOp::Tanh, (-30, 3)),
+        (UnaryOp::Sigmoid, (-30, 6)),
+        (UnaryOp::Erf, (-30, 2)),
+        (UnaryOp::Log, (-30, 30)),
+        (UnaryOp::Log1p, (-30, 30)),
+    ];
+    let best = |f: &mut dyn FnMut()| {
+        f();
+        (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+            * 1e9
+            / N as f64
+    };
+    // Kernels of 64 Ki elements or more call the wide routines themselves unless
+    // `NDFUSE_CPU_WIDE=0`: run with it set for the 128-bit figures.
+    let jit_path = match wide::tier() {
+        None => "JIT 128-bit".to_string(),
+        Some(t) => format!("JIT ({} blocks; NDFUSE_CPU_WIDE=0 for 128-bit)", t.name()),
+    };
+    println!("ns/element over {N} f32, one thread, best of 5:");
+    for (op, (emin, emax)) in ops {
+        let mut rng = Rng(42);
+        let xs: Vec<f32> = (0..N).map(|_| rng.log_uniform(emin, emax)).collect();
+        let ck = compiled(&kernel(op, N));
+        let input = f32_array(&xs);
+        let mut out = HostArray::zeros(DType::F32, Shape::new([N]));
+        let narrow = best(&mut || {
+            ck.run_range(&[&input], &mut [&mut out], 0, N)
+                .unwrap_or_else(|e| panic!("{e}"));
+        });
+        let mut line = format!("  {:8} {jit_path} {narrow:6.3}", op.name());
+        for &tier in &tiers {
+            let mut dst = vec![0.0f32; N];
+            let t = best(&mut || assert!(wide::unary(op, tier, &xs, &mut dst)));
+            line += &format!("  {} {t:6.3} ({:.2}x)", tier.name(), narrow / t);
+        }
+        println!("{line}");
+    }
+}
