@@ -279,6 +279,12 @@ impl Case {
     /// The bytes the case must move at the least: every input read once and the output
     /// written once, from shapes and dtypes alone (nothing is allocated or evaluated).
     pub fn ideal_bytes(&self, ctx: &Context) -> Result<u64> {
+        let input_bytes: u64 = self.inputs.iter().map(|(_, s, d)| nbytes(s, *d)).sum();
+        Ok(input_bytes + self.output_bytes(ctx)?)
+    }
+
+    /// The bytes of the output, from shapes and dtypes alone.
+    pub fn output_bytes(&self, ctx: &Context) -> Result<u64> {
         // Constants stand in for the inputs: they carry the types without the data.
         let standins: Vec<Tensor> = self
             .inputs
@@ -286,8 +292,15 @@ impl Case {
             .map(|(_, s, d)| ctx.full_dtype(s, 0.0, *d))
             .collect();
         let out = self.build(&standins, 1.0);
-        let input_bytes: u64 = self.inputs.iter().map(|(_, s, d)| nbytes(s, *d)).sum();
-        Ok(input_bytes + nbytes(out.shape()?, out.dtype()?))
+        Ok(nbytes(out.shape()?, out.dtype()?))
+    }
+
+    /// Whether the case reads at least 16 times the bytes it writes (`sum`, `colsum`):
+    /// its floor is then within 6% of the read-only bandwidth's, and the row also
+    /// reports its fraction of that.
+    pub fn mostly_reads(&self, ctx: &Context) -> Result<bool> {
+        let output = self.output_bytes(ctx)?;
+        Ok(output * 17 <= self.ideal_bytes(ctx)?)
     }
 }
 

@@ -8,19 +8,35 @@
 //! close the case came to that floor: 1.0 is at the floor.
 //!
 //! A kernel can be bound by compute instead (Cranelift's x86 vectors are 128 bits wide,
-//! and a transcendental costs tens of vector operations): each row also has a compute
-//! floor, the operations its compiled kernels execute
-//! ([`ndfuse_runtime::jit_ops_per_element`] times the elements of each kernel's domain)
-//! over this machine's peak rate of f32x4 multiplies and adds on all threads, measured
-//! in the same run ([`measure_compute_peak`]). A row's time is reported against the
-//! larger of the two floors, and the table says which binds.
+//! and a transcendental costs tens of vector operations): each row also has two compute
+//! floors from the operations its compiled kernels execute
+//! ([`ndfuse_runtime::jit_ops_per_element`] times the elements of each kernel's domain,
+//! counted as 128-bit operations). The *128-bit floor* is those operations at this
+//! machine's peak rate of independent f32x4 multiplies and adds on all threads
+//! ([`measure_compute_peak`]): what the JIT's width can reach. The *wide floor* is the
+//! same lane operations (4 per counted operation) at the lane rate of the same
+//! multiply/add probe run with the widest vectors the CPU has (AVX-512F zmm, else AVX2
+//! ymm; [`measure_widest_compute_peak`]): it assumes every counted operation, loads,
+//! stores, conversions and shuffles included, becomes `lanes / 4` times fewer widest
+//! operations, each as fast as the probe's multiplies and adds (no cost for tails,
+//! masks or lane crossings). On a machine whose widest operations run as many a second
+//! as its 128-bit ones, the wide floor is the 128-bit one over `lanes / 4`. A row's
+//! time is reported against the larger of the memory floor and the wide floor, and the
+//! table says which binds. Both probes are measured in the same run.
+//!
+//! The machine's read-only bandwidth is measured in the same run too
+//! ([`measure_read_bandwidth`]: one buffer summed with the widest loads and 8
+//! accumulators a thread); a case that reads at least 16 times what it writes (`sum`,
+//! `colsum`) also reports its fraction of it.
 //!
 //! The matrix products (`matmul_*`, `attention`) count FLOPs instead (`2*M*N*K` per
-//! product): their compute floor is those FLOPs over this machine's f32 FMA peak with
+//! product): their wide floor is those FLOPs over this machine's f32 FMA peak with
 //! the widest vectors the CPU has (AVX-512F, else AVX2+FMA, detected at run time;
 //! [`measure_fma_peak`]), measured in the same run, and each such row reports GFLOP/s
-//! and its fraction of that peak. The report shows the 128-bit figure beside it in the
-//! same unit, so a reader sees how much of the machine the JIT's width can reach.
+//! and its fraction of that peak; their 128-bit floor is the FLOPs at the f32x4
+//! multiply/add probe's FLOP rate. The report shows the 128-bit figure beside the FMA
+//! peak in the same unit, so a reader sees how much of the machine the JIT's width can
+//! reach.
 //!
 //! Each row also counts the minor page faults of one evaluation (`getrusage`, median
 //! over the timed runs): with outputs and intermediates recycled by the host cache, a
@@ -57,10 +73,11 @@ mod training;
 
 pub use cases::{cases, Case, Versus};
 pub use machine::{
-    measure_bandwidth, measure_compute_peak, measure_fma_peak, Bandwidth, ComputePeak, Machine,
+    measure_bandwidth, measure_compute_peak, measure_fma_peak, measure_read_bandwidth,
+    measure_widest_compute_peak, Bandwidth, Machine, ReadBandwidth,
 };
 pub use options::{BenchOptions, Kind, Size};
-pub use peak::{measure_wide_fma_peak, FmaPeak};
+pub use peak::{measure_wide_compute_peak, measure_wide_fma_peak, ComputePeak, FmaPeak};
 pub use run::{run_suite, run_suite_with, BenchReport, Compared, Event, Row};
 pub use training::{
     training_names, ParallelRow, Shape as TrainingShape, StepRow, TrainingRow, WARMUP_STEPS,
@@ -205,6 +222,7 @@ mod tests {
         );
         // A vector sum: a load and an add per 4 lanes, plus the loop's share.
         assert!(ops("sum") > 0.2 && ops("sum") < 3.0, "{}", ops("sum"));
+        let wide = &report.machine.wide;
         for r in report.rows.iter().filter(|r| r.kind == Kind::Throughput) {
             let (floor, which) = r.floor().expect("throughput rows have floors");
             let larger = r
@@ -214,20 +232,60 @@ mod tests {
             assert_eq!(floor, larger, "{}", r.name);
             assert_eq!(which == "compute", r.compute_floor_ms > r.memory_floor_ms);
             assert!(r.x_floor().expect("ratio") > 0.0);
+            // The two floors of the element-wise rows, from the probes' figures: the
+            // counted operations at the 128-bit rate, and 4 lanes of each at the wide
+            // probe's lane rate.
+            if r.flops.is_none() {
+                let ops = r.ops.expect("ops counted");
+                let narrow = r.floor_128_ms.expect("128-bit floor");
+                let w = r.compute_floor_ms.expect("wide floor");
+                assert!((narrow - ops / peak.ops_all * 1e3).abs() <= 1e-9 * narrow);
+                let want = ops * 4.0 / (wide.ops_all * wide.lanes as f64) * 1e3;
+                assert!((w - want).abs() <= 1e-9 * w, "{} {w} {want}", r.name);
+            }
         }
         assert!(row("compile_cached").floor().is_none());
         let table = report.table();
         assert!(
-            table.contains("| ops/elem | compute floor ms | x floor |"),
+            table.contains("| ops/elem | 128-bit floor ms | wide floor ms | x floor |"),
             "{table}"
         );
         assert!(table.contains("compute peak (independent f32x4"), "{table}");
+        assert!(table.contains("compute peak, widest vectors ("), "{table}");
         let json = report.to_json();
         assert!(json["rows"][0]["compute_floor_ms"].is_number(), "{json}");
         assert!(
             json["machine"]["compute"]["vector_ops_per_s"].is_number(),
             "{json}"
         );
+    }
+
+    #[test]
+    fn the_read_sum_adds_every_element() {
+        // Lengths around the blocks of each width (128, 64, 32 f32), small integers:
+        // every order of adding them gives the exact sum.
+        let mut all = vec![machine::Loads::Portable];
+        if machine::Loads::detect() != machine::Loads::Portable {
+            all.push(machine::Loads::detect());
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            all.push(machine::Loads::Ymm);
+        }
+        for loads in all {
+            for n in [0, 1, 31, 32, 63, 64, 127, 128, 129, 1000, 4096 + 77] {
+                let xs: Vec<f32> = (0..n).map(|i| (i % 13) as f32 - 6.0).collect();
+                let want: i64 = (0..n as i64).map(|i| i % 13 - 6).sum();
+                assert_eq!(machine::read_sum(&xs, loads), want as f32, "{loads:?} {n}");
+            }
+        }
+        let read = measure_read_bandwidth(1 << 20, 1);
+        assert_eq!(read.bytes, 1 << 20);
+        assert!(
+            read.read_1t_gbps > 0.0 && read.read_all_gbps > 0.0,
+            "{read:?}"
+        );
+        assert_eq!(read.gbps(), read.read_1t_gbps.max(read.read_all_gbps));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! This machine's floors, measured in the same run as the cases: memory bandwidth
-//! (STREAM copy and triad), the peak rate of 128-bit vector multiplies and adds (the
-//! JIT's width), and the f32 FMA peak with the widest vectors the CPU has.
+//! (STREAM copy and triad, and a read-only sum), the peak rate of vector multiplies and
+//! adds at 128 bits (the JIT's width) and with the widest vectors the CPU has, and the
+//! f32 FMA peak with the widest vectors.
 
-use crate::peak::{fastest_run, measure_wide_fma_peak, FmaPeak};
+use crate::peak::{self, fastest_run, measure_wide_fma_peak, ComputePeak, FmaPeak};
 use std::time::Instant;
 
 // ----- memory bandwidth -----
@@ -113,30 +114,196 @@ pub fn measure_bandwidth(array_bytes: usize, trials: usize) -> Bandwidth {
     }
 }
 
-// ----- compute peak -----
+// ----- read-only bandwidth -----
 
-/// This machine's peak rate of 128-bit vector operations (the width Cranelift's x86
-/// vectors have), measured on one thread and on all of them.
+/// This machine's read-only bandwidth: the sum of one f32 buffer, each thread summing
+/// its own contiguous part with the widest loads the CPU has and 8 independent vector
+/// accumulators, on one thread and on all of them. Bytes are the buffer's: read once,
+/// nothing written. The floor of a reduction that reads much and writes little (`sum`),
+/// which STREAM's copy and triad, writing a third to a half of their bytes, understate.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ComputePeak {
+pub struct ReadBandwidth {
+    /// Bytes of the buffer.
+    pub bytes: usize,
+    /// The loads: `AVX-512F zmm`, `AVX2 ymm`, or `f32x4` (plain Rust, vectorised at the
+    /// baseline width).
+    pub isa: &'static str,
     /// Trials; each figure is the best of them.
     pub trials: usize,
     /// The threads of the "all threads" figure.
     pub threads: usize,
-    /// Vector operations a second on one thread.
-    pub ops_1t: f64,
-    /// Vector operations a second on `threads` threads together.
-    pub ops_all: f64,
+    /// GB/s (10^9 bytes a second) on one thread.
+    pub read_1t_gbps: f64,
+    /// GB/s on `threads` threads together.
+    pub read_all_gbps: f64,
 }
 
-/// Vector operations of one iteration of [`vector_chains`]: 8 chains, a multiply and
-/// an add each.
-const CHAIN_OPS: u64 = 16;
+impl ReadBandwidth {
+    /// The larger of the two figures: the machine's read-only bandwidth.
+    pub fn gbps(&self) -> f64 {
+        self.read_1t_gbps.max(self.read_all_gbps)
+    }
+}
+
+/// The widest loads the CPU has, for [`read_sum`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Loads {
+    /// AVX-512F: 16 f32 a load.
+    Zmm,
+    /// AVX2: 8 f32 a load.
+    Ymm,
+    /// Plain Rust over `[f32; 32]` blocks, which the compiler vectorises at the
+    /// target's baseline width (SSE on x86-64).
+    Portable,
+}
+
+impl Loads {
+    pub(crate) fn detect() -> Loads {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Loads::Zmm;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return Loads::Ymm;
+            }
+        }
+        Loads::Portable
+    }
+
+    fn isa(self) -> &'static str {
+        match self {
+            Loads::Zmm => "AVX-512F zmm",
+            Loads::Ymm => "AVX2 ymm",
+            Loads::Portable => "f32x4",
+        }
+    }
+}
+
+/// The sum of `xs` with `loads` (which [`Loads::detect`] found), in 8 vector
+/// accumulators, added together at the end, then the tail: the order differs from a
+/// sequential sum, so the result is the sum to f32 rounding, exact for small integers.
+pub(crate) fn read_sum(xs: &[f32], loads: Loads) -> f32 {
+    match loads {
+        // SAFETY: `Loads::detect` found AVX-512F on this CPU.
+        #[cfg(target_arch = "x86_64")]
+        Loads::Zmm => unsafe { sum_zmm(xs) },
+        // SAFETY: `Loads::detect` found AVX2 on this CPU.
+        #[cfg(target_arch = "x86_64")]
+        Loads::Ymm => unsafe { sum_ymm(xs) },
+        _ => sum_portable(xs),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn sum_zmm(xs: &[f32]) -> f32 {
+    use std::arch::x86_64::{__m512, _mm512_add_ps, _mm512_loadu_ps, _mm512_reduce_add_ps};
+    let mut acc: [__m512; 8] = [std::arch::x86_64::_mm512_setzero_ps(); 8];
+    let blocks = xs.chunks_exact(128);
+    let tail = blocks.remainder();
+    for block in blocks {
+        for (k, a) in acc.iter_mut().enumerate() {
+            // SAFETY: `block` holds 128 f32 and `16 * k + 16 <= 128`; an unaligned load.
+            let v = unsafe { _mm512_loadu_ps(block.as_ptr().add(16 * k)) };
+            *a = _mm512_add_ps(*a, v);
+        }
+    }
+    let total = acc.iter().map(|&a| _mm512_reduce_add_ps(a)).sum::<f32>();
+    total + tail.iter().sum::<f32>()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn sum_ymm(xs: &[f32]) -> f32 {
+    use std::arch::x86_64::{__m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_setzero_ps};
+    let mut acc: [__m256; 8] = [_mm256_setzero_ps(); 8];
+    let blocks = xs.chunks_exact(64);
+    let tail = blocks.remainder();
+    for block in blocks {
+        for (k, a) in acc.iter_mut().enumerate() {
+            // SAFETY: `block` holds 64 f32 and `8 * k + 8 <= 64`; an unaligned load.
+            let v = unsafe { _mm256_loadu_ps(block.as_ptr().add(8 * k)) };
+            *a = _mm256_add_ps(*a, v);
+        }
+    }
+    let mut lanes = [0.0f32; 8];
+    let mut total = 0.0f32;
+    for a in acc {
+        // SAFETY: `lanes` holds 8 f32; an unaligned store.
+        unsafe { std::arch::x86_64::_mm256_storeu_ps(lanes.as_mut_ptr(), a) };
+        total += lanes.iter().sum::<f32>();
+    }
+    total + tail.iter().sum::<f32>()
+}
+
+fn sum_portable(xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 32];
+    let blocks = xs.chunks_exact(32);
+    let tail = blocks.remainder();
+    for block in blocks {
+        for (a, x) in acc.iter_mut().zip(block) {
+            *a += x;
+        }
+    }
+    acc.iter().sum::<f32>() + tail.iter().sum::<f32>()
+}
+
+/// Measures [`ReadBandwidth`] over a buffer of `bytes` (at least 4 KiB), best of
+/// `trials`, on one thread and on every thread the OS offers, each thread summing its
+/// own contiguous part.
+pub fn measure_read_bandwidth(bytes: usize, trials: usize) -> ReadBandwidth {
+    let n = (bytes / 4).max(1024);
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let loads = Loads::detect();
+    // Non-zero, which touches every page before timing: page faults are not bandwidth.
+    let xs = vec![1.0f32; n];
+    let gbps = |threads: usize| {
+        let chunk = n.div_ceil(threads);
+        let mut fastest = f64::INFINITY;
+        for _ in 0..trials.max(1) {
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                for part in xs.chunks(chunk) {
+                    s.spawn(move || {
+                        std::hint::black_box(read_sum(std::hint::black_box(part), loads))
+                    });
+                }
+            });
+            fastest = fastest.min(start.elapsed().as_secs_f64());
+        }
+        (n * 4) as f64 / fastest.max(1e-9) / 1e9
+    };
+    ReadBandwidth {
+        bytes: n * 4,
+        isa: loads.isa(),
+        trials: trials.max(1),
+        threads,
+        read_1t_gbps: gbps(1),
+        read_all_gbps: gbps(threads),
+    }
+}
+
+// ----- compute peak -----
+
+/// The 128-bit probe's loop: on x86-64 the hand-written SSE loop of `peak.rs` (12
+/// chains); elsewhere [`vector_chains`] (8). Returns the chains, the vector operations
+/// of one iteration, and the loop.
+fn f32x4_probe() -> (usize, u64, fn(u64) -> f32) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        (peak::CHAINS, peak::MUL_ADD_OPS, peak::f32x4_mul_add_chains)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        (8, 16, vector_chains)
+    }
+}
 
 /// `iterations` steps of 8 independent chains `a = a * m + c` on `[f32; 4]` values,
-/// which the compiler keeps in eight SSE registers (`mulps`, `addps`; x86-64's baseline
-/// has no FMA, and neither does ndfuse's JIT code): enough chains in flight to hide
-/// the latency of each operation, so the loop runs at the machine's throughput.
+/// which the compiler keeps in eight vector registers: the 128-bit probe where the
+/// hand-written SSE loop does not exist (off x86-64).
+#[cfg(not(target_arch = "x86_64"))]
 fn vector_chains(iterations: u64) -> f32 {
     let m = std::hint::black_box([0.999_f32; 4]);
     let c = std::hint::black_box([0.001_f32; 4]);
@@ -152,23 +319,41 @@ fn vector_chains(iterations: u64) -> f32 {
     acc.iter().flatten().sum()
 }
 
-/// Measures [`ComputePeak`]: `iterations` of [`vector_chains`] per thread, best of
+/// Measures the 128-bit [`ComputePeak`]: independent chains `a = a * m + c` of f32x4
+/// multiplies and adds (`mulps`, `addps`: x86-64's baseline has no FMA, and neither
+/// does ndfuse's JIT code), enough chains in flight to hide each operation's latency,
+/// so the loop runs at the machine's throughput; `iterations` per thread, best of
 /// `trials`, on one thread and on every thread the OS offers (`std::thread::scope`).
 pub fn measure_compute_peak(iterations: u64, trials: usize) -> ComputePeak {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let iterations = iterations.max(1);
+    let (chains, ops_per_iteration, probe) = f32x4_probe();
     let best = |threads: usize| {
         let fastest = fastest_run(threads, trials, || {
-            std::hint::black_box(vector_chains(std::hint::black_box(iterations)));
+            std::hint::black_box(probe(std::hint::black_box(iterations)));
         });
-        (CHAIN_OPS * iterations) as f64 * threads as f64 / fastest
+        (ops_per_iteration * iterations) as f64 * threads as f64 / fastest
     };
     ComputePeak {
+        isa: "f32x4 mul/add",
+        lanes: 4,
+        chains,
         trials: trials.max(1),
         threads,
         ops_1t: best(1),
         ops_all: best(threads),
     }
+}
+
+/// Measures the multiply/add chains of [`measure_compute_peak`] with the widest vectors
+/// the CPU has (AVX-512F, else AVX2: see `peak.rs`), 12 chains; where it has neither,
+/// the 128-bit probe `f32x4` already measured is the widest, and is the answer.
+pub fn measure_widest_compute_peak(
+    iterations: u64,
+    trials: usize,
+    f32x4: &ComputePeak,
+) -> ComputePeak {
+    peak::measure_wide_compute_peak(iterations, trials).unwrap_or_else(|| f32x4.clone())
 }
 
 /// Measures [`FmaPeak`] with the widest FMA the CPU has (AVX-512F, else AVX2+FMA: see
@@ -186,19 +371,6 @@ pub fn measure_fma_peak(iterations: u64, trials: usize, f32x4: &ComputePeak) -> 
     })
 }
 
-impl ComputePeak {
-    /// The 128-bit figure on all threads in f32 FLOP/s (4 per vector operation), to set
-    /// beside [`FmaPeak::flops_all`].
-    pub fn flops_all(&self) -> f64 {
-        4.0 * self.ops_all
-    }
-
-    /// The same on one thread.
-    pub fn flops_1t(&self) -> f64 {
-        4.0 * self.ops_1t
-    }
-}
-
 // ----- running the suite -----
 
 /// The machine the suite ran on.
@@ -214,8 +386,14 @@ pub struct Machine {
     pub cpu: Option<String>,
     /// Memory bandwidth measured at the start of the run.
     pub bandwidth: Bandwidth,
-    /// Peak 128-bit vector-operation rate measured at the start of the run.
+    /// Peak 128-bit vector-operation rate measured at the start of the run: the rows'
+    /// 128-bit floor.
     pub compute: ComputePeak,
+    /// The same multiply/add probe with the widest vectors the CPU has (the 128-bit
+    /// one again where it has none wider): the rows' wide floor.
+    pub wide: ComputePeak,
+    /// Read-only bandwidth, measured at the start of the run.
+    pub read: ReadBandwidth,
     /// f32 FMA peak with the widest vectors, measured at the start of the run: the
     /// compute floor of the matrix products.
     pub fma: FmaPeak,

@@ -29,15 +29,19 @@ pub struct BenchOptions {
     pub stream_array_bytes: usize,
     /// STREAM trials; the best of them is reported, as STREAM does.
     pub stream_trials: usize,
+    /// Bytes of the buffer the read-only bandwidth sums (its trials are
+    /// `stream_trials`).
+    pub read_bytes: usize,
     /// The backend of the cases.
     pub backend: BackendKind,
-    /// Iterations of the compute-peak loop per thread and trial (16 vector operations
-    /// each); its trials are `stream_trials`.
+    /// Iterations of the compute-peak loops per thread and trial (24 vector operations
+    /// each: 12 chains of a multiply and an add); their trials are `stream_trials`.
     pub peak_iterations: u64,
 }
 
 impl Default for BenchOptions {
-    /// Full shapes, at most 10 runs or about 1 s a case, 3 x 64 MiB STREAM arrays.
+    /// Full shapes, at most 10 runs or about 1 s a case, 3 x 64 MiB STREAM arrays, a
+    /// 256 MiB read-only buffer.
     fn default() -> BenchOptions {
         BenchOptions {
             size: Size::Full,
@@ -48,6 +52,8 @@ impl Default for BenchOptions {
             // shared with the whole host) gave the same triad from 32 MiB to 512 MiB.
             stream_array_bytes: 64 << 20,
             stream_trials: 5,
+            // A 64M-element f32 buffer, the `sum` case's input.
+            read_bytes: 256 << 20,
             backend: BackendKind::Auto,
             // About 10-30 ms a trial on the development machine.
             peak_iterations: 1 << 22,
@@ -56,7 +62,8 @@ impl Default for BenchOptions {
 }
 
 impl BenchOptions {
-    /// Tiny shapes, 3 runs, 1 MiB STREAM arrays: the whole suite in a moment.
+    /// Tiny shapes, 3 runs, 1 MiB STREAM arrays and read buffer: the whole suite in a
+    /// moment.
     pub fn tiny() -> BenchOptions {
         BenchOptions {
             size: Size::Tiny,
@@ -65,6 +72,7 @@ impl BenchOptions {
             min_runs: 1,
             stream_array_bytes: 1 << 20,
             stream_trials: 2,
+            read_bytes: 1 << 20,
             backend: BackendKind::Auto,
             peak_iterations: 1 << 12,
         }

@@ -1,12 +1,14 @@
-//! This machine's f32 FMA peak with the widest vectors the CPU has (AVX-512F, else
-//! AVX2+FMA), chosen at run time: the compute floor of the matrix products, which a
-//! GEMM runs at that width whatever width the JIT's own code has.
+//! This machine's compute peaks with the widest vectors the CPU has (AVX-512F, else
+//! AVX2), chosen at run time: the f32 FMA peak, the compute floor of the matrix products,
+//! which a GEMM runs at that width whatever width the JIT's own code has; and the rate of
+//! independent multiply/add chains at that width, the element-wise rows' *wide* floor
+//! (the same probe as the 128-bit one in `machine.rs`, [`ComputePeak`] both).
 //!
-//! The loop is hand-written assembly (`std::arch::asm!`, stable since Rust 1.59), not
-//! intrinsics: the workspace promises Rust 1.85 and the AVX-512 intrinsics and
-//! `#[target_feature(enable = "avx512f")]` became stable only later. The assembler takes
-//! the instructions whatever the compile-time target; `is_x86_feature_detected!` decides
-//! at run time whether they may run.
+//! The loops are hand-written assembly (`std::arch::asm!`), not intrinsics: the probe
+//! must be exactly the instructions it names, 12 chains in 14 registers, whatever the
+//! compiler would make of intrinsics. The assembler takes the instructions whatever the
+//! compile-time target; `is_x86_feature_detected!` decides at run time whether they may
+//! run.
 
 use std::time::Instant;
 
@@ -37,6 +39,44 @@ pub struct FmaPeak {
     pub flops_1t: f64,
     /// f32 FLOP/s on `threads` threads together.
     pub flops_all: f64,
+}
+
+/// A peak rate of independent f32 multiply/add chains (`a = a * m + c`, a multiply and
+/// an add each step, no FMA), on one thread and on all of them: the 128-bit probe
+/// (`measure_compute_peak`, the JIT's width today) and the same probe with the widest
+/// vectors ([`measure_wide_compute_peak`]). A vector operation is one multiply or one
+/// add of `lanes` f32.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ComputePeak {
+    /// What was measured: `f32x4 mul/add` (SSE, as compiled for baseline x86-64),
+    /// `AVX-512F zmm mul/add`, `AVX2 ymm mul/add`.
+    pub isa: &'static str,
+    /// f32 lanes of one vector operation: 4, 8 or 16.
+    pub lanes: usize,
+    /// Independent chains of the loop.
+    pub chains: usize,
+    /// Trials; each figure is the best of them.
+    pub trials: usize,
+    /// The threads of the "all threads" figure.
+    pub threads: usize,
+    /// Vector operations a second on one thread.
+    pub ops_1t: f64,
+    /// Vector operations a second on `threads` threads together.
+    pub ops_all: f64,
+}
+
+impl ComputePeak {
+    /// Lane operations (f32 multiplies or adds) a second on all threads: `lanes` per
+    /// vector operation. The unit in which probes of different widths compare, and the
+    /// FLOP/s to set beside [`FmaPeak::flops_all`].
+    pub fn flops_all(&self) -> f64 {
+        self.lanes as f64 * self.ops_all
+    }
+
+    /// The same on one thread.
+    pub fn flops_1t(&self) -> f64 {
+        self.lanes as f64 * self.ops_1t
+    }
 }
 
 /// The widest FMA the CPU offers, detected at run time.
@@ -78,6 +118,13 @@ impl Width {
         match self {
             Width::Zmm => "AVX-512F zmm FMA",
             Width::Ymm => "AVX2+FMA ymm FMA",
+        }
+    }
+
+    fn mul_add_isa(self) -> &'static str {
+        match self {
+            Width::Zmm => "AVX-512F zmm mul/add",
+            Width::Ymm => "AVX2 ymm mul/add",
         }
     }
 }
@@ -163,6 +210,178 @@ fn fma_chains(_: Width, _: u64) -> f32 {
     unreachable!("Width::detect finds no wide FMA off x86-64")
 }
 
+/// The loop of [`mul_add_chains`] for one register prefix (`zmm`, `ymm`): 12
+/// chains `acc = acc * m + c` as a multiply then an add (`vmulps`, `vaddps`: the
+/// operations the JIT's vector code is made of, and no FMA), then lane 0 of the last
+/// chain out. With a multiply and an add of 3-4 cycles each, 12 chains keep 24
+/// operations in flight, enough for 2-4 vector pipes. Same registers as [`fma_loop`].
+#[cfg(target_arch = "x86_64")]
+macro_rules! mul_add_loop {
+    ($r:literal, $iterations:expr, $m:expr, $c:expr) => {{
+        let lane0: u32;
+        // SAFETY: as for `fma_loop!`: the caller detected the instruction set
+        // ([`Width::detect`]); the block reads and writes only the
+        // registers it names (vector registers 0-13, declared clobbered; the counter
+        // and the inputs' general registers; the flags), touches no memory and no
+        // stack, and ends with `vzeroupper`.
+        unsafe {
+            std::arch::asm!(
+                concat!("vmovd xmm12, {m:e}"),
+                concat!("vbroadcastss ", $r, "12, xmm12"),
+                concat!("vmovd xmm13, {c:e}"),
+                concat!("vbroadcastss ", $r, "13, xmm13"),
+                concat!("vmovaps ", $r, "0, ", $r, "13"),
+                concat!("vmovaps ", $r, "1, ", $r, "13"),
+                concat!("vmovaps ", $r, "2, ", $r, "13"),
+                concat!("vmovaps ", $r, "3, ", $r, "13"),
+                concat!("vmovaps ", $r, "4, ", $r, "13"),
+                concat!("vmovaps ", $r, "5, ", $r, "13"),
+                concat!("vmovaps ", $r, "6, ", $r, "13"),
+                concat!("vmovaps ", $r, "7, ", $r, "13"),
+                concat!("vmovaps ", $r, "8, ", $r, "13"),
+                concat!("vmovaps ", $r, "9, ", $r, "13"),
+                concat!("vmovaps ", $r, "10, ", $r, "13"),
+                concat!("vmovaps ", $r, "11, ", $r, "13"),
+                "2:",
+                concat!("vmulps ", $r, "0, ", $r, "0, ", $r, "12"),
+                concat!("vmulps ", $r, "1, ", $r, "1, ", $r, "12"),
+                concat!("vmulps ", $r, "2, ", $r, "2, ", $r, "12"),
+                concat!("vmulps ", $r, "3, ", $r, "3, ", $r, "12"),
+                concat!("vmulps ", $r, "4, ", $r, "4, ", $r, "12"),
+                concat!("vmulps ", $r, "5, ", $r, "5, ", $r, "12"),
+                concat!("vmulps ", $r, "6, ", $r, "6, ", $r, "12"),
+                concat!("vmulps ", $r, "7, ", $r, "7, ", $r, "12"),
+                concat!("vmulps ", $r, "8, ", $r, "8, ", $r, "12"),
+                concat!("vmulps ", $r, "9, ", $r, "9, ", $r, "12"),
+                concat!("vmulps ", $r, "10, ", $r, "10, ", $r, "12"),
+                concat!("vmulps ", $r, "11, ", $r, "11, ", $r, "12"),
+                concat!("vaddps ", $r, "0, ", $r, "0, ", $r, "13"),
+                concat!("vaddps ", $r, "1, ", $r, "1, ", $r, "13"),
+                concat!("vaddps ", $r, "2, ", $r, "2, ", $r, "13"),
+                concat!("vaddps ", $r, "3, ", $r, "3, ", $r, "13"),
+                concat!("vaddps ", $r, "4, ", $r, "4, ", $r, "13"),
+                concat!("vaddps ", $r, "5, ", $r, "5, ", $r, "13"),
+                concat!("vaddps ", $r, "6, ", $r, "6, ", $r, "13"),
+                concat!("vaddps ", $r, "7, ", $r, "7, ", $r, "13"),
+                concat!("vaddps ", $r, "8, ", $r, "8, ", $r, "13"),
+                concat!("vaddps ", $r, "9, ", $r, "9, ", $r, "13"),
+                concat!("vaddps ", $r, "10, ", $r, "10, ", $r, "13"),
+                concat!("vaddps ", $r, "11, ", $r, "11, ", $r, "13"),
+                "dec {n}",
+                "jnz 2b",
+                "vmovd {lane0:e}, xmm11",
+                "vzeroupper",
+                n = inout(reg) $iterations => _,
+                m = in(reg) $m,
+                c = in(reg) $c,
+                lane0 = lateout(reg) lane0,
+                out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
+                out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
+                out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+                out("xmm12") _, out("xmm13") _,
+                options(nomem, nostack),
+            );
+        }
+        lane0
+    }};
+}
+
+/// The 128-bit probe's loop on x86-64: the chains of [`mul_add_loop`] in SSE
+/// (`mulps`, `addps`: x86-64's baseline, which every x86-64 runs and the JIT's vector
+/// code is made of), `iterations` (at least 1) steps; returns lane 0 of the last chain.
+/// Hand-written for the same reason as the wide loops: compiled from Rust, 12 chains of
+/// `[f32; 4]` spill to the stack, and 8 chains are bound by the multiply's and the
+/// add's latency on a core with 4 vector pipes (AMD Zen 4 ran them at 2/3 of its rate).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn f32x4_mul_add_chains(iterations: u64) -> f32 {
+    let iterations = iterations.max(1); // `dec; jnz` from 0 would run 2^64 times
+    let (m, c) = (0.999_f32.to_bits(), 0.001_f32.to_bits());
+    let lane0: u32;
+    // SAFETY: SSE and SSE2 are x86-64's baseline; the block reads and writes only the
+    // registers it names (xmm0-13, declared clobbered; the counter and the inputs'
+    // general registers; the flags) and touches no memory and no stack.
+    unsafe {
+        std::arch::asm!(
+            "movd xmm12, {m:e}",
+            "shufps xmm12, xmm12, 0",
+            "movd xmm13, {c:e}",
+            "shufps xmm13, xmm13, 0",
+            "movaps xmm0, xmm13",
+            "movaps xmm1, xmm13",
+            "movaps xmm2, xmm13",
+            "movaps xmm3, xmm13",
+            "movaps xmm4, xmm13",
+            "movaps xmm5, xmm13",
+            "movaps xmm6, xmm13",
+            "movaps xmm7, xmm13",
+            "movaps xmm8, xmm13",
+            "movaps xmm9, xmm13",
+            "movaps xmm10, xmm13",
+            "movaps xmm11, xmm13",
+            "2:",
+            "mulps xmm0, xmm12",
+            "mulps xmm1, xmm12",
+            "mulps xmm2, xmm12",
+            "mulps xmm3, xmm12",
+            "mulps xmm4, xmm12",
+            "mulps xmm5, xmm12",
+            "mulps xmm6, xmm12",
+            "mulps xmm7, xmm12",
+            "mulps xmm8, xmm12",
+            "mulps xmm9, xmm12",
+            "mulps xmm10, xmm12",
+            "mulps xmm11, xmm12",
+            "addps xmm0, xmm13",
+            "addps xmm1, xmm13",
+            "addps xmm2, xmm13",
+            "addps xmm3, xmm13",
+            "addps xmm4, xmm13",
+            "addps xmm5, xmm13",
+            "addps xmm6, xmm13",
+            "addps xmm7, xmm13",
+            "addps xmm8, xmm13",
+            "addps xmm9, xmm13",
+            "addps xmm10, xmm13",
+            "addps xmm11, xmm13",
+            "dec {n}",
+            "jnz 2b",
+            "movd {lane0:e}, xmm11",
+            n = inout(reg) iterations => _,
+            m = in(reg) m,
+            c = in(reg) c,
+            lane0 = lateout(reg) lane0,
+            out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
+            out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
+            out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+            out("xmm12") _, out("xmm13") _,
+            options(nomem, nostack),
+        );
+    }
+    f32::from_bits(lane0)
+}
+
+/// Vector operations of one iteration of [`mul_add_chains`]: a multiply and an add for
+/// each of the [`CHAINS`].
+pub(crate) const MUL_ADD_OPS: u64 = 2 * CHAINS as u64;
+
+/// `iterations` (at least 1) steps of [`CHAINS`] multiply/add chains at `width`;
+/// returns lane 0 of the last chain (about 1.0), so a test can see the loop computed.
+#[cfg(target_arch = "x86_64")]
+fn mul_add_chains(width: Width, iterations: u64) -> f32 {
+    let iterations = iterations.max(1); // `dec; jnz` from 0 would run 2^64 times
+    let (m, c) = (0.999_f32.to_bits(), 0.001_f32.to_bits());
+    let lane0 = match width {
+        Width::Zmm => mul_add_loop!("zmm", iterations, m, c),
+        Width::Ymm => mul_add_loop!("ymm", iterations, m, c),
+    };
+    f32::from_bits(lane0)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn mul_add_chains(_: Width, _: u64) -> f32 {
+    unreachable!("Width::detect finds no wide vectors off x86-64")
+}
+
 /// The fastest of `trials` runs (at least one) of `work` on each of `threads` threads at
 /// once (`std::thread::scope`), in seconds (never below a nanosecond).
 pub(crate) fn fastest_run(threads: usize, trials: usize, work: impl Fn() + Sync) -> f64 {
@@ -205,6 +424,31 @@ pub fn measure_wide_fma_peak(iterations: u64, trials: usize) -> Option<FmaPeak> 
     })
 }
 
+/// Measures a [`ComputePeak`] of multiply/add chains with the widest vectors the CPU
+/// has: `iterations` of the loop per thread, best of `trials`, on one thread and on
+/// every thread the OS offers. `None` where the CPU has neither AVX-512F nor AVX2+FMA
+/// (or is not x86-64): the 128-bit probe is then the widest.
+pub fn measure_wide_compute_peak(iterations: u64, trials: usize) -> Option<ComputePeak> {
+    let width = Width::detect()?;
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let iterations = iterations.max(1);
+    let best = |threads: usize| {
+        let fastest = fastest_run(threads, trials, || {
+            std::hint::black_box(mul_add_chains(width, std::hint::black_box(iterations)));
+        });
+        (MUL_ADD_OPS * iterations) as f64 * threads as f64 / fastest
+    };
+    Some(ComputePeak {
+        isa: width.mul_add_isa(),
+        lanes: width.lanes(),
+        chains: CHAINS,
+        trials: trials.max(1),
+        threads,
+        ops_1t: best(1),
+        ops_all: best(threads),
+    })
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
@@ -228,5 +472,33 @@ mod tests {
         assert!((many - 1.0).abs() < 1e-3, "{many}");
         // Zero iterations run one (not 2^64).
         assert_eq!(fma_chains(width, 0), one);
+    }
+
+    #[test]
+    fn the_mul_add_loop_computes_the_chains_it_times() {
+        let Some(width) = Width::detect() else {
+            eprintln!("skipped: this CPU has neither AVX-512F nor AVX2+FMA");
+            return;
+        };
+        // The same recurrence as the FMA loop's, rounded twice a step instead of once:
+        // acc_n = 1 - 0.999^(n+1) to f32 rounding.
+        let one = mul_add_chains(width, 1);
+        assert!((one - (0.001 * 0.999 + 0.001)).abs() < 1e-6, "{one}");
+        let hundred = mul_add_chains(width, 100);
+        assert!(
+            (hundred - (1.0 - 0.999_f32.powi(101))).abs() < 1e-4,
+            "{hundred}"
+        );
+        let many = mul_add_chains(width, 20_000);
+        assert!((many - 1.0).abs() < 1e-3, "{many}");
+        assert_eq!(mul_add_chains(width, 0), one);
+        // The 128-bit loop computes the same chains.
+        for n in [0, 1, 100, 20_000] {
+            assert_eq!(f32x4_mul_add_chains(n), mul_add_chains(width, n), "{n}");
+        }
+        let peak = measure_wide_compute_peak(1 << 10, 1).expect("detected above");
+        assert_eq!((peak.lanes, peak.chains), (width.lanes(), CHAINS));
+        assert!(peak.ops_1t > 0.0 && peak.ops_all > 0.0, "{peak:?}");
+        assert_eq!(peak.flops_all(), peak.ops_all * width.lanes() as f64);
     }
 }

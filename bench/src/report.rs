@@ -1,6 +1,7 @@
 //! The suite's results as a text table and as one JSON object.
 
 use crate::options::{Kind, Size};
+use crate::peak::ComputePeak;
 use crate::run::BenchReport;
 use crate::training::{ParallelRow, StepRow, TrainingRow};
 use std::fmt::Write as _;
@@ -42,6 +43,21 @@ fn training_json(row: &TrainingRow) -> serde_json::Value {
             "loss": r.loss,
         }),
     }
+}
+
+/// A multiply/add probe as JSON; `flops_per_s` are its lane operations a second.
+fn compute_json(c: &ComputePeak) -> serde_json::Value {
+    serde_json::json!({
+        "isa": c.isa,
+        "lanes": c.lanes,
+        "chains": c.chains,
+        "trials": c.trials,
+        "threads": c.threads,
+        "vector_ops_per_s_1t": c.ops_1t,
+        "vector_ops_per_s": c.ops_all,
+        "flops_per_s_1t": c.flops_1t(),
+        "flops_per_s": c.flops_all(),
+    })
 }
 
 /// `1 step`, `3 steps`.
@@ -100,8 +116,11 @@ fn parallel_line(r: &ParallelRow) -> String {
 
 impl BenchReport {
     /// The whole report as one JSON object: `machine` (cores, CPU, the four measured
-    /// bandwidths and the one used), `size`, `rows`, and `training` (one object per
-    /// training row).
+    /// bandwidths and the one used, the read-only bandwidth, the 128-bit and widest
+    /// multiply/add probes `compute` and `wide_compute`, the FMA peak), `size`, `rows`
+    /// (each with its memory, `floor_128_ms` and `wide_floor_ms` floors; `compute_floor_ms`
+    /// is the wide one, which `x_floor` uses), and `training` (one object per training
+    /// row).
     pub fn to_json(&self) -> serde_json::Value {
         let m = &self.machine;
         let bw = &m.bandwidth;
@@ -126,12 +145,15 @@ impl BenchReport {
                     "ideal_bytes": r.ideal_bytes,
                     "gbps": r.gbps,
                     "fraction_of_bandwidth": r.fraction,
+                    "fraction_of_read_bandwidth": r.read_fraction,
                     "minor_faults_per_eval": r.faults_per_eval,
                     "warmup_minor_faults": r.warmup_faults,
                     "ops": r.ops,
                     "ops_per_element": r.ops_per_element,
                     "memory_floor_ms": r.memory_floor_ms,
                     "compute_floor_ms": r.compute_floor_ms,
+                    "wide_floor_ms": r.compute_floor_ms,
+                    "floor_128_ms": r.floor_128_ms,
                     "x_floor": r.x_floor(),
                     "floor_binds": r.floor().map(|(_, which)| which),
                     "flops": r.flops,
@@ -162,14 +184,18 @@ impl BenchReport {
                     "gbps": bw.gbps(),
                     "source": bw.source(),
                 },
-                "compute": {
-                    "trials": m.compute.trials,
-                    "threads": m.compute.threads,
-                    "vector_ops_per_s_1t": m.compute.ops_1t,
-                    "vector_ops_per_s": m.compute.ops_all,
-                    "flops_per_s_1t": m.compute.flops_1t(),
-                    "flops_per_s": m.compute.flops_all(),
+                "read_bandwidth": {
+                    "bytes": m.read.bytes,
+                    "isa": m.read.isa,
+                    "trials": m.read.trials,
+                    "threads": m.read.threads,
+                    "read_1t_gbps": m.read.read_1t_gbps,
+                    "read_all_gbps": m.read.read_all_gbps,
+                    "gbps": m.read.gbps(),
+                    "over_machine_bandwidth": m.read.gbps() / bw.gbps(),
                 },
+                "compute": compute_json(&m.compute),
+                "wide_compute": compute_json(&m.wide),
                 "fma": {
                     "isa": m.fma.isa,
                     "lanes": m.fma.lanes,
@@ -234,11 +260,38 @@ impl BenchReport {
         );
         let _ = writeln!(
             s,
-            "compute peak (independent f32x4 mul/add chains, best of {}): {:.2} G vector ops/s on 1 thread, {:.2} G on {} threads: the compute floor's rate",
+            "read-only bandwidth (sum of a {} MiB f32 buffer, {} loads, 8 accumulators a thread, best of {}): {:.1} GB/s on 1 thread, {:.1} GB/s on {} threads; {:.2}x the machine bandwidth: the floor of the `of read bw` column",
+            m.read.bytes >> 20,
+            m.read.isa,
+            m.read.trials,
+            m.read.read_1t_gbps,
+            m.read.read_all_gbps,
+            m.read.threads,
+            m.read.gbps() / bw.gbps().max(1e-9)
+        );
+        let _ = writeln!(
+            s,
+            "compute peak (independent f32x4 mul/add chains, {} chains, best of {}): {:.2} G vector ops/s on 1 thread, {:.2} G on {} threads: the 128-bit floor's rate",
+            m.compute.chains,
             m.compute.trials,
             m.compute.ops_1t / 1e9,
             m.compute.ops_all / 1e9,
             m.compute.threads
+        );
+        let w = &m.wide;
+        let _ = writeln!(
+            s,
+            "compute peak, widest vectors (independent {} chains, {} lanes, {} chains, best of {}): {:.2} G vector ops/s on 1 thread, {:.2} G on {} threads = {:.1} G lane ops/s, {:.2}x the f32x4 probe's {:.1} G: the wide floor's rate",
+            w.isa,
+            w.lanes,
+            w.chains,
+            w.trials,
+            w.ops_1t / 1e9,
+            w.ops_all / 1e9,
+            w.threads,
+            w.flops_all() / 1e9,
+            w.flops_all() / m.compute.flops_all().max(1e-9),
+            m.compute.flops_all() / 1e9
         );
         let f = &m.fma;
         let _ = writeln!(
@@ -261,11 +314,17 @@ impl BenchReport {
                 "device: {name}, device-to-device copy {gbps:.1} GB/s (read + written): the floor of the rows below, timed by CUDA events (transfers excluded)"
             );
         }
+        if !self.rows.is_empty() {
+            let _ = writeln!(
+                s,
+                "floors: memory = ideal bytes at the machine bandwidth; 128-bit = the kernels' counted operations (128-bit) at the f32x4 probe's rate; wide = the same lane operations (4 per counted operation) at the widest probe's lane rate, i.e. every counted operation (loads, stores, conversions, shuffles too) assumed to become lanes/4 times fewer widest operations as fast as the probe's mul/add, with no cost for tails, masks or lane crossings; products: FLOPs at the widest FMA peak (wide) and at the f32x4 probe's FLOP rate (128-bit); x floor = time over the larger of the memory and wide floors"
+            );
+        }
         s.push('\n');
         // A run of the training rows alone has no case table.
         if !self.rows.is_empty() {
-            s.push_str("| case | expression | inputs | kernels | runs | median ms | ideal MB | GB/s | of bandwidth | GFLOP/s | of FMA peak | ops/elem | compute floor ms | x floor | faults/eval | note |\n");
-            s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+            s.push_str("| case | expression | inputs | kernels | runs | median ms | ideal MB | GB/s | of bandwidth | of read bw | GFLOP/s | of FMA peak | ops/elem | 128-bit floor ms | wide floor ms | x floor | faults/eval | note |\n");
+            s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
         }
         for r in &self.rows {
             let kernels = match r.interp_steps {
@@ -298,7 +357,7 @@ impl BenchReport {
             };
             let _ = writeln!(
                 s,
-                "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.name,
                 r.expr,
                 r.inputs,
@@ -317,6 +376,8 @@ impl BenchReport {
                 r.gbps.map_or_else(|| "-".into(), |g| format!("{g:.2}")),
                 r.fraction
                     .map_or_else(|| "-".into(), |f| format!("{:.1}%", f * 100.0)),
+                r.read_fraction
+                    .map_or_else(|| "-".into(), |f| format!("{:.1}%", f * 100.0)),
                 r.gflops
                     .filter(|_| r.kind == Kind::Throughput)
                     .map_or_else(|| "-".into(), |g| format!("{g:.1}")),
@@ -325,6 +386,8 @@ impl BenchReport {
                     .map_or_else(|| "-".into(), |f| format!("{:.1}%", f * 100.0)),
                 r.ops_per_element
                     .map_or_else(|| "-".into(), |o| format!("{o:.1}")),
+                r.floor_128_ms
+                    .map_or_else(|| "-".into(), |c| format!("{c:.2}")),
                 r.compute_floor_ms
                     .map_or_else(|| "-".into(), |c| format!("{c:.2}")),
                 r.x_floor()

@@ -3,7 +3,8 @@
 
 use crate::cases::{cases, Case, Versus};
 use crate::machine::{
-    cpu_model, measure_bandwidth, measure_compute_peak, measure_fma_peak, Bandwidth, Machine,
+    cpu_model, measure_bandwidth, measure_compute_peak, measure_fma_peak, measure_read_bandwidth,
+    measure_widest_compute_peak, Bandwidth, Machine,
 };
 use crate::options::{BenchOptions, Kind, Size};
 use crate::training::{run_parallel, run_step, training_names, TrainingRow, STEP_NAME};
@@ -51,6 +52,10 @@ pub struct Row {
     pub gbps: Option<f64>,
     /// `gbps` over the machine's bandwidth: 1.0 is the memory floor.
     pub fraction: Option<f64>,
+    /// For a case that mostly reads ([`Case::mostly_reads`]: `sum`, `colsum`) on the
+    /// host, `gbps` over the machine's read-only bandwidth measured in the same run:
+    /// 1.0 is reading as fast as the machine can.
+    pub read_fraction: Option<f64>,
     /// Median minor page faults of one timed evaluation; `None` where the OS does not
     /// count them.
     pub faults_per_eval: Option<f64>,
@@ -65,9 +70,18 @@ pub struct Row {
     pub ops_per_element: Option<f64>,
     /// `ideal_bytes` over the machine's bandwidth, ms (throughput cases).
     pub memory_floor_ms: Option<f64>,
-    /// `ops` over the machine's peak vector rate on all threads, ms; for the matrix
-    /// products, `flops` over the widest-vector FMA peak on all threads.
+    /// The wide compute floor, ms: the lane operations of `ops` (4 for each counted
+    /// operation, which the cost model counts at 128 bits) at the lane rate of the
+    /// widest-vector multiply/add probe on all threads ([`Machine::wide`]); that is,
+    /// as if every counted operation became `lanes / 4` times fewer operations of the
+    /// widest vectors, each as fast as the probe's multiplies and adds. For the matrix
+    /// products, `flops` over the widest-vector FMA peak on all threads. The compute
+    /// floor [`Row::floor`] and [`Row::x_floor`] use.
     pub compute_floor_ms: Option<f64>,
+    /// The 128-bit floor, ms: `ops` at the f32x4 probe's rate on all threads
+    /// ([`Machine::compute`], the JIT's width today); for the matrix products, `flops`
+    /// at that probe's rate in FLOP/s (4 per vector multiply or add).
+    pub floor_128_ms: Option<f64>,
     /// The case's floating-point operations ([`Case::flops`]); `None` but for the
     /// matrix products.
     pub flops: Option<f64>,
@@ -92,7 +106,8 @@ pub struct Compared {
 }
 
 impl Row {
-    /// The larger floor, ms, and which it is (`memory` or `compute`).
+    /// The larger of the memory floor and the wide compute floor, ms, and which it is
+    /// (`memory` or `compute`).
     pub fn floor(&self) -> Option<(f64, &'static str)> {
         let memory = self.memory_floor_ms?;
         Some(match self.compute_floor_ms {
@@ -197,8 +212,10 @@ pub fn run_suite_with(
         array_bytes: opts.stream_array_bytes,
     });
     let bandwidth = measure_bandwidth(opts.stream_array_bytes, opts.stream_trials);
+    let read = measure_read_bandwidth(opts.read_bytes, opts.stream_trials);
     on_event(Event::Bandwidth(&bandwidth));
     let compute = measure_compute_peak(opts.peak_iterations, opts.stream_trials);
+    let wide = measure_widest_compute_peak(opts.peak_iterations, opts.stream_trials, &compute);
     let fma = measure_fma_peak(opts.peak_iterations, opts.stream_trials, &compute);
     let device = device_floor(opts)?;
     let floor = device.as_ref().map_or(bandwidth.gbps(), |d| d.1);
@@ -212,7 +229,10 @@ pub fn run_suite_with(
         });
         let peaks = Peaks {
             bandwidth_gbps: floor,
+            read_gbps: device.is_none().then(|| read.gbps()),
             vector_ops: compute.ops_all,
+            f32x4_flops: compute.flops_all(),
+            wide_lane_ops: wide.flops_all(),
             fma_flops: fma.flops_all,
         };
         let row = run_case(&ctx, case, opts, &peaks)?;
@@ -265,7 +285,9 @@ pub fn run_suite_with(
             os: std::env::consts::OS,
             cpu: cpu_model(),
             bandwidth,
+            read,
             compute,
+            wide,
             fma,
             device,
         },
@@ -365,8 +387,16 @@ fn kernel_ops(report: &Report) -> Option<(f64, f64)> {
 struct Peaks {
     /// Bandwidth of the memory floor, GB/s.
     bandwidth_gbps: f64,
-    /// 128-bit vector operations a second on all threads (the JIT kernels' floor).
+    /// The host's read-only bandwidth, GB/s; `None` on a GPU.
+    read_gbps: Option<f64>,
+    /// 128-bit vector operations a second on all threads (the JIT kernels' 128-bit
+    /// floor).
     vector_ops: f64,
+    /// The same in FLOP/s (4 per operation): the products' 128-bit floor.
+    f32x4_flops: f64,
+    /// Widest-vector multiply/add lane operations a second on all threads (the wide
+    /// floor).
+    wide_lane_ops: f64,
     /// Widest-vector f32 FLOP/s on all threads (the matrix products' floor).
     fma_flops: f64,
 }
@@ -437,6 +467,7 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> R
     let bandwidth_gbps = peaks.bandwidth_gbps;
     let inputs = case.make_inputs(ctx)?;
     let ideal_bytes = case.ideal_bytes(ctx)?;
+    let mostly_reads = case.mostly_reads(ctx)?;
     // The cached case's graph, built once; the compile case builds a new one per run.
     let fixed = case.build(&inputs, 1.0);
     let output = || match case.kind {
@@ -517,6 +548,10 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> R
         ideal_bytes,
         gbps,
         fraction: gbps.map(|g| g / bandwidth_gbps),
+        read_fraction: gbps
+            .zip(peaks.read_gbps)
+            .filter(|_| mostly_reads && !on_device)
+            .map(|(g, read)| g / read),
         faults_per_eval: (faults.len() == walls.len()).then(|| median(&faults)),
         warmup_faults,
         ops: ops.map(|(o, _)| o),
@@ -524,6 +559,10 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> R
         memory_floor_ms: throughput.then(|| ideal_bytes as f64 / (bandwidth_gbps * 1e9) * 1e3),
         compute_floor_ms: match flops {
             Some(f) if throughput => Some(f / peaks.fma_flops * 1e3),
+            _ => ops.map(|(o, _)| 4.0 * o / peaks.wide_lane_ops * 1e3),
+        },
+        floor_128_ms: match flops {
+            Some(f) if throughput => Some(f / peaks.f32x4_flops * 1e3),
             _ => ops.map(|(o, _)| o / peaks.vector_ops * 1e3),
         },
         flops,
