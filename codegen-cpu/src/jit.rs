@@ -1,12 +1,14 @@
 //! The JIT: compiles a lowered kernel for the host with Cranelift, owns the code memory,
 //! and is the only place that turns it into a callable function and calls it.
 
+use crate::blocks::{self, BlockPlan};
 use crate::error::CodegenError;
 use crate::isa::host_isa;
 use crate::libcalls;
 use crate::lower::layout::{ColumnBand, Phase, SplitLayout, BAND};
 use crate::lower::{self, kernel_signature};
 use crate::support::supports;
+use crate::wide::{self, Tier};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module, ModuleError};
@@ -18,7 +20,53 @@ use std::time::{Duration, Instant};
 
 /// The machine-level type of every kernel (see the crate docs for the ABI). `unsafe`
 /// because the code trusts its arguments: the pointers must back the kernel's buffers.
-type KernelFn = unsafe extern "C" fn(ptrs: *const *mut u8, start: i64, end: i64);
+type KernelFn = blocks::SegmentFn;
+
+/// What a stage calls over a range of units: one JIT-compiled function, or the steps of
+/// a kernel on the wide path (`blocks`) with its segments' functions.
+enum Entry {
+    Jit(KernelFn),
+    Blocks {
+        plan: Box<BlockPlan>,
+        segments: Vec<KernelFn>,
+    },
+}
+
+impl fmt::Debug for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Entry::Jit(_) => f.write_str("Jit"),
+            Entry::Blocks { plan, .. } => write!(
+                f,
+                "Blocks({}, {} steps)",
+                plan.tier.name(),
+                plan.steps.len()
+            ),
+        }
+    }
+}
+
+impl Entry {
+    /// Runs the entry over units `start..end`.
+    ///
+    /// # Safety
+    /// As for a kernel's function: `ptrs` are the kernel's buffers (inputs, outputs, then
+    /// any scratch) checked by `checked_pointers`, `start <= end <= extent`, and no other
+    /// thread touches the outputs' units `start..end` meanwhile.
+    unsafe fn call(&self, ptrs: &[*mut u8], start: i64, end: i64) {
+        match self {
+            // SAFETY: the caller's contract is the function's.
+            Entry::Jit(f) => unsafe { f(ptrs.as_ptr(), start, end) },
+            // SAFETY: the caller's contract, for an element-wise kernel (the only kind
+            // `blocks::plan` takes): its buffers are f32, f16 or bf16 of `numel`
+            // elements (`checked_pointers`), and `segments` are the plan's compiled
+            // segments, in order.
+            Entry::Blocks { plan, segments } => unsafe {
+                blocks::run(plan, segments, ptrs, start as usize, end as usize)
+            },
+        }
+    }
+}
 
 /// Elements of work in one chunk of a parallel [`CompiledKernel::run`]: big enough that
 /// handing a chunk to a thread costs nothing next to running it (tens of microseconds
@@ -58,6 +106,8 @@ pub struct CompiledKernel {
     /// imports; rendered as text on first [`CompiledKernel::clif`] (formatting a large
     /// function costs about as much as a quarter of compiling it).
     clif_parts: Vec<(String, cranelift_codegen::ir::Function)>,
+    /// Comment lines before the functions: the steps of a kernel on the wide path.
+    preface: String,
     clif: OnceLock<String>,
     compile_time: Duration,
     inputs: Vec<Buffer>,
@@ -121,7 +171,7 @@ impl Unit {
 /// One compiled function of a kernel and how its runs are cut.
 #[derive(Debug)]
 struct Stage {
-    entry: KernelFn,
+    entry: Entry,
     /// Units per row of the kernel (1, or `splits` for `RowChunks`).
     per_row: usize,
     /// How many units a whole run covers.
@@ -157,12 +207,21 @@ impl Drop for CodeMemory {
     }
 }
 
-/// Compiles `kernel` to machine code for the host.
+/// Compiles `kernel` to machine code for the host, on the wide path where the kernel
+/// takes it and the host has one (`wide::tier`, `blocks`).
 ///
 /// Returns [`CodegenError::Unsupported`] when [`supports`] refuses the kernel and
 /// [`CodegenError::Cranelift`] when Cranelift fails (a bug in lowering, reported with
 /// the annotated function).
 pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
+    compile_with(kernel, wide::tier())
+}
+
+/// [`compile`] with the wide path's tier chosen by the caller: `None` compiles the
+/// kernel whole on the 128-bit code, `Some(tier)` takes the wide path where the kernel
+/// allows it (a tier the host lacks counts as `None`). Both give the same bits; tests
+/// and benchmarks compare them.
+pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKernel, CodegenError> {
     let started = Instant::now();
     let unsupported = |reason: String| CodegenError::Unsupported {
         kernel: kernel.name.clone(),
@@ -174,11 +233,14 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
         message,
     };
     let isa = host_isa().map_err(cranelift)?;
+    let block_plan = tier
+        .filter(|t| t.available())
+        .and_then(|t| blocks::plan(kernel, t));
 
     let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
     builder.symbols(libcalls::symbols());
     // Small kernels call the shared copies of the inline math (see `shared_math`).
-    let shared_math = crate::shared_math::applies(kernel);
+    let shared_math = block_plan.is_none() && crate::shared_math::applies(kernel);
     if shared_math {
         for (name, addr) in crate::shared_math::symbols_for(kernel).map_err(cranelift)? {
             builder.symbol(name, addr as *const u8);
@@ -195,17 +257,22 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
     let layout = SplitLayout::of(kernel);
     let band = ColumnBand::of(kernel).is_some();
     let phases = layout.as_ref().map_or(vec![Phase::Whole], |l| l.phases());
+    // The functions to compile: the kernel's phases, or the segments of its blocks.
+    let functions: Vec<(&Kernel, Phase)> = match &block_plan {
+        Some(plan) => plan.segments.iter().map(|k| (k, Phase::Whole)).collect(),
+        None => phases.iter().map(|&p| (kernel, p)).collect(),
+    };
     let mut clif_parts: Vec<(String, cranelift_codegen::ir::Function)> = Vec::new();
-    let mut ids = Vec::with_capacity(phases.len());
+    let mut ids = Vec::with_capacity(functions.len());
     let mut ops_per_element: Option<f64> = None;
     let mut code_bytes = 0;
-    for &phase in &phases {
-        let name = format!("{}{}", kernel.name, phase.suffix());
+    for &(k, phase) in &functions {
+        let name = format!("{}{}", k.name, phase.suffix());
         let id = module
             .declare_function(&name, Linkage::Export, &sig)
             .map_err(|e| cranelift(e.to_string()))?;
         module.clear_context(&mut ctx);
-        let imports = lower::lower(kernel, phase, shared_math, module, &mut ctx.func, &mut fctx)
+        let imports = lower::lower(k, phase, shared_math, module, &mut ctx.func, &mut fctx)
             .map_err(cranelift)?;
         // The text names imports only by id; a comment legend says which function each is.
         let mut legend = String::new();
@@ -240,6 +307,22 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
         }
         ids.push(id);
     }
+    if let Some(plan) = &block_plan {
+        // A wide op counts what its 128-bit code executes per element (the shared
+        // f32x4 copy's instructions over its four lanes): the work is the same, done
+        // wider. The conversions of half loads and stores are not counted.
+        crate::shared_math::symbols_for(kernel).map_err(cranelift)?;
+        for step in &plan.steps {
+            if let blocks::Step::Unary { op, .. } = step {
+                let ops =
+                    crate::shared_math::compiled_symbol(*op, cranelift_codegen::ir::types::F32X4)
+                        .and_then(crate::shared_math::ops_of);
+                if let Some(ops) = ops {
+                    *ops_per_element.get_or_insert(0.0) += ops as f64 / 4.0;
+                }
+            }
+        }
+    }
     module
         .finalize_definitions()
         .map_err(|e| cranelift(e.to_string()))?;
@@ -248,34 +331,50 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
     } else {
         (Unit::Rows, kernel.rows())
     };
-    let stages = phases
+    let entries: Vec<KernelFn> = ids
         .iter()
-        .zip(ids)
-        .map(|(&phase, id)| {
-            let entry = entry_point(module.get_finalized_function(id));
-            let (unit, per_row, unit_len) = match (&layout, phase) {
-                (Some(l), p) if p.per_chunk() => (Unit::RowChunks, l.splits, l.chunk_len),
-                (Some(l), _) => (Unit::Rows, 1, l.splits),
-                (None, _) => (unit, 1, kernel.row_len()),
-            };
-            // A band kernel's call covers whole bands of columns (but the last).
-            let mut chunk = chunk_units(unit, unit_len);
-            if band {
-                chunk = chunk.next_multiple_of(BAND);
-            }
-            Stage {
-                entry,
-                per_row,
-                extent: extent * per_row,
-                chunk,
-            }
-        })
+        .map(|&id| entry_point(module.get_finalized_function(id)))
         .collect();
+    let preface = block_plan.as_ref().map_or(String::new(), |p| p.describe());
+    let stages = match block_plan {
+        Some(plan) => vec![Stage {
+            entry: Entry::Blocks {
+                plan: Box::new(plan),
+                segments: entries,
+            },
+            per_row: 1,
+            extent,
+            chunk: chunk_units(Unit::Positions, 1),
+        }],
+        None => phases
+            .iter()
+            .zip(entries)
+            .map(|(&phase, entry)| {
+                let (unit, per_row, unit_len) = match (&layout, phase) {
+                    (Some(l), p) if p.per_chunk() => (Unit::RowChunks, l.splits, l.chunk_len),
+                    (Some(l), _) => (Unit::Rows, 1, l.splits),
+                    (None, _) => (unit, 1, kernel.row_len()),
+                };
+                // A band kernel's call covers whole bands of columns (but the last).
+                let mut chunk = chunk_units(unit, unit_len);
+                if band {
+                    chunk = chunk.next_multiple_of(BAND);
+                }
+                Stage {
+                    entry: Entry::Jit(entry),
+                    per_row,
+                    extent: extent * per_row,
+                    chunk,
+                }
+            })
+            .collect(),
+    };
     let scratch_slots = layout.as_ref().map_or(0, |l| l.scratch_slots());
 
     Ok(CompiledKernel {
         name: kernel.name.clone(),
         clif_parts,
+        preface,
         clif: OnceLock::new(),
         compile_time: started.elapsed(),
         inputs: kernel.inputs.clone(),
@@ -325,7 +424,7 @@ fn entry_point(code: *const u8) -> KernelFn {
 /// Runs one function of a kernel over its units (positions, rows, or row chunks)
 /// `[start, end)`. Only `run_range` and `invoke_chunks` call it, with pointers from
 /// [`CompiledKernel::checked_pointers`], after the checks its SAFETY comment relies on.
-fn invoke(entry: KernelFn, ptrs: &[*mut u8], start: usize, end: usize) {
+fn invoke(entry: &Entry, ptrs: &[*mut u8], start: usize, end: usize) {
     let as_i64 = |v: usize| i64::try_from(v).expect("numel fits i64: checked by supports()");
     let (start, end) = (as_i64(start), as_i64(end));
     // SAFETY: `checked_pointers` has checked, before building `ptrs`, that there is one
@@ -346,7 +445,7 @@ fn invoke(entry: KernelFn, ptrs: &[*mut u8], start: usize, end: usize) {
     // when rows are not empty, so the domain is not). Stores go to a position `< numel`
     // of outputs of `numel` elements, or to `r < rows` of per-row outputs of `rows`
     // elements. Bool outputs receive only 0 or 1.
-    unsafe { entry(ptrs.as_ptr(), start, end) }
+    unsafe { entry.call(ptrs, start, end) }
 }
 
 /// The pointer array of one parallel run, shared by the threads that run its chunks.
@@ -389,7 +488,7 @@ fn invoke_chunks(stage: &Stage, ptrs: &[*mut u8], start: usize, end: usize) {
     let chunk = stage.chunk;
     if end - start <= chunk {
         if start < end {
-            invoke(stage.entry, ptrs, start, end);
+            invoke(&stage.entry, ptrs, start, end);
         }
         return;
     }
@@ -399,7 +498,7 @@ fn invoke_chunks(stage: &Stage, ptrs: &[*mut u8], start: usize, end: usize) {
         .for_each(|c| {
             // No overflow: `c * chunk < end <= i64::MAX` and `chunk` is small.
             let lo = (c * chunk).max(start);
-            invoke(stage.entry, shared.get(), lo, ((c + 1) * chunk).min(end));
+            invoke(&stage.entry, shared.get(), lo, ((c + 1) * chunk).min(end));
         });
 }
 
@@ -416,11 +515,13 @@ impl CompiledKernel {
     /// the same text.
     pub fn clif(&self) -> &str {
         self.clif.get_or_init(|| {
-            self.clif_parts
+            let functions = self
+                .clif_parts
                 .iter()
                 .map(|(legend, f)| format!("{legend}{}", f.display()))
                 .collect::<Vec<_>>()
-                .join("\n")
+                .join("\n");
+            format!("{}{functions}", self.preface)
         })
     }
 
@@ -511,7 +612,7 @@ impl CompiledKernel {
         if start < end {
             for stage in &self.stages {
                 invoke(
-                    stage.entry,
+                    &stage.entry,
                     &ptrs,
                     start * stage.per_row,
                     end * stage.per_row,
@@ -641,7 +742,7 @@ impl CompiledKernel {
         let ptrs = self
             .checked_pointers(inputs, outputs, &mut [], 0, self.extent)
             .map_err(E::from)?;
-        let entry = stage.entry;
+        let entry = &stage.entry;
 
         /// The pointer array shared by the tasks of one `run_units` call (only it
         /// builds one).
@@ -677,7 +778,7 @@ impl CompiledKernel {
                 // outputs of `numel` elements. Calls running at once on other threads
                 // cover disjoint ranges, so they write disjoint elements (see
                 // `UnitPtrs`). Bool outputs receive only 0 or 1.
-                unsafe { entry(shared.get().as_ptr(), as_i64(r.start), as_i64(r.end)) };
+                unsafe { entry.call(shared.get(), as_i64(r.start), as_i64(r.end)) };
             }
             Ok(())
         })

@@ -59,6 +59,7 @@
 //! assert_eq!(out.as_slice::<f32>(), Some(&[11.0f32, 22.0, 33.0, 44.0][..]));
 //! ```
 
+mod blocks;
 mod cost;
 mod error;
 mod index;
@@ -72,7 +73,7 @@ mod vmath;
 pub mod wide;
 
 pub use error::CodegenError;
-pub use jit::{compile, CompiledKernel};
+pub use jit::{compile, compile_with, CompiledKernel};
 pub use support::supports;
 pub use vmath::builder::use_fma;
 pub use vmath::{f32_ulp_bound, f64_ulp_bound, POW_F32_ULP};

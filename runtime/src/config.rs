@@ -85,6 +85,9 @@ const NOT_KEYS: &[&str] = &[
     // Whether the CPU code generator's inline math uses FMA (ndfuse_codegen_cpu::use_fma),
     // read once per process when the host ISA is built.
     "NDFUSE_CPU_FMA",
+    // Which vector width the CPU kernels use (ndfuse_codegen_cpu::wide::tier), read once
+    // per process like NDFUSE_CPU_FMA.
+    "NDFUSE_CPU_WIDE",
     // How many cases the fuzz suites run (tests/tests/fuzz_support).
     "NDFUSE_FUZZ_CASES",
     // The bound on one MPI collective (ndfuse_train::MpiRanks), read where MPI starts.

@@ -1,0 +1,611 @@
+//! Element-wise kernels on the wide path: the kernel's work is cut into blocks of
+//! [`BLOCK`] positions, and each block goes through a fixed list of steps while it is
+//! in L1: JIT-compiled 128-bit loops for the cheap instructions (segments), and the
+//! wide routines (`wide`) for what costs the most per element: the transcendental ops
+//! and the f16/bf16 conversions of loads and stores.
+//!
+//! ```text
+//! gelu(x), x: f16[16M]           for each block of 512 positions b..e:
+//!   load f16 x    -> s0              wide f16 -> f32        x[b..e]  -> s0
+//!   segment 0     -> s1              JIT: s1 = 1.5957·(s0 + 0.0447·s0³)
+//!   sigmoid s1    -> s2              wide sigmoid           s1       -> s2
+//!   segment 1     -> s3              JIT: s3 = s0 · s2
+//!   store f16 s3  -> out             wide f32 -> f16        s3       -> out[b..e]
+//! ```
+//!
+//! A segment is an ordinary element-wise kernel (`Kernel`) over f32 buffers, built
+//! here from the cheap instructions between two wide ops and compiled by the JIT as any
+//! other kernel: its inputs are the kernel's f32 inputs and the scratch slots it reads,
+//! its outputs the slots later steps read and, for the last segment, the kernel's
+//! outputs. A slot is `BLOCK` f32 on the running thread's stack; the segment's pointer
+//! to it is moved back by the block's start, so the JIT code indexes it by domain
+//! position like every other buffer.
+//!
+//! Half values are held in f32 by the 128-bit code from load to store, so a segment
+//! computes them as f32 instructions: every instruction gives the bits it gives in
+//! the kernel compiled whole, the wide routines give the 128-bit code's bits
+//! (`wide`), and the result is the same bits on either path and any thread count.
+//!
+//! Which kernels: element-wise ones of at least [`BLOCKS_FROM`] positions whose
+//! instructions are loads, constants, unary and binary ops all of one float type (f32,
+//! f16 or bf16), whose loads read contiguous buffers, and that have some work for the
+//! wide routines (a wide op, or a half type to convert). Anything else, or a kernel
+//! that would need more than [`MAX_SLOTS`] slots, compiles whole as before.
+
+use crate::shared_math::SHARED_MATH_BELOW;
+use crate::wide::{self, LoadFn, StoreFn, Tier, UnaryFn};
+use ndfuse_ir::{Buffer, DType, Expr, Instr, Kernel, Plan, Shape, Store, UnaryOp, ValueId, View};
+
+/// Positions per block: 2 KiB per f32 slot, so a block's slots stay in L1.
+pub(crate) const BLOCK: usize = 512;
+
+/// Scratch slots a kernel may use (24 KiB of stack at most).
+pub(crate) const MAX_SLOTS: usize = 12;
+
+/// Pointers a segment may take (its inputs and outputs).
+pub(crate) const MAX_SEGMENT_PTRS: usize = 32;
+
+/// Kernels below this many positions compile whole: their compile time matters more
+/// than their run time (they call the shared math instead, see `shared_math`).
+pub(crate) const BLOCKS_FROM: usize = SHARED_MATH_BELOW;
+
+/// Where a step's operand lives, for the block at positions `b..e`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// An input buffer of the kernel (f32), at position `b`.
+    Input(usize),
+    /// An output buffer of the kernel (f32), at position `b`.
+    Output(usize),
+    /// A scratch slot.
+    Slot(usize),
+}
+
+/// One step of a block.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Step {
+    /// Input `input` (f16 or bf16) widened into a slot.
+    Load {
+        input: usize,
+        slot: usize,
+        dtype: DType,
+        f: LoadFn,
+    },
+    /// Segment `index` (the JIT function of `BlockPlan::segments[index]`).
+    Segment { index: usize },
+    /// A wide op from one place to another.
+    Unary {
+        op: UnaryOp,
+        src: Place,
+        dst: Place,
+        f: UnaryFn,
+    },
+    /// A slot rounded into output `output` (f16 or bf16).
+    Store {
+        slot: usize,
+        output: usize,
+        dtype: DType,
+        f: StoreFn,
+    },
+}
+
+/// A kernel cut into steps over blocks.
+#[derive(Debug)]
+pub(crate) struct BlockPlan {
+    /// The tier of the wide routines.
+    pub(crate) tier: Tier,
+    /// The segments, to compile (each a plain f32 element-wise kernel).
+    pub(crate) segments: Vec<Kernel>,
+    /// For each segment, where each of its buffers (inputs, then outputs) lives.
+    pub(crate) places: Vec<Vec<Place>>,
+    /// What runs on every block, in order.
+    pub(crate) steps: Vec<Step>,
+    /// Scratch slots a block needs.
+    pub(crate) slots: usize,
+    /// The kernel's inputs (its pointers come first, then the outputs').
+    pub(crate) inputs: usize,
+}
+
+/// Where the value of an instruction of the whole kernel can be had.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Source {
+    /// An f32 input, read where it is.
+    Input(usize),
+    /// A constant, written again where it is needed.
+    Const,
+    /// Computed by segment `seg`; `slot` when later steps read it.
+    Cheap { seg: usize, slot: Option<usize> },
+    /// Computed by a wide op into a place.
+    Wide(Place),
+}
+
+/// The wide-path plan of `kernel` at `tier`, or `None` when it compiles whole (see the
+/// module docs for which kernels do not).
+pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
+    let n = kernel.domain.numel();
+    let dtype = kernel.body.first()?.dtype;
+    if n < BLOCKS_FROM
+        || !kernel.reduce_axes.is_empty()
+        || kernel.contraction.is_some()
+        || kernel.plan != Plan::Elementwise
+        || !matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+        || kernel.inputs.iter().any(|b| b.dtype != dtype)
+        || kernel
+            .outputs
+            .iter()
+            .any(|b| b.dtype != dtype || b.len != n)
+    {
+        return None;
+    }
+    let half = dtype.is_half();
+    let wide_op = |ins: &Instr| match ins.expr {
+        Expr::Unary(op, _) => wide::unary_fn(op, tier),
+        _ => None,
+    };
+    for ins in &kernel.body {
+        let ok = ins.dtype == dtype
+            && match &ins.expr {
+                Expr::Load { view, .. } => view.is_contiguous() && view.shape == kernel.domain,
+                Expr::Const(_) | Expr::Unary(..) | Expr::Binary(..) => true,
+                _ => false,
+            };
+        if !ok {
+            return None;
+        }
+    }
+    if !half && !kernel.body.iter().any(|i| wide_op(i).is_some()) {
+        return None;
+    }
+
+    let body = &kernel.body;
+    // The segment of each cheap instruction: the wide ops before it.
+    let mut seg_of = vec![0usize; body.len()];
+    let mut wides = 0;
+    for (v, ins) in body.iter().enumerate() {
+        seg_of[v] = wides;
+        if wide_op(ins).is_some() {
+            wides += 1;
+        }
+    }
+    let last = wides;
+    // Who uses each value: instructions (by index) and stores.
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); body.len()];
+    for (v, ins) in body.iter().enumerate() {
+        for u in operands(&ins.expr) {
+            users[u.index()].push(v);
+        }
+    }
+    let mut stored = vec![0usize; body.len()];
+    for s in &kernel.stores {
+        stored[s.value.index()] += 1;
+    }
+
+    let mut slots = 0;
+    let mut new_slot = || {
+        slots += 1;
+        slots - 1
+    };
+    let mut steps = Vec::new();
+    // Half inputs are widened once per block, into slots.
+    let mut input_place: Vec<Option<Place>> = vec![None; kernel.inputs.len()];
+    for ins in body {
+        if let Expr::Load { input, .. } = ins.expr {
+            if input_place[input].is_none() {
+                input_place[input] = Some(if half {
+                    let slot = new_slot();
+                    steps.push(Step::Load {
+                        input,
+                        slot,
+                        dtype,
+                        f: wide::load_fn(dtype, tier)?,
+                    });
+                    Place::Slot(slot)
+                } else {
+                    Place::Input(input)
+                });
+            }
+        }
+    }
+
+    let mut source: Vec<Source> = Vec::with_capacity(body.len());
+    for (v, ins) in body.iter().enumerate() {
+        source.push(match ins.expr {
+            Expr::Load { input, .. } => Source::Input(input),
+            Expr::Const(_) => Source::Const,
+            _ if wide_op(ins).is_some() => {
+                // Straight into an f32 output when that is all the value is for.
+                let direct = !half && users[v].is_empty() && stored[v] == 1;
+                let place = match kernel.stores.iter().find(|s| s.value.index() == v) {
+                    Some(s) if direct => Place::Output(s.output),
+                    _ => Place::Slot(new_slot()),
+                };
+                Source::Wide(place)
+            }
+            _ => {
+                let seg = seg_of[v];
+                let later = users[v]
+                    .iter()
+                    .any(|&u| wide_op(&body[u]).is_some() || seg_of[u] != seg)
+                    || (stored[v] > 0 && seg != last);
+                Source::Cheap {
+                    seg,
+                    slot: later.then(&mut new_slot),
+                }
+            }
+        });
+    }
+    // The last segment stores the outputs; half outputs go through slots.
+    let mut out_slot: Vec<Option<usize>> = vec![None; kernel.outputs.len()];
+    if half {
+        for s in &kernel.stores {
+            out_slot[s.output] = Some(new_slot());
+        }
+    }
+    if slots > MAX_SLOTS {
+        return None;
+    }
+
+    let place_of = |u: ValueId| -> Option<Place> {
+        match source[u.index()] {
+            Source::Input(input) => input_place[input],
+            Source::Cheap { slot, .. } => slot.map(Place::Slot),
+            Source::Wide(p) => Some(p),
+            Source::Const => None,
+        }
+    };
+
+    let mut segments = Vec::new();
+    let mut places = Vec::new();
+    let mut wide_seen = 0;
+    let mut emit_segment = |seg: usize, steps: &mut Vec<Step>| -> Option<()> {
+        let mut b = SegmentBuilder::new(kernel, seg, n);
+        for (v, ins) in body.iter().enumerate() {
+            if matches!(source[v], Source::Cheap { seg: s, .. } if s == seg) {
+                let local = b.instr(v, ins, &source, &place_of)?;
+                if let Source::Cheap {
+                    slot: Some(slot), ..
+                } = source[v]
+                {
+                    b.store(local, Place::Slot(slot));
+                }
+            }
+        }
+        if seg == last {
+            for s in &kernel.stores {
+                let v = s.value;
+                let direct_wide =
+                    matches!(source[v.index()], Source::Wide(Place::Output(o)) if o == s.output);
+                if direct_wide {
+                    continue;
+                }
+                let local = b.value(v, &source, &place_of)?;
+                let place = match out_slot[s.output] {
+                    Some(slot) => Place::Slot(slot),
+                    None => Place::Output(s.output),
+                };
+                b.store(local, place);
+            }
+        }
+        if let Some((k, p)) = b.finish() {
+            if p.len() > MAX_SEGMENT_PTRS {
+                return None;
+            }
+            steps.push(Step::Segment {
+                index: segments.len(),
+            });
+            segments.push(k);
+            places.push(p);
+        }
+        Some(())
+    };
+    for (v, ins) in body.iter().enumerate() {
+        if let (Some(f), Expr::Unary(op, x)) = (wide_op(ins), &ins.expr) {
+            emit_segment(wide_seen, &mut steps)?;
+            wide_seen += 1;
+            let Source::Wide(dst) = source[v] else {
+                unreachable!("a wide op's value is Wide")
+            };
+            // A constant operand has no place: compile whole (folding removes these).
+            let src = place_of(*x)?;
+            steps.push(Step::Unary {
+                op: *op,
+                src,
+                dst,
+                f,
+            });
+        }
+    }
+    emit_segment(last, &mut steps)?;
+    for s in &kernel.stores {
+        if let Some(slot) = out_slot[s.output] {
+            steps.push(Step::Store {
+                slot,
+                output: s.output,
+                dtype,
+                f: wide::store_fn(dtype, tier)?,
+            });
+        }
+    }
+    Some(BlockPlan {
+        tier,
+        segments,
+        places,
+        steps,
+        slots,
+        inputs: kernel.inputs.len(),
+    })
+}
+
+/// The operands of an instruction.
+fn operands(e: &Expr) -> Vec<ValueId> {
+    match *e {
+        Expr::Unary(_, a) | Expr::Cast(a) | Expr::Reduce(_, a) | Expr::ArgReduce(_, a) => vec![a],
+        Expr::Binary(_, a, b) => vec![a, b],
+        Expr::Where(c, a, b) => vec![c, a, b],
+        Expr::Random { key, .. } => vec![key],
+        Expr::Load { .. } | Expr::Const(_) => vec![],
+    }
+}
+
+/// One segment under construction: a 1-d f32 element-wise kernel.
+struct SegmentBuilder<'k> {
+    kernel: &'k Kernel,
+    n: usize,
+    k: Kernel,
+    /// Where each input and output buffer of the segment lives.
+    inputs: Vec<Place>,
+    outputs: Vec<Place>,
+    /// The segment's value of each instruction of the whole kernel, once emitted.
+    local: Vec<Option<ValueId>>,
+}
+
+impl<'k> SegmentBuilder<'k> {
+    fn new(kernel: &'k Kernel, seg: usize, n: usize) -> Self {
+        let domain = Shape::new([n]);
+        SegmentBuilder {
+            kernel,
+            n,
+            k: Kernel {
+                name: format!("{}_seg{seg}", kernel.name),
+                domain,
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+                body: Vec::new(),
+                stores: Vec::new(),
+                reduce_axes: Vec::new(),
+                plan: Plan::Elementwise,
+                plan_reason: kernel.plan_reason.clone(),
+                contraction: None,
+            },
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            local: vec![None; kernel.body.len()],
+        }
+    }
+
+    fn push(&mut self, expr: Expr) -> ValueId {
+        self.k.body.push(Instr {
+            dtype: DType::F32,
+            expr,
+        });
+        ValueId(self.k.body.len() as u32 - 1)
+    }
+
+    /// A load of the buffer at `place` (one input of the segment per place).
+    fn load(&mut self, place: Place) -> ValueId {
+        let input = match self.inputs.iter().position(|&p| p == place) {
+            Some(i) => i,
+            None => {
+                self.inputs.push(place);
+                self.k.inputs.push(Buffer {
+                    dtype: DType::F32,
+                    len: self.n,
+                });
+                self.inputs.len() - 1
+            }
+        };
+        let view = View::contiguous(self.k.domain.clone());
+        self.push(Expr::Load { input, view })
+    }
+
+    /// The segment's value of instruction `v` of the whole kernel: computed here,
+    /// loaded from where an earlier step put it, or a constant written again.
+    fn value(
+        &mut self,
+        v: ValueId,
+        source: &[Source],
+        place_of: &dyn Fn(ValueId) -> Option<Place>,
+    ) -> Option<ValueId> {
+        if let Some(l) = self.local[v.index()] {
+            return Some(l);
+        }
+        let l = match (&self.kernel.body[v.index()].expr, source[v.index()]) {
+            (Expr::Const(c), _) => self.push(Expr::Const(*c)),
+            _ => self.load(place_of(v)?),
+        };
+        self.local[v.index()] = Some(l);
+        Some(l)
+    }
+
+    /// Emits cheap instruction `v` of the whole kernel.
+    fn instr(
+        &mut self,
+        v: usize,
+        ins: &Instr,
+        source: &[Source],
+        place_of: &dyn Fn(ValueId) -> Option<Place>,
+    ) -> Option<ValueId> {
+        let expr = match ins.expr {
+            Expr::Unary(op, a) => Expr::Unary(op, self.value(a, source, place_of)?),
+            Expr::Binary(op, a, b) => {
+                let a = self.value(a, source, place_of)?;
+                Expr::Binary(op, a, self.value(b, source, place_of)?)
+            }
+            _ => return None,
+        };
+        let l = self.push(expr);
+        self.local[v] = Some(l);
+        Some(l)
+    }
+
+    /// A store of `value` into the buffer at `place`.
+    fn store(&mut self, value: ValueId, place: Place) {
+        self.outputs.push(place);
+        self.k.outputs.push(Buffer {
+            dtype: DType::F32,
+            len: self.n,
+        });
+        self.k.stores.push(Store {
+            value,
+            output: self.outputs.len() - 1,
+        });
+    }
+
+    /// The segment and where its buffers live (inputs, then outputs), or `None` when
+    /// it stores nothing.
+    fn finish(self) -> Option<(Kernel, Vec<Place>)> {
+        if self.k.stores.is_empty() {
+            return None;
+        }
+        let places = self.inputs.into_iter().chain(self.outputs).collect();
+        Some((self.k, places))
+    }
+}
+
+/// The machine-level type of a segment's compiled function (the kernels' ABI).
+pub(crate) type SegmentFn = unsafe extern "C" fn(ptrs: *const *mut u8, start: i64, end: i64);
+
+/// Block-sized scratch, aligned to a cache line.
+#[repr(C, align(64))]
+struct Scratch([f32; BLOCK * MAX_SLOTS]);
+
+/// Runs `plan` over positions `start..end`, block by block, with `entries[i]` the
+/// compiled function of segment `i` and `ptrs` the kernel's buffers (inputs, then
+/// outputs) as the kernel's own function would get them.
+///
+/// # Safety
+/// `ptrs` must point to the kernel's buffers, each of the domain's length and its
+/// dtype (inputs readable, outputs writable, outputs distinct from everything else,
+/// positions `start..end` of the outputs not touched by anyone else during the
+/// call); `start <= end <= numel`; `entries` must be the compiled segments of `plan`
+/// (JIT code of 1-d f32 element-wise kernels over contiguous buffers, which touch only
+/// positions `lo..hi` of each buffer for a call over `lo..hi`).
+pub(crate) unsafe fn run(
+    plan: &BlockPlan,
+    entries: &[SegmentFn],
+    ptrs: &[*mut u8],
+    start: usize,
+    end: usize,
+) {
+    let mut scratch = Scratch([0.0; BLOCK * MAX_SLOTS]);
+    let base = scratch.0.as_mut_ptr();
+    let slot = |j: usize| base.wrapping_add(j * BLOCK);
+    let mut b = start;
+    while b < end {
+        let e = (b + BLOCK).min(end);
+        let len = e - b;
+        // Where a place is at position b (f32 everywhere but the half buffers of
+        // Load and Store steps, which are 2-byte elements).
+        let at = |p: Place| -> *mut f32 {
+            match p {
+                Place::Input(k) => ptrs[k].cast::<f32>().wrapping_add(b),
+                Place::Output(k) => ptrs[plan.inputs + k].cast::<f32>().wrapping_add(b),
+                Place::Slot(j) => slot(j),
+            }
+        };
+        for step in &plan.steps {
+            match *step {
+                Step::Load {
+                    input, slot: j, f, ..
+                } => {
+                    let src = ptrs[input].cast::<u16>().wrapping_add(b).cast::<u8>();
+                    // SAFETY: input `input` holds `numel` 2-byte elements and
+                    // `b + len = e <= numel`; slot `j` holds BLOCK >= len f32.
+                    unsafe { f(src, slot(j), len) };
+                }
+                Step::Store {
+                    slot: j, output, f, ..
+                } => {
+                    let dst = ptrs[plan.inputs + output]
+                        .cast::<u16>()
+                        .wrapping_add(b)
+                        .cast::<u8>();
+                    // SAFETY: output `output` holds `numel` 2-byte elements, positions
+                    // `b..e` are this call's; slot `j` holds `len` f32 written by the
+                    // last segment of this block.
+                    unsafe { f(slot(j), dst, len) };
+                }
+                Step::Unary { src, dst, f, .. } => {
+                    // SAFETY: each place holds `len` f32 from its pointer: a slot of
+                    // BLOCK, or positions `b..e` of an f32 buffer of `numel`; `dst` is an
+                    // output or a slot of its own, never the source's memory unless the
+                    // same place.
+                    unsafe { f(at(src), at(dst), len) };
+                }
+                Step::Segment { index } => {
+                    let places = &plan.places[index];
+                    let mut seg_ptrs = [std::ptr::null_mut::<u8>(); MAX_SEGMENT_PTRS];
+                    for (q, &p) in seg_ptrs.iter_mut().zip(places) {
+                        *q = match p {
+                            Place::Input(k) => ptrs[k],
+                            Place::Output(k) => ptrs[plan.inputs + k],
+                            // Moved back by b, so that position i (b <= i < e) is
+                            // element i - b of the slot.
+                            Place::Slot(j) => slot(j).wrapping_sub(b).cast(),
+                        };
+                    }
+                    // SAFETY: the segment is a 1-d f32 element-wise kernel over
+                    // contiguous buffers: its code touches only positions `b..e` of
+                    // each pointer. Kernel buffers are f32 of `numel >= e` elements;
+                    // a slot pointer moved back by `b` reaches, at positions `b..e`,
+                    // its `len <= BLOCK` elements.
+                    unsafe { entries[index](seg_ptrs.as_ptr(), b as i64, e as i64) };
+                }
+            }
+        }
+        b = e;
+    }
+}
+
+impl BlockPlan {
+    /// The steps as comment lines for the kernel's Cranelift text (`; block: ...`).
+    pub(crate) fn describe(&self) -> String {
+        let place = |p: Place| match p {
+            Place::Input(k) => format!("in{k}"),
+            Place::Output(k) => format!("out{k}"),
+            Place::Slot(j) => format!("s{j}"),
+        };
+        let mut text = format!(
+            "; blocks of {BLOCK} positions, {} slots, wide routines {}:\n",
+            self.slots,
+            self.tier.name()
+        );
+        for step in &self.steps {
+            let line = match *step {
+                Step::Load {
+                    input, slot, dtype, ..
+                } => format!("load {dtype} in{input} -> s{slot}"),
+                Step::Segment { index } => {
+                    let places: Vec<String> =
+                        self.places[index].iter().map(|&p| place(p)).collect();
+                    let ins = self.segments[index].inputs.len();
+                    format!(
+                        "segment {index} ({}) -> {}",
+                        places[..ins].join(", "),
+                        places[ins..].join(", ")
+                    )
+                }
+                Step::Unary { op, src, dst, .. } => {
+                    format!("{} {} -> {}", op.name(), place(src), place(dst))
+                }
+                Step::Store {
+                    slot,
+                    output,
+                    dtype,
+                    ..
+                } => format!("store {dtype} s{slot} -> out{output}"),
+            };
+            text.push_str(&format!(";   {line}\n"));
+        }
+        text
+    }
+}

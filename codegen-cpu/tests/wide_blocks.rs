@@ -1,0 +1,202 @@
+//! Element-wise kernels on the wide path (`blocks`: JIT segments and wide routines on
+//! L1 blocks) against the same kernels compiled whole on the 128-bit code: the same
+//! bits for every output, on f32, f16 and bf16, for kernels shaped like gelu, like an
+//! exp chain, with values stored from the middle of the kernel, with several outputs,
+//! with a wide op read straight from an input and stored straight to an output, and at
+//! lengths that end in a partial block and a partial register; on 1, 2 and 4 threads.
+//! Tolerance: the same bits (two NaNs count as equal whatever their payload: neither
+//! path defines the payload of a NaN that arithmetic makes).
+
+mod builder;
+
+use builder::{zeroed_outputs, KernelBuilder};
+use ndfuse_codegen_cpu::wide::{self, Tier};
+use ndfuse_codegen_cpu::{compile_with, CompiledKernel};
+use ndfuse_ir::{BinaryOp, DType, HostArray, Kernel, Scalar, Shape, UnaryOp};
+
+/// Enough positions for the wide path (kernels below 2^16 compile whole), and not a
+/// multiple of a block or a register.
+const N: usize = (1 << 17) + 1000 + 7;
+
+fn tiers() -> Vec<Tier> {
+    let t = wide::available();
+    if t.is_empty() {
+        eprintln!("no wide tier on this host: nothing to compare");
+    }
+    t
+}
+
+/// Inputs of `kernel`: values over [-12, 12] with some specials.
+fn inputs(kernel: &Kernel) -> Vec<HostArray> {
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    kernel
+        .inputs
+        .iter()
+        .map(|b| {
+            let vals: Vec<f64> = (0..b.len)
+                .map(|i| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    match i % 997 {
+                        0 => f64::NAN,
+                        1 => f64::INFINITY,
+                        2 => -0.0,
+                        3 => 100.0,
+                        _ => ((s >> 11) as f64 / (1u64 << 53) as f64) * 24.0 - 12.0,
+                    }
+                })
+                .collect();
+            HostArray::from_f64s(b.dtype, Shape::new([b.len]), &vals)
+        })
+        .collect()
+}
+
+fn run_on(
+    ck: &CompiledKernel,
+    kernel: &Kernel,
+    ins: &[HostArray],
+    threads: usize,
+) -> Vec<HostArray> {
+    let mut outs = zeroed_outputs(kernel);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("pool");
+    pool.install(|| {
+        let refs: Vec<&HostArray> = ins.iter().collect();
+        let mut out_refs: Vec<&mut HostArray> = outs.iter_mut().collect();
+        ck.run(&refs, &mut out_refs).expect("runs");
+    });
+    outs
+}
+
+fn bits(a: &HostArray) -> Vec<u64> {
+    (0..a.len())
+        .map(|i| {
+            let v = a.storage().get_f64(i);
+            if v.is_nan() {
+                u64::MAX
+            } else {
+                v.to_bits()
+            }
+        })
+        .collect()
+}
+
+/// `kernel` on the wide path equals it compiled whole, and really took the wide path.
+fn check(kernel: &Kernel, expect_blocks: bool) {
+    let ins = inputs(kernel);
+    let whole = compile_with(kernel, None).expect("compiles whole");
+    assert!(!whole.clif().contains("; blocks of"), "None compiles whole");
+    let want: Vec<Vec<u64>> = run_on(&whole, kernel, &ins, 2).iter().map(bits).collect();
+    for tier in tiers() {
+        let ck = compile_with(kernel, Some(tier)).expect("compiles on the wide path");
+        assert_eq!(
+            ck.clif().contains("; blocks of"),
+            expect_blocks,
+            "{}: wide path taken?\n{}",
+            kernel.name,
+            ck.clif().lines().take(12).collect::<Vec<_>>().join("\n")
+        );
+        for threads in [1, 2, 4] {
+            let got = run_on(&ck, kernel, &ins, threads);
+            for (o, (g, w)) in got.iter().map(bits).zip(&want).enumerate() {
+                if let Some(i) = (0..g.len()).find(|&i| g[i] != w[i]) {
+                    panic!(
+                        "{} ({}, {threads} threads) output {o} position {i}: {} against {} whole",
+                        kernel.name,
+                        tier.name(),
+                        got[o].storage().get_f64(i),
+                        f64::from_bits(w[i])
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// gelu as the passes build it, x · sigmoid(1.5957 · (x + 0.0447 · x³)), with
+/// constants every float type holds exactly.
+fn gelu(dtype: DType) -> Kernel {
+    let mut k = KernelBuilder::new(&format!("k_gelu_{dtype}"), &[N]);
+    let x = k.load(dtype);
+    let sq = k.unary(UnaryOp::Square, x);
+    let cube = k.binary(BinaryOp::Mul, x, sq);
+    let c1 = k.constant(dtype, Scalar::F(0.046_875));
+    let t = k.binary(BinaryOp::Mul, cube, c1);
+    let inner = k.binary(BinaryOp::Add, x, t);
+    let c2 = k.constant(dtype, Scalar::F(1.593_75));
+    let z = k.binary(BinaryOp::Mul, inner, c2);
+    let s = k.unary(UnaryOp::Sigmoid, z);
+    let y = k.binary(BinaryOp::Mul, x, s);
+    k.store(y);
+    k.build()
+}
+
+#[test]
+fn gelu_on_every_float_type_matches_the_whole_kernel() {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        // f32 takes the wide path once the math routines exist; halves always do.
+        let f32_wide = wide::available()
+            .first()
+            .is_some_and(|&t| wide::unary(UnaryOp::Sigmoid, t, &[0.0], &mut [0.0]));
+        check(&gelu(dtype), dtype != DType::F32 || f32_wide);
+    }
+}
+
+#[test]
+fn stores_from_the_middle_and_several_outputs_match() {
+    for dtype in [DType::F32, DType::F16] {
+        let mut k = KernelBuilder::new(&format!("k_chain_{dtype}"), &[N]);
+        let a = k.load(dtype);
+        let b = k.load(dtype);
+        let c = k.load(dtype);
+        let ab = k.binary(BinaryOp::Mul, a, b);
+        let abc = k.binary(BinaryOp::Add, ab, c);
+        let e = k.unary(UnaryOp::Exp, abc);
+        let r = k.unary(UnaryOp::Abs, a);
+        let r = k.unary(UnaryOp::Sqrt, r);
+        let er = k.binary(BinaryOp::Mul, e, r);
+        let t = k.unary(UnaryOp::Tanh, er);
+        let d = k.binary(BinaryOp::Sub, t, b);
+        k.store(d);
+        k.store(ab); // computed in the first segment
+        k.store(e); // a wide op's value, also read later
+        k.store(c); // an input, stored as it is
+        check(
+            &k.build(),
+            dtype != DType::F32 || !wide::available().is_empty(),
+        );
+    }
+}
+
+#[test]
+fn a_wide_op_from_an_input_to_an_output_matches() {
+    for dtype in [DType::F32, DType::BF16] {
+        let mut k = KernelBuilder::new(&format!("k_exp_{dtype}"), &[N]);
+        let x = k.load(dtype);
+        let e = k.unary(UnaryOp::Exp, x);
+        k.store(e);
+        let kernel = k.build();
+        let has_exp = wide::available()
+            .first()
+            .is_some_and(|&t| wide::unary(UnaryOp::Exp, t, &[0.0], &mut [0.0]));
+        check(&kernel, dtype != DType::F32 || has_exp);
+    }
+}
+
+#[test]
+fn small_and_plain_f32_kernels_compile_whole() {
+    // Below 2^16 positions, and an f32 kernel with nothing for the wide routines.
+    let mut k = KernelBuilder::new("k_small", &[4096]);
+    let x = k.load(DType::F16);
+    let y = k.unary(UnaryOp::Sigmoid, x);
+    k.store(y);
+    check(&k.build(), false);
+    let mut k = KernelBuilder::new("k_plain", &[N]);
+    let x = k.load(DType::F32);
+    let y = k.binary(BinaryOp::Mul, x, x);
+    k.store(y);
+    check(&k.build(), false);
+}
