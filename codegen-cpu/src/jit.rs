@@ -246,6 +246,13 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
             builder.symbol(name, addr as *const u8);
         }
     }
+    // Row programs may call the wide routines on rows held in their row cache.
+    let tier = tier.filter(|t| t.available());
+    if let Some(t) = tier {
+        for (name, addr) in wide::symbols(t) {
+            builder.symbol(name, addr as *const u8);
+        }
+    }
     let mut code = CodeMemory {
         module: Some(JITModule::new(builder)),
     };
@@ -272,8 +279,16 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
             .declare_function(&name, Linkage::Export, &sig)
             .map_err(|e| cranelift(e.to_string()))?;
         module.clear_context(&mut ctx);
-        let imports = lower::lower(k, phase, shared_math, module, &mut ctx.func, &mut fctx)
-            .map_err(cranelift)?;
+        let imports = lower::lower(
+            k,
+            phase,
+            shared_math,
+            tier,
+            module,
+            &mut ctx.func,
+            &mut fctx,
+        )
+        .map_err(cranelift)?;
         // The text names imports only by id; a comment legend says which function each is.
         let mut legend = String::new();
         // Calls into the shared math cost their callee's instructions (`cost`).

@@ -60,6 +60,7 @@ pub(crate) fn lower<M: Module>(
     kernel: &Kernel,
     phase: Phase,
     shared_math: bool,
+    wide: Option<crate::wide::Tier>,
     module: &mut M,
     func: &mut Function,
     fctx: &mut FunctionBuilderContext,
@@ -76,6 +77,7 @@ pub(crate) fn lower<M: Module>(
         consts: BTreeMap::new(),
         scaled: BTreeMap::new(),
         shared_math,
+        wide,
     };
     lw.kernel(kernel, phase)?;
     lw.b.seal_all_blocks();

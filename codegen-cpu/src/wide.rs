@@ -35,6 +35,31 @@ pub(crate) fn unary_fn(op: UnaryOp, tier: Tier) -> Option<UnaryFn> {
     math::unary_fn(op, tier)
 }
 
+/// The unary ops that have a wide routine (at every tier).
+pub(crate) const UNARY_OPS: [UnaryOp; 7] = [
+    UnaryOp::Exp,
+    UnaryOp::Expm1,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Erf,
+    UnaryOp::Log,
+    UnaryOp::Log1p,
+];
+
+/// The symbol JIT code calls the routine of `op` by (`ndfuse_wide_exp`).
+pub(crate) fn symbol(op: UnaryOp) -> String {
+    format!("ndfuse_wide_{}", op.name())
+}
+
+/// The symbols and addresses of `tier`'s unary routines, for a JIT module whose code
+/// calls them ([`symbol`]; C ABI: `(src, dst, n)`).
+pub(crate) fn symbols(tier: Tier) -> Vec<(String, usize)> {
+    UNARY_OPS
+        .iter()
+        .filter_map(|&op| unary_fn(op, tier).map(|f| (symbol(op), f as usize)))
+        .collect()
+}
+
 /// The conversion of `dtype` (f16 or bf16) elements to f32 at `tier`.
 pub(crate) fn load_fn(dtype: DType, tier: Tier) -> Option<LoadFn> {
     if !tier.available() {

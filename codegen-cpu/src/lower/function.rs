@@ -59,6 +59,8 @@ pub(super) struct Lowering<'f, 'm, M: Module> {
     /// Whether f32 math calls the shared out-of-line copies (`shared_math`, for small
     /// kernels) instead of being inlined.
     pub(super) shared_math: bool,
+    /// The tier of the wide routines the code may call (`wide::symbols`), if any.
+    pub(super) wide: Option<crate::wide::Tier>,
 }
 
 /// An element offset: a variable part (`None` for none) plus constant elements, which
