@@ -13,28 +13,31 @@
 //!   store f16 s3  -> out             wide f32 -> f16        s3       -> out[b..e]
 //! ```
 //!
-//! A segment is an ordinary element-wise kernel (`Kernel`) over f32 buffers, built
-//! here from the cheap instructions between two wide ops and compiled by the JIT as any
-//! other kernel: its inputs are the kernel's f32 inputs and the scratch slots it reads,
-//! its outputs the slots later steps read and, for the last segment, the kernel's
-//! outputs. A slot is `BLOCK` f32 on the running thread's stack; the segment's pointer
-//! to it is moved back by the block's start, so the JIT code indexes it by domain
-//! position like every other buffer.
+//! A segment is an ordinary element-wise kernel (`Kernel`) over f32 buffers and the
+//! kernel's own domain, built here from the cheap instructions between two wide ops and
+//! compiled by the JIT as any other kernel: its inputs are the kernel's f32 inputs
+//! (read through their own views, broadcast ones included) and the scratch slots it
+//! reads, its outputs the slots later steps read and, for the last segment, the
+//! kernel's outputs. A slot is `BLOCK` f32 on the running thread's stack, read and
+//! written contiguously; the segment's pointer to it is moved back by the block's
+//! start, so the JIT code indexes it by domain position like every other buffer.
 //!
 //! Half values are held in f32 by the 128-bit code from load to store, so a segment
 //! computes them as f32 instructions: every instruction gives the bits it gives in
 //! the kernel compiled whole, the wide routines give the 128-bit code's bits
 //! (`wide`), and the result is the same bits on either path and any thread count.
 //!
-//! Which kernels: element-wise ones of at least [`BLOCKS_FROM`] positions whose
-//! instructions are loads, constants, unary and binary ops all of one float type (f32,
-//! f16 or bf16), whose loads read contiguous buffers, and that have some work for the
-//! wide routines (a wide op, or a half type to convert). Anything else, or a kernel
-//! that would need more than [`MAX_SLOTS`] slots, compiles whole as before.
+//! Which kernels: element-wise ones (matrix products' epilogues included: their
+//! product is an input the runtime fills first) of at least [`BLOCKS_FROM`] positions
+//! whose instructions are loads, constants, unary and binary ops all of one float type
+//! (f32, f16 or bf16), whose half loads are contiguous, whose wide ops read values
+//! held contiguously, and that have some work for the wide routines (a wide op, or a
+//! half type to convert). Anything else, or a kernel that would need more than
+//! [`MAX_SLOTS`] slots, compiles whole as before.
 
 use crate::shared_math::SHARED_MATH_BELOW;
 use crate::wide::{self, LoadFn, StoreFn, Tier, UnaryFn};
-use ndfuse_ir::{Buffer, DType, Expr, Instr, Kernel, Plan, Shape, Store, UnaryOp, ValueId, View};
+use ndfuse_ir::{Buffer, DType, Expr, Instr, Kernel, Plan, Store, UnaryOp, ValueId, View};
 
 /// Positions per block: 2 KiB per f32 slot, so a block's slots stay in L1.
 pub(crate) const BLOCK: usize = 512;
@@ -123,12 +126,12 @@ enum Source {
 pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
     let n = kernel.domain.numel();
     let dtype = kernel.body.first()?.dtype;
+    // A contraction kernel is an element-wise one whose product is its last input,
+    // filled before each range runs (see `support`): its epilogue takes blocks too.
     if n < BLOCKS_FROM
         || !kernel.reduce_axes.is_empty()
-        || kernel.contraction.is_some()
         || kernel.plan != Plan::Elementwise
         || !matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
-        || kernel.inputs.iter().any(|b| b.dtype != dtype)
         || kernel
             .outputs
             .iter()
@@ -142,9 +145,16 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
         _ => None,
     };
     for ins in &kernel.body {
+        // f32 inputs are read where they are, through any view (segments keep the
+        // kernel's domain and views); half ones are widened block by block, so they
+        // must be contiguous.
         let ok = ins.dtype == dtype
             && match &ins.expr {
-                Expr::Load { view, .. } => view.is_contiguous() && view.shape == kernel.domain,
+                Expr::Load { input, view } => {
+                    kernel.inputs[*input].dtype == dtype
+                        && view.shape == kernel.domain
+                        && (!half || view.is_contiguous())
+                }
                 Expr::Const(_) | Expr::Unary(..) | Expr::Binary(..) => true,
                 _ => false,
             };
@@ -244,9 +254,14 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
         return None;
     }
 
+    // Where a later step reads a value whole, block by block: an f32 input only
+    // through a contiguous view (a broadcast one is read by segments alone).
     let place_of = |u: ValueId| -> Option<Place> {
         match source[u.index()] {
-            Source::Input(input) => input_place[input],
+            Source::Input(input) => match &body[u.index()].expr {
+                Expr::Load { view, .. } if half || view.is_contiguous() => input_place[input],
+                _ => None,
+            },
             Source::Cheap { slot, .. } => slot.map(Place::Slot),
             Source::Wide(p) => Some(p),
             Source::Const => None,
@@ -360,7 +375,7 @@ struct SegmentBuilder<'k> {
 
 impl<'k> SegmentBuilder<'k> {
     fn new(kernel: &'k Kernel, seg: usize, n: usize) -> Self {
-        let domain = Shape::new([n]);
+        let domain = kernel.domain.clone();
         SegmentBuilder {
             kernel,
             n,
@@ -390,20 +405,27 @@ impl<'k> SegmentBuilder<'k> {
         ValueId(self.k.body.len() as u32 - 1)
     }
 
-    /// A load of the buffer at `place` (one input of the segment per place).
-    fn load(&mut self, place: Place) -> ValueId {
+    /// A load of the buffer at `place` (one input of the segment per place) through
+    /// `view`, or the contiguous view when `None`.
+    fn load(&mut self, place: Place, view: Option<&View>) -> ValueId {
         let input = match self.inputs.iter().position(|&p| p == place) {
             Some(i) => i,
             None => {
                 self.inputs.push(place);
+                let len = match place {
+                    Place::Input(k) => self.kernel.inputs[k].len,
+                    _ => self.n,
+                };
                 self.k.inputs.push(Buffer {
                     dtype: DType::F32,
-                    len: self.n,
+                    len,
                 });
                 self.inputs.len() - 1
             }
         };
-        let view = View::contiguous(self.k.domain.clone());
+        let view = view
+            .cloned()
+            .unwrap_or_else(|| View::contiguous(self.k.domain.clone()));
         self.push(Expr::Load { input, view })
     }
 
@@ -420,7 +442,17 @@ impl<'k> SegmentBuilder<'k> {
         }
         let l = match (&self.kernel.body[v.index()].expr, source[v.index()]) {
             (Expr::Const(c), _) => self.push(Expr::Const(*c)),
-            _ => self.load(place_of(v)?),
+            // An f32 input through its own view; a half one from its widened slot.
+            (Expr::Load { input, view }, Source::Input(_))
+                if !self.kernel.body[0].dtype.is_half() =>
+            {
+                self.load(Place::Input(*input), Some(view))
+            }
+            (Expr::Load { input, .. }, Source::Input(_)) => {
+                let place = place_of(v).unwrap_or(Place::Input(*input));
+                self.load(place, None)
+            }
+            _ => self.load(place_of(v)?, None),
         };
         self.local[v.index()] = Some(l);
         Some(l)

@@ -187,6 +187,23 @@ fn a_wide_op_from_an_input_to_an_output_matches() {
 }
 
 #[test]
+fn broadcast_f32_loads_are_read_through_their_views() {
+    // sigmoid(a[R, C] * b[C] + c[R, 1]): the row loop's loads, in segments that keep
+    // the kernel's 2-d domain; rows of 1000 so blocks cross rows.
+    let (r, c) = (131, 1000);
+    let mut k = KernelBuilder::new("k_bcast", &[r, c]);
+    let a = k.load(DType::F32);
+    let b = k.load_view(DType::F32, c, builder::view(&[r, c], &[0, 1], 0));
+    let cc = k.load_view(DType::F32, r, builder::view(&[r, c], &[1, 0], 0));
+    let ab = k.binary(BinaryOp::Mul, a, b);
+    let z = k.binary(BinaryOp::Add, ab, cc);
+    let s = k.unary(UnaryOp::Sigmoid, z);
+    let y = k.binary(BinaryOp::Mul, s, b);
+    k.store(y);
+    check(&k.build(), !wide::available().is_empty());
+}
+
+#[test]
 fn small_and_plain_f32_kernels_compile_whole() {
     // Below 2^16 positions, and an f32 kernel with nothing for the wide routines.
     let mut k = KernelBuilder::new("k_small", &[4096]);
