@@ -217,3 +217,65 @@ fn small_and_plain_f32_kernels_compile_whole() {
     k.store(y);
     check(&k.build(), false);
 }
+
+/// This thread's time on a CPU, in ns (Linux's schedstat): robust to the other work of
+/// a shared machine, which only delays the thread.
+fn thread_cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// Prints the CPU time of one thread running each kernel whole and on the wide path
+/// (best of 5 over 2^24 positions): `cargo test --release --test wide_blocks --
+/// --ignored --nocapture`. A measurement, not a check.
+#[test]
+#[ignore]
+fn timing() {
+    const M: usize = 1 << 24;
+    let chain = {
+        let mut k = KernelBuilder::new("k_chain", &[M]);
+        let (a, b, c) = (k.load(DType::F32), k.load(DType::F32), k.load(DType::F32));
+        let ab = k.binary(BinaryOp::Mul, a, b);
+        let abc = k.binary(BinaryOp::Add, ab, c);
+        let e = k.unary(UnaryOp::Exp, abc);
+        let r = k.unary(UnaryOp::Abs, a);
+        let r = k.unary(UnaryOp::Sqrt, r);
+        let er = k.binary(BinaryOp::Mul, e, r);
+        let one = k.constant(DType::F32, Scalar::F(1.0));
+        let cc = k.binary(BinaryOp::Mul, c, c);
+        let den = k.binary(BinaryOp::Add, one, cc);
+        let q = k.binary(BinaryOp::Div, b, den);
+        let y = k.binary(BinaryOp::Sub, er, q);
+        k.store(y);
+        k.build()
+    };
+    let gelu = |dtype| {
+        let mut k = gelu(dtype);
+        k.domain = Shape::new([M]);
+        k.inputs[0].len = M;
+        k.outputs[0].len = M;
+        if let ndfuse_ir::Expr::Load { view, .. } = &mut k.body[0].expr {
+            *view = ndfuse_ir::View::contiguous(Shape::new([M]));
+        }
+        k
+    };
+    for kernel in [chain, gelu(DType::F32), gelu(DType::F16)] {
+        let ins = inputs(&kernel);
+        let refs: Vec<&HostArray> = ins.iter().collect();
+        let mut line = format!("{:>12}", kernel.name);
+        for tier in std::iter::once(None).chain(wide::available().into_iter().map(Some)) {
+            let ck = compile_with(&kernel, tier).expect("compiles");
+            let mut outs = zeroed_outputs(&kernel);
+            let mut best = u64::MAX;
+            for _ in 0..5 {
+                let mut out_refs: Vec<&mut HostArray> = outs.iter_mut().collect();
+                let t0 = thread_cpu_ns().unwrap_or(0);
+                ck.run_range(&refs, &mut out_refs, 0, M).expect("runs");
+                best = best.min(thread_cpu_ns().unwrap_or(0) - t0);
+            }
+            let name = tier.map_or("128-bit", |t| t.name());
+            line.push_str(&format!("  {name}: {:.2} ns/elem", best as f64 / M as f64));
+        }
+        println!("{line}");
+    }
+}
