@@ -4,6 +4,8 @@
 //! f32 FMA peak with the widest vectors.
 
 use crate::peak::{self, fastest_run, measure_wide_fma_peak, ComputePeak, FmaPeak};
+use ndfuse_ir::{DType, Storage};
+use ndfuse_runtime::{HostAlloc, RawAlloc};
 use std::time::Instant;
 
 // ----- memory bandwidth -----
@@ -59,20 +61,36 @@ impl Bandwidth {
     }
 }
 
+/// `n` f32 of `value` in memory from ndfuse's own host allocator, which asks for
+/// transparent huge pages for large buffers as it does for the cases' tensors: the
+/// bandwidths are measured on the same kind of memory the cases read and write (on the
+/// development machine 4 KiB pages cost a sweep 10-40% in TLB misses). Filled, which
+/// touches every page before timing: page faults are not bandwidth.
+fn host_buffer(n: usize, value: f32) -> Vec<f32> {
+    let mut xs = match HostAlloc::default().alloc(DType::F32, n * 4) {
+        Ok(Storage::F32(v)) => v,
+        // Out of memory here is out of memory for the cases too; a plain vector says so
+        // in the usual way.
+        _ => vec![0.0; n],
+    };
+    xs.truncate(n);
+    xs.fill(value);
+    xs
+}
+
 /// One STREAM kernel over a thread's parts of the arrays `a`, `b`, `c`.
 type StreamOp = dyn Fn(&mut [f32], &[f32], &[f32]) + Sync;
 
-/// Measures [`Bandwidth`] with three arrays of `array_bytes` each, best of `trials`.
-/// Plain Rust (the loops vectorise; copy is a `memcpy`), threads from
-/// `std::thread::scope`, each working on its own contiguous part of the arrays.
+/// Measures [`Bandwidth`] with three arrays of `array_bytes` each (on huge pages where
+/// the OS gives them, as the cases' tensors are), best of `trials`. Plain Rust (the
+/// loops vectorise; copy is a `memcpy`), threads from `std::thread::scope`, each
+/// working on its own contiguous part of the arrays.
 pub fn measure_bandwidth(array_bytes: usize, trials: usize) -> Bandwidth {
     let n = (array_bytes / 4).max(1024);
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    // Filled with non-zero values, which touches every page before timing: page
-    // faults are not memory bandwidth.
-    let mut a = vec![0.5f32; n];
-    let b = vec![1.5f32; n];
-    let c = vec![2.5f32; n];
+    let mut a = host_buffer(n, 0.5);
+    let b = host_buffer(n, 1.5);
+    let c = host_buffer(n, 2.5);
     let bytes = (n * 4) as f64;
     let mut best = |threads: usize, op: &StreamOp| -> f64 {
         let chunk = n.div_ceil(threads);
@@ -256,8 +274,7 @@ pub fn measure_read_bandwidth(bytes: usize, trials: usize) -> ReadBandwidth {
     let n = (bytes / 4).max(1024);
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let loads = Loads::detect();
-    // Non-zero, which touches every page before timing: page faults are not bandwidth.
-    let xs = vec![1.0f32; n];
+    let xs = host_buffer(n, 1.0);
     let gbps = |threads: usize| {
         let chunk = n.div_ceil(threads);
         let mut fastest = f64::INFINITY;
