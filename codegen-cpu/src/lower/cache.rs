@@ -14,13 +14,40 @@
 //! are unchanged bit for bit. Whether a kernel caches, and what, depends on its body and
 //! shapes only (the buffer has a fixed size limit, [`ROW_CACHE_BYTES`]), never on the
 //! number of threads. Split kernels, whose row is spread over calls, never cache.
+//!
+//! With a wide tier (`Lowering::wide`), a value `op(u)` whose op has a wide routine
+//! (exp, expm1, tanh, sigmoid, erf, log, log1p on f32; f16 and bf16 compute in f32)
+//! is made a whole row at a time, before the first sweep that needs it, by a *fill
+//! pass*: a loop that computes `u` (the same instructions as before) into the value's
+//! row, then one call of the routine over the row in place; every sweep loads it.
+//!
+//! ```text
+//! softmax on the wide path:
+//!   sweep 0: m = max x
+//!   fill:    cache[j] = x - m;  ndfuse_wide_exp(cache, cache, row_len)
+//!   sweep 1: s = sum cache[j]
+//!   stores:  out = cache[j] / s
+//! ```
+//!
+//! The routine gives the inline code's bits (`wide`), so the cached values are the
+//! same. A sum's bits depend on its loop's shape (vector or scalar, accumulators),
+//! which is decided from the values the sweep has on the 128-bit code
+//! ([`CachePlan::narrow_need`]); the wide plan is kept only where each sweep has a
+//! subset of those, else the kernel takes the 128-bit plan. Values that feed one
+//! sweep only (log-sum-exp's exp) are made this way too: the routine's speed pays for
+//! writing and reading the row in L1 or L2. Kernels below `blocks::BLOCKS_FROM`
+//! positions stay on the 128-bit code, as element-wise ones do.
 
 use super::function::{cl_type, Lowering, Offset};
+use crate::wide::Tier;
+use cranelift_codegen::ir::AbiParam;
 use cranelift_codegen::ir::{
     types, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Type, Value,
 };
+use cranelift_module::Linkage;
 use cranelift_module::Module;
-use ndfuse_ir::{BinaryOp, DKind, Expr, Kernel, Level, UnaryOp};
+use ndfuse_ir::{BinaryOp, DKind, DType, Expr, Kernel, Level, UnaryOp};
+use std::sync::OnceLock;
 
 /// The largest row cache, in bytes: every cached value of a row together. Small enough
 /// for any thread's stack (rayon's workers get 2 MiB) and for the L2 cache of a core,
@@ -30,15 +57,32 @@ pub(super) const ROW_CACHE_BYTES: i64 = 64 * 1024;
 /// Bytes between stack probes: the guard page size the stack of a thread has at least.
 const PROBE_STEP: i64 = 4096;
 
-/// What each sweep of a row program computes, loads from the cache and stores to it.
-/// Sweeps are numbered as the reduction sweeps (0..sweeps), the store sweep last.
+/// What one pass over a row computes, loads from the cache and stores to it.
+#[derive(Clone)]
+pub(super) struct Pass {
+    /// The element values it has (computed, or loaded from the cache).
+    pub need: Vec<bool>,
+    /// The element values it loads from the cache instead of computing.
+    pub load: Vec<bool>,
+    /// The element values it stores to the cache after computing them.
+    pub store: Vec<bool>,
+    /// For a fill pass: the wide values whose operand it stores into their rows, each
+    /// then run over its row in place by its wide routine (none for a sweep).
+    pub fill: Vec<usize>,
+}
+
+/// What each pass of a row program computes, loads from the cache and stores to it.
+/// Passes `0..=sweeps` are the sweeps, numbered as the reduction sweeps (0..sweeps),
+/// the store sweep last; the fill passes (with a wide tier only) come after them and
+/// run where [`CachePlan::before`] says.
 pub(super) struct CachePlan {
-    /// Per sweep: the element values it has (computed, or loaded from the cache).
-    pub need: Vec<Vec<bool>>,
-    /// Per sweep: the element values it loads from the cache instead of computing.
-    pub load: Vec<Vec<bool>>,
-    /// Per sweep: the element values it stores to the cache after computing them.
-    pub store: Vec<Vec<bool>>,
+    pub passes: Vec<Pass>,
+    /// Per sweep: the fill passes that run before it, in order.
+    pub before: Vec<Vec<usize>>,
+    /// Per sweep: the element values it has on the 128-bit code alone. The shape of a
+    /// reduction's vector loop (vector or scalar, accumulators), and so the bits of a
+    /// sum, is decided from these on either path.
+    pub narrow_need: Vec<Vec<bool>>,
     /// Per instruction: the byte offset of its row in the cache, if cached.
     pub at: Vec<Option<i64>>,
     /// Bytes of the whole cache.
@@ -74,57 +118,198 @@ fn costly(expr: &Expr) -> bool {
 /// backwards from its targets, so a value is met before its operands: one that an
 /// earlier sweep computed, contains a transcendental and fits in what is left of the
 /// cache is loaded instead of computed, and its operands are not needed for it.
+///
+/// With a wide tier (`wide`), an element value `op(u)` whose op has a wide routine is
+/// made for the whole row before the first sweep that needs it, when its row fits: a
+/// fill pass computes `u` into the value's row, the routine runs over the row in
+/// place, and every sweep loads it. The routine gives the inline code's bits, so the
+/// values are the same; the plan is kept only where no sweep then computes a value it
+/// did not compute on the 128-bit code (see [`CachePlan::narrow_need`]).
 pub(super) fn plan(
     kernel: &Kernel,
     levels: &[Level],
     targets: &[Vec<usize>],
     row_len: i64,
+    wide: Option<Tier>,
 ) -> Option<CachePlan> {
-    let n = kernel.body.len();
-    let element = |v: usize| levels[v] == Level::Element;
-    // Element values that contain a transcendental.
-    let mut expensive = vec![false; n];
-    for (v, ins) in kernel.body.iter().enumerate() {
-        expensive[v] = element(v)
-            && (costly(&ins.expr)
-                || Kernel::operands(&ins.expr)
-                    .iter()
-                    .any(|x| expensive[x.index()]));
-    }
-    let mut computed_in: Vec<Option<usize>> = vec![None; n];
-    let mut at: Vec<Option<i64>> = vec![None; n];
-    let mut bytes = 0i64;
-    let mut plan = CachePlan {
-        need: Vec::new(),
-        load: Vec::new(),
-        store: vec![vec![false; n]; targets.len()],
-        at: Vec::new(),
-        bytes: 0,
+    let narrow = Planner::new(kernel, levels, row_len, None).run(targets);
+    let narrow_need: Vec<Vec<bool>> = match &narrow {
+        Some(p) => p.passes[..targets.len()]
+            .iter()
+            .map(|p| p.need.clone())
+            .collect(),
+        None => targets
+            .iter()
+            .map(|t| element_closure(kernel, levels, t))
+            .collect(),
     };
-    for (t, sweep_targets) in targets.iter().enumerate() {
+    // Small kernels stay on the 128-bit code, as element-wise ones do (`blocks`):
+    // their compile time matters more than their run time.
+    let with_wide = wide
+        .filter(|_| crate::vmath::builder::use_fma())
+        .filter(|_| kernel.domain.numel() >= crate::blocks::BLOCKS_FROM)
+        .and_then(|t| Planner::new(kernel, levels, row_len, Some(t)).run(targets))
+        .filter(|p| {
+            // Every sweep's values are among those it has on the 128-bit code.
+            p.passes[..targets.len()]
+                .iter()
+                .zip(&narrow_need)
+                .all(|(p, n)| p.need.iter().zip(n).all(|(&w, &n)| !w || n))
+        });
+    let mut plan = with_wide.or(narrow)?;
+    plan.narrow_need = narrow_need;
+    Some(plan)
+}
+
+/// The element values a pass must compute: `targets` and their element-level operands,
+/// transitively (as `sweep::element_closure`, which sits above this file).
+fn element_closure(kernel: &Kernel, levels: &[Level], targets: &[usize]) -> Vec<bool> {
+    let mut need = vec![false; kernel.body.len()];
+    for &t in targets {
+        need[t] |= levels[t] == Level::Element;
+    }
+    for v in (0..kernel.body.len()).rev() {
+        if need[v] {
+            for x in Kernel::operands(&kernel.body[v].expr) {
+                need[x.index()] |= levels[x.index()] == Level::Element;
+            }
+        }
+    }
+    need
+}
+
+/// The wide routine's op of instruction `v`, where `v` may be made by one: an element
+/// unary op on f32 values (f16 and bf16 compute in f32) that the inline math computes
+/// and the tier has a routine for, of an element operand.
+fn wide_op(kernel: &Kernel, levels: &[Level], v: usize, tier: Tier) -> Option<UnaryOp> {
+    let Expr::Unary(op, u) = kernel.body[v].expr else {
+        return None;
+    };
+    let f32_compute = |x: usize| kernel.body[x].dtype.compute_dtype() == DType::F32;
+    (levels[v] == Level::Element
+        && levels[u.index()] == Level::Element
+        && f32_compute(v)
+        && f32_compute(u.index())
+        && crate::vmath::inline_for(op, DType::F32)
+        && crate::wide::unary_fn(op, tier).is_some())
+    .then_some(op)
+}
+
+/// The planning state (see [`plan`]).
+struct Planner<'k> {
+    kernel: &'k Kernel,
+    levels: &'k [Level],
+    row_len: i64,
+    wide: Option<Tier>,
+    /// Element values that contain a transcendental.
+    expensive: Vec<bool>,
+    /// The pass that first computes each value, once planned.
+    computed_in: Vec<Option<usize>>,
+    /// Cached values whose row is written by a pass planned so far.
+    ready: Vec<bool>,
+    at: Vec<Option<i64>>,
+    bytes: i64,
+    passes: Vec<Pass>,
+}
+
+impl<'k> Planner<'k> {
+    fn new(kernel: &'k Kernel, levels: &'k [Level], row_len: i64, wide: Option<Tier>) -> Self {
+        let n = kernel.body.len();
+        let element = |v: usize| levels[v] == Level::Element;
+        let mut expensive = vec![false; n];
+        for (v, ins) in kernel.body.iter().enumerate() {
+            expensive[v] = element(v)
+                && (costly(&ins.expr)
+                    || Kernel::operands(&ins.expr)
+                        .iter()
+                        .any(|x| expensive[x.index()]));
+        }
+        Planner {
+            kernel,
+            levels,
+            row_len,
+            wide,
+            expensive,
+            computed_in: vec![None; n],
+            ready: vec![false; n],
+            at: vec![None; n],
+            bytes: 0,
+            passes: Vec::new(),
+        }
+    }
+
+    fn run(mut self, targets: &[Vec<usize>]) -> Option<CachePlan> {
+        let n = self.kernel.body.len();
+        let empty = Pass {
+            need: vec![false; n],
+            load: vec![false; n],
+            store: vec![false; n],
+            fill: Vec::new(),
+        };
+        self.passes = vec![empty; targets.len()];
+        let mut before = vec![Vec::new(); targets.len()];
+        for (t, sweep_targets) in targets.iter().enumerate() {
+            let (need, load, fills) = self.walk(sweep_targets);
+            self.fill_chain(fills, &mut before[t]);
+            self.passes[t].need = need;
+            self.passes[t].load = load;
+            self.planned(t);
+        }
+        (self.bytes > 0).then_some(CachePlan {
+            passes: self.passes,
+            before,
+            narrow_need: Vec::new(),
+            at: self.at,
+            bytes: self.bytes,
+        })
+    }
+
+    /// Room for one more row of `v`'s values: its offset, if it fits.
+    fn allocate(&mut self, v: usize) -> Option<i64> {
+        let dtype = self.kernel.body[v].dtype;
+        let row_bytes = self.row_len * dtype.compute_dtype().size_bytes() as i64;
+        (self.bytes + row_bytes <= ROW_CACHE_BYTES).then(|| {
+            let at = self.bytes;
+            self.at[v] = Some(at);
+            self.bytes += row_bytes;
+            at
+        })
+    }
+
+    /// The values a pass with `targets` needs and those it loads, walking backwards;
+    /// the wide values it found to make before it, in SSA order.
+    fn walk(&mut self, targets: &[usize]) -> (Vec<bool>, Vec<bool>, Vec<usize>) {
+        let (kernel, levels) = (self.kernel, self.levels);
+        let n = kernel.body.len();
+        let element = |v: usize| levels[v] == Level::Element;
         let mut need = vec![false; n];
         let mut load = vec![false; n];
-        for &v in sweep_targets {
+        let mut fills = Vec::new();
+        for &v in targets {
             need[v] |= element(v);
         }
         for v in (0..n).rev() {
             if !need[v] {
                 continue;
             }
-            if at[v].is_some() {
+            if self.at[v].is_some() {
+                debug_assert!(self.ready[v], "only rows already written are read (a bug)");
                 load[v] = true;
                 continue;
             }
-            let dtype = kernel.body[v].dtype;
-            let row_bytes = row_len * dtype.compute_dtype().size_bytes() as i64;
-            if let Some(k) = computed_in[v] {
-                if expensive[v]
-                    && dtype.kind() == DKind::Float
-                    && bytes + row_bytes <= ROW_CACHE_BYTES
+            let wide = self.wide.and_then(|t| wide_op(kernel, levels, v, t));
+            if wide.is_some() && self.allocate(v).is_some() {
+                load[v] = true;
+                fills.push(v);
+                continue;
+            }
+            if let Some(k) = self.computed_in[v] {
+                if self.expensive[v]
+                    && kernel.body[v].dtype.kind() == DKind::Float
+                    && self.allocate(v).is_some()
                 {
-                    at[v] = Some(bytes);
-                    bytes += row_bytes;
-                    plan.store[k][v] = true;
+                    self.passes[k].store[v] = true;
+                    self.ready[v] = true;
                     load[v] = true;
                     continue;
                 }
@@ -135,17 +320,73 @@ pub(super) fn plan(
                 }
             }
         }
-        for v in 0..n {
-            if need[v] && !load[v] && computed_in[v].is_none() {
-                computed_in[v] = Some(t);
+        fills.reverse();
+        (need, load, fills)
+    }
+
+    /// Marks what pass `p` computes as computed there, unless an earlier pass did.
+    fn planned(&mut self, p: usize) {
+        for v in 0..self.kernel.body.len() {
+            let pass = &self.passes[p];
+            if pass.need[v] && !pass.load[v] && self.computed_in[v].is_none() {
+                self.computed_in[v] = Some(p);
             }
         }
-        plan.need.push(need);
-        plan.load.push(load);
     }
-    plan.at = at;
-    plan.bytes = bytes;
-    (bytes > 0).then_some(plan)
+
+    /// Fill passes making the wide values `pending` (their rows allocated), appended
+    /// to `order` in the order they run: each makes the values whose operand does not
+    /// need another pending one, after the passes that make what it needs in turn.
+    fn fill_chain(&mut self, mut pending: Vec<usize>, order: &mut Vec<usize>) {
+        let operand = |kernel: &Kernel, v: usize| Kernel::operands(&kernel.body[v].expr)[0].index();
+        while !pending.is_empty() {
+            // The first pending value needs none of the later ones (SSA order).
+            let group: Vec<usize> = pending
+                .iter()
+                .copied()
+                .filter(|&v| !self.reaches(operand(self.kernel, v), &pending))
+                .collect();
+            pending.retain(|v| !group.contains(v));
+            let operands: Vec<usize> = group.iter().map(|&v| operand(self.kernel, v)).collect();
+            let (need, load, nested) = self.walk(&operands);
+            self.fill_chain(nested, order);
+            let p = self.passes.len();
+            self.passes.push(Pass {
+                store: vec![false; need.len()],
+                need,
+                load,
+                fill: group.clone(),
+            });
+            self.planned(p);
+            for v in group {
+                self.ready[v] = true;
+            }
+            order.push(p);
+        }
+    }
+
+    /// Whether computing `u` (down to the rows already written) needs one of `values`.
+    fn reaches(&self, u: usize, values: &[usize]) -> bool {
+        let mut need = vec![false; u + 1];
+        need[u] = true;
+        for v in (0..=u).rev() {
+            if !need[v] {
+                continue;
+            }
+            if values.contains(&v) {
+                return true;
+            }
+            if self.ready[v] {
+                continue;
+            }
+            for x in Kernel::operands(&self.kernel.body[v].expr) {
+                if self.levels[x.index()] == Level::Element {
+                    need[x.index()] = true;
+                }
+            }
+        }
+        false
+    }
 }
 
 /// The row cache as a sweep sees it.
@@ -154,20 +395,45 @@ pub(super) struct SweepCache<'a> {
     /// The address of the cache.
     pub base: Value,
     pub plan: &'a CachePlan,
-    /// The sweep's number (see [`CachePlan`]).
+    /// The pass's number (see [`CachePlan`]): a sweep's, or a fill pass's.
     pub sweep: usize,
 }
 
 impl SweepCache<'_> {
-    /// Whether the sweep loads `v` from the cache.
-    pub fn loads(&self, v: usize) -> bool {
-        self.plan.load[self.sweep][v]
+    /// The pass's part of the plan.
+    pub fn pass(&self) -> &Pass {
+        &self.plan.passes[self.sweep]
     }
 
-    /// Whether the sweep stores `v` to the cache once computed.
-    pub fn stores(&self, v: usize) -> bool {
-        self.plan.store[self.sweep][v]
+    /// Whether the pass loads `v` from the cache.
+    pub fn loads(&self, v: usize) -> bool {
+        self.pass().load[v]
     }
+
+    /// Whether the pass stores `v` to the cache once computed.
+    pub fn stores(&self, v: usize) -> bool {
+        self.pass().store[v]
+    }
+}
+
+/// The symbol of `op`'s wide routine (`wide::symbol`), as the `'static` name the
+/// imports of a function are kept by; one string per op for the process.
+fn wide_symbol(op: UnaryOp) -> &'static str {
+    static NAMES: OnceLock<Vec<(UnaryOp, &'static str)>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        crate::wide::UNARY_OPS
+            .iter()
+            .map(|&op| {
+                let name: &'static str = Box::leak(crate::wide::symbol(op).into_boxed_str());
+                (op, name)
+            })
+            .collect()
+    });
+    names
+        .iter()
+        .find(|(o, _)| *o == op)
+        .map(|&(_, name)| name)
+        .expect("only ops with a wide routine are filled (a bug)")
 }
 
 impl<M: Module> Lowering<'_, '_, M> {
@@ -224,6 +490,40 @@ impl<M: Module> Lowering<'_, '_, M> {
     ) {
         let (addr, imm) = self.cache_address(kernel, cache, v, (j, lane));
         self.b.ins().store(cache_flags(), value, addr, imm);
+    }
+
+    /// Runs the wide routine of `op` over the cached row of `v` in place: one call of
+    /// `ndfuse_wide_<op>(row, row, row_len)`, declared as an import (C ABI, the
+    /// module's default call convention) on first use.
+    pub(super) fn wide_call(
+        &mut self,
+        cache: &SweepCache<'_>,
+        (v, op): (usize, UnaryOp),
+        row_len: i64,
+    ) -> Result<(), String> {
+        let name = wide_symbol(op);
+        let known = self.imports.iter().find(|(n, _, _)| *n == name);
+        let fref = match known {
+            Some(&(_, _, fref)) => fref,
+            None => {
+                let mut sig = self.module.make_signature();
+                for _ in 0..3 {
+                    sig.params.push(AbiParam::new(self.ptr_ty));
+                }
+                let id = self
+                    .module
+                    .declare_function(name, Linkage::Import, &sig)
+                    .map_err(|e| format!("declaring {name}: {e}"))?;
+                let fref = self.module.declare_func_in_func(id, self.b.func);
+                self.imports.push((name, id, fref));
+                fref
+            }
+        };
+        let at = cache.plan.at[v].expect("filled values are cached (a bug)");
+        let row = self.b.ins().iadd_imm_s(cache.base, at);
+        let n = self.b.ins().iconst(self.ptr_ty, row_len);
+        self.b.ins().call(fref, &[row, row, n]);
+        Ok(())
     }
 
     fn cache_address(

@@ -20,7 +20,9 @@
 //! sweep loads and recomputes the element values it needs (re-reading a row that is
 //! usually still in cache), except those that contain a transcendental: those go
 //! through the row cache (`cache`), a per-call stack buffer of one row, written by the
-//! sweep that first computes them and read by the later ones.
+//! sweep that first computes them and read by the later ones. With a wide tier, a
+//! value of an op that has a wide routine is made for the whole row before the first
+//! sweep that needs it (a fill pass, then a call of the routine: see `cache`).
 //!
 //! Element `j` of row `r` is the domain position whose kept axes hold the row-major
 //! index `r` (over the kept axes) and whose reduced axes hold the row-major index `j`
@@ -101,6 +103,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                 &levels,
                 &sweep_targets(kernel, &levels, &sched),
                 row_len,
+                self.wide,
             ),
             _ => None,
         };
@@ -169,6 +172,19 @@ impl<M: Module> Lowering<'_, '_, M> {
                     _ => self.compute(kernel, v, &values)?,
                 };
                 values[v] = Some(value);
+            }
+            // Wide values the sweep needs first: their rows, before it.
+            if let (Some(ix), Some(plan)) = (&ix, &cache_plan) {
+                for &f in &plan.before[s] {
+                    let env = SweepEnv {
+                        ix,
+                        levels: &levels,
+                        kept_offsets: &kept_offsets,
+                        in_bases,
+                        cache: cache_of(f),
+                    };
+                    self.fill_sweep(kernel, &env, &values, row_len)?;
+                }
             }
             if s == sched.sweeps {
                 break;
@@ -360,8 +376,13 @@ impl<M: Module> Lowering<'_, '_, M> {
             .map(|&v| Kernel::operands(&kernel.body[v].expr)[0].index())
             .collect();
         let need = match &env.cache {
-            Some(c) => c.plan.need[c.sweep].clone(),
+            Some(c) => c.pass().need.clone(),
             None => element_closure(kernel, env.levels, &operands),
+        };
+        // The loop's shape (and so the order of a sum) as on the 128-bit code alone.
+        let shape = match &env.cache {
+            Some(c) => c.plan.narrow_need[c.sweep].clone(),
+            None => need.clone(),
         };
         // Carried state: one accumulator per reduction, two (best, index) per arg one.
         let mut accs = Vec::new();
@@ -409,11 +430,11 @@ impl<M: Module> Lowering<'_, '_, M> {
             Range::Whole(n) => n >= VECTOR_MIN_ROW,
             Range::Dynamic(..) => true,
         };
-        let finals = match vector::sweep_type(kernel, env, &need, &accs) {
+        let finals = match vector::sweep_type(kernel, env, &shape, &accs) {
             Some(vt) if long => self.vector_reduce(
                 kernel,
                 env,
-                &need,
+                (&need, &shape),
                 &accs,
                 &carried,
                 values,
@@ -443,7 +464,7 @@ impl<M: Module> Lowering<'_, '_, M> {
             .collect();
         let targets: Vec<usize> = stores.iter().map(|s| s.value.index()).collect();
         let need = match &env.cache {
-            Some(c) => c.plan.need[c.sweep].clone(),
+            Some(c) => c.pass().need.clone(),
             None => element_closure(kernel, env.levels, &targets),
         };
         let (_, out_red) = env.ix.out.as_ref().expect("planned with element stores");
@@ -476,6 +497,53 @@ impl<M: Module> Lowering<'_, '_, M> {
             ),
             _ => self.sweep(range, &[], scalar).map(|_| ()),
         }
+    }
+}
+
+impl<M: Module> Lowering<'_, '_, M> {
+    /// A fill pass (`env.cache`'s) over the whole row: the operand of each of its wide
+    /// values into the value's cached row, then the value's wide routine over that row
+    /// in place.
+    fn fill_sweep(
+        &mut self,
+        kernel: &Kernel,
+        env: &SweepEnv<'_>,
+        values: &[Option<Value>],
+        row_len: i64,
+    ) -> Result<(), String> {
+        let c = env.cache.expect("a fill pass has its cache (a bug)");
+        let pass = c.pass();
+        let fills: Vec<(usize, usize)> = pass
+            .fill
+            .iter()
+            .map(|&v| (v, Kernel::operands(&kernel.body[v].expr)[0].index()))
+            .collect();
+        let scalar = |lw: &mut Self, j: Value, _: &[Value]| {
+            let ridx = lw.decompose(&env.ix.red, j);
+            let vals = lw.element_values(kernel, env, &pass.need, (j, &ridx), values)?;
+            for &(v, u) in &fills {
+                let value = vals[u].expect("a filled value's operand is computed");
+                lw.cache_store(kernel, &c, v, (j, 0), value);
+            }
+            Ok(Vec::new())
+        };
+        let range = Range::Whole(row_len);
+        let operands: Vec<usize> = fills.iter().map(|&(_, u)| u).collect();
+        match vector::fill_type(kernel, env, &pass.need, &operands) {
+            Some(vt) if row_len >= VECTOR_MIN_ROW => {
+                self.vector_fill(kernel, env, &fills, values, (range, vt), scalar)?
+            }
+            _ => {
+                self.sweep(range, &[], scalar)?;
+            }
+        }
+        for &(v, _) in &fills {
+            let Expr::Unary(op, _) = kernel.body[v].expr else {
+                panic!("v{v}: a filled value is a unary op (a bug)");
+            };
+            self.wide_call(&c, (v, op), row_len)?;
+        }
+        Ok(())
     }
 }
 

@@ -137,6 +137,21 @@ pub(super) fn store_sweep_type(
     (same && contiguous && values_vectorise(kernel, env, need, dtype)).then_some(vt)
 }
 
+/// The vector type of a fill pass over `need` writing the values of `operands`, or
+/// `None` when it stays scalar: they and everything they need vectorise (as for a
+/// reduction sweep). Its elements are independent: vector or scalar, the same bits.
+pub(super) fn fill_type(
+    kernel: &Kernel,
+    env: &SweepEnv<'_>,
+    need: &[bool],
+    operands: &[usize],
+) -> Option<Type> {
+    let dtype = kernel.body[*operands.first()?].dtype;
+    let vt = lane_vector(dtype)?;
+    let same = operands.iter().all(|&u| kernel.body[u].dtype == dtype);
+    (same && values_vectorise(kernel, env, need, dtype)).then_some(vt)
+}
+
 /// The 128-bit vector holding values of `dtype` (half values in f32 lanes; i32 and
 /// i64 in their own lanes, for the integer ops `vector_op` admits).
 pub(super) fn lane_vector(dtype: DType) -> Option<Type> {
@@ -393,7 +408,7 @@ impl<M: Module> Lowering<'_, '_, M> {
         &mut self,
         kernel: &Kernel,
         env: &SweepEnv<'_>,
-        need: &[bool],
+        (need, shape): (&[bool], &[bool]),
         accs: &[AccInfo],
         carried: &[(Type, Value)],
         values: &[Option<Value>],
@@ -405,7 +420,9 @@ impl<M: Module> Lowering<'_, '_, M> {
         // by the latency of its adds: one vector per stream and iteration, which keeps
         // its constants and temporaries in registers (sum(exp(x)) over rows of
         // [4096, 4096] on the development VM: 16.9 ms with two, 11.2 ms with one).
-        let per_stream = if heavy(kernel, need) { 1 } else { PER_STREAM };
+        // Decided from `shape`, the values of the sweep on the 128-bit code, so that
+        // loading a wide value instead of computing it changes no bit of a sum.
+        let per_stream = if heavy(kernel, shape) { 1 } else { PER_STREAM };
         let accumulators = STREAMS * per_stream;
         // Each iteration reads PER_STREAM vectors from each of STREAMS streams, one
         // accumulator per vector: the vector part is cut into STREAMS equal parts of
@@ -674,8 +691,6 @@ impl<M: Module> Lowering<'_, '_, M> {
         (range, vt): (Range, Type),
         scalar: impl FnOnce(&mut Self, Value, &[Value]) -> Result<Vec<Value>, String>,
     ) -> Result<(), String> {
-        let width = i64::from(vt.lane_count());
-        let step = width * STORE_UNROLL;
         let mut vvals = self.row_splats(kernel, env, need, values, vt);
         // A stored row value is broadcast along the row.
         for st in stores {
@@ -685,26 +700,72 @@ impl<M: Module> Lowering<'_, '_, M> {
                 vvals[v] = Some(self.b.ins().splat(vt, s));
             }
         }
+        let emit = |lw: &mut Self, vals: &[Option<Value>], j: Value, lane: i64| {
+            let var = match out_kept.var {
+                Some(k) => lw.b.ins().iadd(k, j),
+                None => j,
+            };
+            let at = Offset {
+                var: Some(var),
+                elems: out_kept.elems + lane,
+            };
+            for st in stores {
+                let value = vals[st.value.index()].expect("stored values are computed");
+                let dtype = kernel.body[st.value.index()].dtype;
+                let (addr, imm) = lw.address(out_bases[st.output], at, dtype);
+                // Element-aligned only, like the loads.
+                let flags = MemFlagsData::new().with_notrap();
+                lw.store_typed(dtype, flags, value, addr, imm);
+            }
+        };
+        self.vector_elements(kernel, env, need, &vvals, (range, vt), emit, scalar)
+    }
+
+    /// A fill pass (`env.cache`'s) over `range` in vectors of `vt`, two a step, then
+    /// the scalar sweep (`scalar`) for the tail: for each `(v, u)` of `fills`, the
+    /// values of `u` stored into `v`'s cached row.
+    pub(super) fn vector_fill(
+        &mut self,
+        kernel: &Kernel,
+        env: &SweepEnv<'_>,
+        fills: &[(usize, usize)],
+        values: &[Option<Value>],
+        (range, vt): (Range, Type),
+        scalar: impl FnOnce(&mut Self, Value, &[Value]) -> Result<Vec<Value>, String>,
+    ) -> Result<(), String> {
+        let c = env.cache.expect("a fill pass has its cache (a bug)");
+        let need = &c.pass().need;
+        let vvals = self.row_splats(kernel, env, need, values, vt);
+        let emit = |lw: &mut Self, vals: &[Option<Value>], j: Value, lane: i64| {
+            for &(v, u) in fills {
+                let value = vals[u].expect("a filled value's operand is computed");
+                lw.cache_store(kernel, &c, v, (j, lane), value);
+            }
+        };
+        self.vector_elements(kernel, env, need, &vvals, (range, vt), emit, scalar)
+    }
+
+    /// An element sweep over `range` in vectors of `vt`, two a step (`emit` writes
+    /// each vector's values: `j`, then the lane offset from it), then the scalar sweep
+    /// (`scalar`, one element) for the tail.
+    #[allow(clippy::too_many_arguments)]
+    fn vector_elements(
+        &mut self,
+        kernel: &Kernel,
+        env: &SweepEnv<'_>,
+        need: &[bool],
+        vvals: &[Option<Value>],
+        (range, vt): (Range, Type),
+        mut emit: impl FnMut(&mut Self, &[Option<Value>], Value, i64),
+        scalar: impl FnOnce(&mut Self, Value, &[Value]) -> Result<Vec<Value>, String>,
+    ) -> Result<(), String> {
+        let width = i64::from(vt.lane_count());
+        let step = width * STORE_UNROLL;
         let (lo, vend, hi, guard) = self.vector_bounds(range, step);
         self.counted_loop(lo, vend, step, guard, &[], |lw, j, _| {
             for a in 0..STORE_UNROLL {
-                let vals = lw.element_vectors(kernel, env, need, (j, a * width), &vvals, vt)?;
-                let var = match out_kept.var {
-                    Some(k) => lw.b.ins().iadd(k, j),
-                    None => j,
-                };
-                let at = Offset {
-                    var: Some(var),
-                    elems: out_kept.elems + a * width,
-                };
-                for st in stores {
-                    let value = vals[st.value.index()].expect("stored values are computed");
-                    let dtype = kernel.body[st.value.index()].dtype;
-                    let (addr, imm) = lw.address(out_bases[st.output], at, dtype);
-                    // Element-aligned only, like the loads.
-                    let flags = MemFlagsData::new().with_notrap();
-                    lw.store_typed(dtype, flags, value, addr, imm);
-                }
+                let vals = lw.element_vectors(kernel, env, need, (j, a * width), vvals, vt)?;
+                emit(lw, &vals, j, a * width);
             }
             Ok(Vec::new())
         })?;
