@@ -31,12 +31,18 @@ use cranelift_codegen::ir::{
 use cranelift_codegen::loop_analysis::{Loop, LoopAnalysis};
 use std::collections::HashMap;
 
-/// The loops' cost of `func`, in instructions per element (see the module docs);
-/// `None` when no loop could be measured.
-///
-/// A call costs the instructions of its callee when `callee_ops` knows it (by the
-/// callee's `FuncId` index): the shared out-of-line math of small kernels.
-pub(crate) fn ops_per_element(func: &Function, callee_ops: &HashMap<u32, usize>) -> Option<f64> {
+/// The loops' cost of one function, per element: its own instructions, and the calls
+/// it makes (by the callee's `FuncId` index), whose callees' instructions the caller
+/// adds when it knows them (the shared out-of-line math of small kernels).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LoopCost {
+    pub(crate) ops: f64,
+    pub(crate) calls: Vec<(u32, f64)>,
+}
+
+/// The loops' cost of `func`, per element (see the module docs); `None` when no loop
+/// could be measured.
+pub(crate) fn ops_per_element(func: &Function) -> Option<LoopCost> {
     let cfg = ControlFlowGraph::with_function(func);
     let domtree = DominatorTree::with_function(func, &cfg);
     let mut loops = LoopAnalysis::new();
@@ -56,11 +62,16 @@ pub(crate) fn ops_per_element(func: &Function, callee_ops: &HashMap<u32, usize>)
         let Some(elements) = elements_per_iteration(func, &insts) else {
             continue;
         };
-        let ops: usize = insts
-            .iter()
-            .map(|&i| 1 + call_cost(func, i, callee_ops))
-            .sum();
-        let cost = ops as f64 / elements as f64;
+        let per = 1.0 / elements as f64;
+        let mut cost = LoopCost {
+            ops: insts.len() as f64 * per,
+            calls: Vec::new(),
+        };
+        for &i in &insts {
+            if let Some(callee) = callee(func, i) {
+                cost.calls.push((callee, per));
+            }
+        }
         if insts.iter().any(|&i| is_vector(func, i)) {
             vector.push(cost);
         } else {
@@ -68,21 +79,20 @@ pub(crate) fn ops_per_element(func: &Function, callee_ops: &HashMap<u32, usize>)
         }
     }
     let counted = if vector.is_empty() { scalar } else { vector };
-    (!counted.is_empty()).then(|| counted.iter().sum())
+    (!counted.is_empty()).then(|| LoopCost {
+        ops: counted.iter().map(|c| c.ops).sum(),
+        calls: counted.into_iter().flat_map(|c| c.calls).collect(),
+    })
 }
 
-/// The instructions of the function `inst` calls, when it is a call to one of
-/// `callee_ops`; 0 otherwise.
-fn call_cost(func: &Function, inst: Inst, callee_ops: &HashMap<u32, usize>) -> usize {
+/// The `FuncId` index of the function `inst` calls, when it is a call of a named one.
+fn callee(func: &Function, inst: Inst) -> Option<u32> {
     let InstructionData::Call { func_ref, .. } = func.dfg.insts[inst] else {
-        return 0;
+        return None;
     };
     match &func.dfg.ext_funcs[func_ref].name {
-        ExternalName::User(r) => callee_ops
-            .get(&func.params.user_named_funcs()[*r].index)
-            .copied()
-            .unwrap_or(0),
-        _ => 0,
+        ExternalName::User(r) => Some(func.params.user_named_funcs()[*r].index),
+        _ => None,
     }
 }
 

@@ -124,7 +124,7 @@ pub struct CompiledKernel {
     /// after the buffers in the pointer array.
     scratch_slots: usize,
     /// Instructions of the element loops per element ([`Self::ops_per_element`]).
-    ops_per_element: Option<f64>,
+    cost: Cost,
     /// Executable memory the module maps ([`Self::code_bytes`]).
     code_bytes: usize,
     /// Behind a mutex only to make the kernel `Sync` (`JITModule` is not); it is never
@@ -271,7 +271,7 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
     };
     let mut clif_parts: Vec<(String, cranelift_codegen::ir::Function)> = Vec::new();
     let mut ids = Vec::with_capacity(functions.len());
-    let mut ops_per_element: Option<f64> = None;
+    let mut cost = Cost::default();
     let mut code_bytes = 0;
     for &(k, phase) in &functions {
         let name = format!("{}{}", k.name, phase.suffix());
@@ -291,12 +291,9 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
         .map_err(cranelift)?;
         // The text names imports only by id; a comment legend says which function each is.
         let mut legend = String::new();
-        // Calls into the shared math cost their callee's instructions (`cost`).
-        let callee_ops: std::collections::HashMap<u32, usize> = imports
+        let names: std::collections::HashMap<u32, &'static str> = imports
             .iter()
-            .filter_map(|&(name, id)| {
-                crate::shared_math::ops_of(name).map(|ops| (id.as_u32(), ops))
-            })
+            .map(|&(name, id)| (id.as_u32(), name))
             .collect();
         for (name, id) in imports {
             legend.push_str(&format!("; u0:{} = {name}\n", id.as_u32()));
@@ -311,8 +308,13 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
         // `ctx.func` is now the optimised function. A split kernel's combine phases
         // loop over partials, not elements.
         if layout.is_none() || phase.per_chunk() {
-            if let Some(ops) = crate::cost::ops_per_element(&ctx.func, &callee_ops) {
-                *ops_per_element.get_or_insert(0.0) += ops;
+            if let Some(c) = crate::cost::ops_per_element(&ctx.func) {
+                cost.ops = Some(cost.ops.unwrap_or(0.0) + c.ops);
+                cost.calls.extend(
+                    c.calls
+                        .iter()
+                        .filter_map(|&(id, n)| Some((*names.get(&id)?, n))),
+                );
             }
         }
         // cranelift-jit maps each function that does not fit the rest of the last
@@ -323,20 +325,16 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
         ids.push(id);
     }
     if let Some(plan) = &block_plan {
-        // A wide op counts what its 128-bit code executes per element (the shared
-        // f32x4 copy's instructions over its four lanes): the work is the same, done
-        // wider. The conversions of half loads and stores are not counted.
-        crate::shared_math::symbols_for(kernel).map_err(cranelift)?;
-        for step in &plan.steps {
-            if let blocks::Step::Unary { op, .. } = step {
-                let ops =
-                    crate::shared_math::compiled_symbol(*op, cranelift_codegen::ir::types::F32X4)
-                        .and_then(crate::shared_math::ops_of);
-                if let Some(ops) = ops {
-                    *ops_per_element.get_or_insert(0.0) += ops as f64 / 4.0;
-                }
-            }
-        }
+        cost.narrow = plan
+            .steps
+            .iter()
+            .filter_map(|step| match *step {
+                blocks::Step::Unary { op, .. } => Some(Narrow::Unary(op)),
+                blocks::Step::Load { dtype, .. } => Some(Narrow::Load(dtype)),
+                blocks::Step::Store { dtype, .. } => Some(Narrow::Store(dtype)),
+                blocks::Step::Segment { .. } => None,
+            })
+            .collect();
     }
     module
         .finalize_definitions()
@@ -398,10 +396,122 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
         extent,
         stages,
         scratch_slots,
-        ops_per_element,
+        cost,
         code_bytes,
         _code: Mutex::new(code),
     })
+}
+
+/// What a kernel executes per element, as [`CompiledKernel::ops_per_element`] reports
+/// it: counted at compile time without the callees, which are added on first ask
+/// (counting a shared function may compile its Cranelift version, which a kernel
+/// that never reports its cost should not pay for).
+#[derive(Debug, Default)]
+struct Cost {
+    /// The counted loops' own instructions per element.
+    ops: Option<f64>,
+    /// Calls per element of each shared function.
+    calls: Vec<(&'static str, f64)>,
+    /// A kernel on the wide path: what each wide step does, counted as the 128-bit
+    /// code that would do it.
+    narrow: Vec<Narrow>,
+    total: OnceLock<Option<f64>>,
+}
+
+impl Cost {
+    fn total(&self) -> Option<f64> {
+        let mut ops = self.ops?;
+        for &(name, n) in &self.calls {
+            ops += n * crate::shared_math::ops_of(name)? as f64;
+        }
+        for &n in &self.narrow {
+            ops += narrow_ops(n)?;
+        }
+        Some(ops)
+    }
+}
+
+/// A step of the wide path, as the 128-bit code does it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Narrow {
+    Unary(ndfuse_ir::UnaryOp),
+    Load(ndfuse_ir::DType),
+    Store(ndfuse_ir::DType),
+}
+
+/// Instructions per element of `step` in 128-bit code, once per process: the
+/// difference between kernels compiled whole with and without it (an op against a
+/// copy; half loads and stores against f32 ones, from copies and sums).
+fn narrow_ops(step: Narrow) -> Option<f64> {
+    use ndfuse_ir::{DType, Expr, Instr, Plan, Shape, Store, ValueId, View};
+    static DONE: OnceLock<Mutex<std::collections::HashMap<Narrow, Option<f64>>>> = OnceLock::new();
+    let done = DONE.get_or_init(Default::default);
+    if let Some(&hit) = done.lock().unwrap_or_else(|p| p.into_inner()).get(&step) {
+        return hit;
+    }
+    // Large enough for the inline math (smaller kernels call the shared copies).
+    let n = crate::shared_math::SHARED_MATH_BELOW;
+    // `out = op(x)` (a copy without op), or `out = x + y` with `add`.
+    let kernel = |d: DType, op: Option<ndfuse_ir::UnaryOp>, add: bool| {
+        let shape = Shape::new([n]);
+        let inputs = if add { 2 } else { 1 };
+        let mut body: Vec<Instr> = (0..inputs)
+            .map(|input| Instr {
+                dtype: d,
+                expr: Expr::Load {
+                    input,
+                    view: View::contiguous(shape.clone()),
+                },
+            })
+            .collect();
+        if let Some(op) = op {
+            body.push(Instr {
+                dtype: d,
+                expr: Expr::Unary(op, ValueId(0)),
+            });
+        }
+        if add {
+            body.push(Instr {
+                dtype: d,
+                expr: Expr::Binary(ndfuse_ir::BinaryOp::Add, ValueId(0), ValueId(1)),
+            });
+        }
+        let last = body.len() - 1;
+        Kernel {
+            name: "k_cost".into(),
+            domain: shape,
+            inputs: vec![Buffer { dtype: d, len: n }; inputs],
+            outputs: vec![Buffer { dtype: d, len: n }],
+            body,
+            stores: vec![Store {
+                value: ValueId(last as u32),
+                output: 0,
+            }],
+            reduce_axes: vec![],
+            plan: Plan::Elementwise,
+            plan_reason: "cost".into(),
+            contraction: None,
+        }
+    };
+    let count = |k: Kernel| compile_with(&k, None).ok()?.ops_per_element();
+    let copy = |d: DType| count(kernel(d, None, false));
+    let add = |d: DType| count(kernel(d, None, true));
+    // What a half load costs beyond an f32 load: (2 loads + add + store) - (1 load +
+    // store), in the half type less in f32.
+    let load = |d: DType| Some((add(d)? - copy(d)?) - (add(DType::F32)? - copy(DType::F32)?));
+    let ops = match step {
+        Narrow::Unary(op) => {
+            (|| Some(count(kernel(DType::F32, Some(op), false))? - copy(DType::F32)?))()
+        }
+        Narrow::Load(d) => load(d),
+        // A half copy is a half load and a half store.
+        Narrow::Store(d) => (|| Some(copy(d)? - copy(DType::F32)? - load(d)?))(),
+    };
+    let ops = ops.map(|o| o.max(0.0));
+    done.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(step, ops);
+    ops
 }
 
 /// `1 input`, `2 inputs`.
@@ -552,7 +662,7 @@ impl CompiledKernel {
     /// could be measured. See `cost.rs` for exactly what is counted; the compute floor
     /// of `ndfuse bench` is this times the domain's elements over a measured peak rate.
     pub fn ops_per_element(&self) -> Option<f64> {
-        self.ops_per_element
+        *self.cost.total.get_or_init(|| self.cost.total())
     }
 
     /// Bytes of executable memory the kernel's machine code occupies: each function's

@@ -279,3 +279,30 @@ fn timing() {
         println!("{line}");
     }
 }
+
+#[test]
+fn the_wide_path_counts_the_operations_the_128_bit_code_would_run() {
+    // A wide op or conversion counts as the 128-bit code that would do it, so the
+    // count of a kernel is about the same on either path (its segments add the loads
+    // and stores of scratch slots).
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let k = gelu(dtype);
+        let whole = compile_with(&k, None).expect("compiles").ops_per_element();
+        let whole = whole.expect("counted");
+        for tier in tiers() {
+            let wide = compile_with(&k, Some(tier))
+                .expect("compiles")
+                .ops_per_element();
+            let wide = wide.expect("counted");
+            eprintln!(
+                "gelu {dtype}: {whole:.1} ops/elem whole, {wide:.1} on {}",
+                tier.name()
+            );
+            assert!(
+                wide >= 0.8 * whole && wide <= 1.6 * whole,
+                "gelu {dtype}: {wide} ops/elem on {} against {whole} whole",
+                tier.name()
+            );
+        }
+    }
+}
