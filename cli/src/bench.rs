@@ -48,7 +48,7 @@ pub fn run(a: &BenchArgs) -> Result<(), Failure> {
         }
         match e {
             Event::MeasuringBandwidth { array_bytes } => eprintln!(
-                "ndfuse bench: measuring memory bandwidth (copy and triad over 3 x {} MiB)",
+                "ndfuse bench: measuring memory bandwidth (copy and triad over 3 x {} MiB, then a read-only sweep) and the compute probes",
                 array_bytes >> 20
             ),
             Event::Bandwidth(bw) => eprintln!(
