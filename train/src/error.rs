@@ -55,6 +55,25 @@ pub enum Error {
         /// The bound waited.
         seconds: f64,
     },
+    /// A collective across ranks failed because ranks are gone: the launcher reported
+    /// that a process of the run ended, or MPI returned an error. The ranks named did not
+    /// arrive at this collective. The run cannot go on.
+    #[error(
+        "rank {rank}: {what} (collective #{sequence}) failed: {} ({why})",
+        lost_ranks(lost)
+    )]
+    RankLost {
+        /// This process's rank.
+        rank: usize,
+        /// The collective.
+        what: &'static str,
+        /// Its sequence number (collectives called so far, from 0).
+        sequence: u64,
+        /// The ranks that did not arrive.
+        lost: Vec<usize>,
+        /// What reported the loss: the launcher's notice, or MPI's error message.
+        why: String,
+    },
     /// A bad argument: what was asked and why it cannot be done.
     #[error("{what}: {why}")]
     Argument {
@@ -71,6 +90,15 @@ fn missing_ranks(missing: &[usize]) -> String {
         [] => "every rank arrived but the reduction did not finish".into(),
         [r] => format!("rank {r} did not arrive (dead or hung)"),
         rs => format!("ranks {rs:?} did not arrive (dead or hung)"),
+    }
+}
+
+/// "rank 2 died or is unreachable", or why no rank could be named.
+fn lost_ranks(lost: &[usize]) -> String {
+    match lost {
+        [] => "every rank arrived at this collective, so the one that ended cannot be named".into(),
+        [r] => format!("rank {r} died or is unreachable"),
+        rs => format!("ranks {rs:?} died or are unreachable"),
     }
 }
 

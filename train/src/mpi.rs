@@ -13,18 +13,29 @@
 //! may still write into them) and MPI is not finalised on drop (finalising would wait
 //! for the dead peer): the process is expected to report the error and end the run
 //! with [`MpiRanks::abort`] (a hung rank is ended with it).
+//!
+//! A rank that dies: under MPICH's `mpiexec -disable-auto-cleanup` the launcher keeps the
+//! other ranks running and sends them SIGUSR1 (its notice that a process of the run
+//! ended; the default action of SIGUSR1 would end them silently). [`MpiRanks::init`]
+//! installs a handler that records the notice; a collective then fails at its deadline
+//! with [`Error::RankLost`] naming the ranks that did not arrive (MPICH's ch4:ucx does not
+//! fail the pending requests on its own: they stay pending). Errors MPI returns (the
+//! communicator's handler is `MPI_ERRORS_RETURN`) end the collective at once, also as
+//! [`Error::RankLost`], with MPI's message.
 
 use crate::error::{Error, Result};
 use crate::ranks::Ranks;
 use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use mpi::environment::Universe;
 use mpi::point_to_point::{Destination, Source};
+use mpi::raw::AsRaw;
 use mpi::request::{Request, Scope};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::Threading;
 use ndfuse::{Array, DType};
-use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::mem::{ManuallyDrop, MaybeUninit};
+use std::os::raw::c_int;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -37,6 +48,37 @@ const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
 
 /// The default bucket: at most 4 MiB reduced by one MPI call.
 const DEFAULT_BUCKET_BYTES: usize = 4 << 20;
+
+/// How many times the launcher has signalled that a process of the run ended (MPICH's
+/// hydra sends SIGUSR1 to the remaining processes under `-disable-auto-cleanup`).
+static ENDED_NOTICES: AtomicU64 = AtomicU64::new(0);
+
+/// SIGUSR1's number where the launcher's notice is caught: 10 on Linux but for MIPS and
+/// SPARC; elsewhere no handler is installed (and a launcher that signals the survivors
+/// ends them).
+const SIGUSR1: Option<c_int> = if cfg!(all(
+    target_os = "linux",
+    not(any(
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "sparc64"
+    ))
+)) {
+    Some(10)
+} else {
+    None
+};
+
+extern "C" {
+    /// C's `signal` (glibc: BSD semantics, the handler stays installed and interrupted
+    /// calls restart).
+    fn signal(signum: c_int, handler: extern "C" fn(c_int)) -> usize;
+}
+
+/// Records the launcher's notice; only an atomic add (async-signal-safe).
+extern "C" fn on_ended_notice(_: c_int) {
+    ENDED_NOTICES.fetch_add(1, Ordering::SeqCst);
+}
 
 /// The processes of an `mpiexec` run as [`Ranks`] of a [`crate::ParallelWrapper`].
 ///
@@ -96,14 +138,21 @@ impl MpiRanks {
         let (universe, _) = mpi::initialize_with_threading(Threading::Serialized)
             .ok_or_else(|| refuse("MPI is already initialised in this process".into()))?;
         let world = universe.world();
-        // Errors are returned rather than fatal, so a broken connection to a dead peer
-        // leaves the request pending and the deadline names the peer.
+        // Errors are returned rather than fatal: a collective that MPI fails is reported
+        // with the ranks that did not arrive, and one it leaves pending is bounded by the
+        // deadline.
         // SAFETY: MPI is initialised (above) and both handles are MPI's own constants.
         unsafe {
             mpi::ffi::MPI_Comm_set_errhandler(
                 mpi::ffi::RSMPI_COMM_WORLD,
                 mpi::ffi::RSMPI_ERRORS_RETURN,
             );
+        }
+        if let Some(sigusr1) = SIGUSR1 {
+            // After MPI_Init, so that this handler is the one in place.
+            // SAFETY: the handler only adds to an atomic, which is async-signal-safe; the
+            // signal number is SIGUSR1's on this target.
+            unsafe { signal(sigusr1, on_ended_notice) };
         }
         let (rank, size) = (world.rank() as usize, world.size() as usize);
         let local = world.split_shared(0).size() as usize;
@@ -228,17 +277,31 @@ impl MpiRanks {
             }
             let mut spins = 0u32;
             loop {
-                let mut done = advance(&mut sends);
-                done &= advance(&mut f32s);
-                done &= advance(&mut f64s);
-                done &= advance(&mut u64s);
-                for (_, r) in &mut arrivals {
-                    done &= advance(std::slice::from_mut(r));
+                let mut progress = Ok(true);
+                for step in [
+                    advance(&mut sends),
+                    advance(&mut f32s),
+                    advance(&mut f64s),
+                    advance(&mut u64s),
+                ]
+                .into_iter()
+                .chain(
+                    arrivals
+                        .iter_mut()
+                        .map(|(_, r)| advance(std::slice::from_mut(r))),
+                ) {
+                    progress = match (progress, step) {
+                        (Err(e), _) | (_, Err(e)) => Err(e),
+                        (Ok(a), Ok(b)) => Ok(a && b),
+                    };
                 }
-                if done {
-                    return Ok(());
-                }
-                if start.elapsed() >= self.deadline {
+                let failed = match progress {
+                    Ok(true) => return Ok(()),
+                    Ok(false) if start.elapsed() < self.deadline => None,
+                    Ok(false) => Some(Failure::Deadline),
+                    Err(code) => Some(Failure::Mpi(code)),
+                };
+                if let Some(failure) = failed {
                     let missing: Vec<usize> = arrivals
                         .iter()
                         .filter(|(_, r)| r.is_some())
@@ -251,7 +314,7 @@ impl MpiRanks {
                     for (_, r) in &mut arrivals {
                         abandon(std::slice::from_mut(r));
                     }
-                    return Err(missing);
+                    return Err((failure, missing));
                 }
                 // MPI progresses only inside its calls: poll eagerly at first, then
                 // give the cores to the ranks still computing (a machine may run more
@@ -273,13 +336,28 @@ impl MpiRanks {
                 }
                 Ok(recv)
             }
-            Err(missing) => {
+            Err((failure, missing)) => {
                 // MPI may still write into these buffers: they must outlive the
                 // abandoned requests, so they are never freed.
                 std::mem::forget(send);
                 std::mem::forget(recv);
                 std::mem::forget(arrived);
-                Err(self.fail(what, seq, missing))
+                Err(match failure {
+                    Failure::Mpi(code) => {
+                        self.lost(what, seq, missing, format!("MPI: {}", mpi_message(code)))
+                    }
+                    Failure::Deadline if ENDED_NOTICES.load(Ordering::SeqCst) > 0 => self.lost(
+                        what,
+                        seq,
+                        missing,
+                        format!(
+                            "the launcher reported that a process of the run ended, and the \
+                             collective did not complete within {} s",
+                            self.deadline.as_secs_f64()
+                        ),
+                    ),
+                    Failure::Deadline => self.fail(what, seq, missing),
+                })
             }
         }
     }
@@ -294,13 +372,48 @@ impl MpiRanks {
             seconds: self.deadline.as_secs_f64(),
         }
     }
+
+    fn lost(&self, what: &'static str, sequence: u64, lost: Vec<usize>, why: String) -> Error {
+        self.failed.store(true, Ordering::SeqCst);
+        Error::RankLost {
+            rank: self.rank,
+            what,
+            sequence,
+            lost,
+            why,
+        }
+    }
+}
+
+/// Why a collective was given up.
+#[derive(Debug, Clone, Copy)]
+enum Failure {
+    /// The deadline passed with requests still pending.
+    Deadline,
+    /// MPI returned this error code from a test of a request.
+    Mpi(c_int),
+}
+
+/// MPI's text for an error code.
+fn mpi_message(code: c_int) -> String {
+    let mut text = vec![0u8; mpi::ffi::MPI_MAX_ERROR_STRING as usize + 1];
+    let mut len: c_int = 0;
+    // SAFETY: the buffer holds MPI_MAX_ERROR_STRING characters and the terminator, as
+    // MPI_Error_string requires; `len` receives the length written.
+    let rc = unsafe { mpi::ffi::MPI_Error_string(code, text.as_mut_ptr().cast(), &mut len) };
+    if rc != mpi::ffi::MPI_SUCCESS as c_int {
+        return format!("error code {code}");
+    }
+    text.truncate(len.clamp(0, mpi::ffi::MPI_MAX_ERROR_STRING as c_int) as usize);
+    format!("{} (code {code})", String::from_utf8_lossy(&text).trim())
 }
 
 impl Drop for MpiRanks {
     fn drop(&mut self) {
-        if !self.failed.load(Ordering::SeqCst) {
-            // SAFETY: dropped once, here; after a failure it is left alone instead,
-            // because MPI_Finalize would wait for the dead peer.
+        if !self.failed.load(Ordering::SeqCst) && ENDED_NOTICES.load(Ordering::SeqCst) == 0 {
+            // SAFETY: dropped once, here; after a failure, or once the launcher has
+            // reported that a process ended, it is left alone instead, because
+            // MPI_Finalize would wait for the dead peer.
             unsafe { ManuallyDrop::drop(&mut self.universe) };
         }
     }
@@ -316,18 +429,35 @@ struct Parts {
     u64_max: Vec<u64>,
 }
 
-/// Tests each pending request once; true when none is left.
-fn advance<'a, D: ?Sized, S: Scope<'a>>(requests: &mut [Option<Request<'a, D, S>>]) -> bool {
+/// Tests each pending request once (`MPI_Test`, its return code checked: rsmpi's `test`
+/// ignores it); true when none is left, `Err` with MPI's code when a test fails (the
+/// failed request stays pending, to be abandoned).
+fn advance<'a, D: ?Sized, S: Scope<'a>>(
+    requests: &mut [Option<Request<'a, D, S>>],
+) -> std::result::Result<bool, c_int> {
     let mut done = true;
     for slot in requests.iter_mut() {
-        if let Some(r) = slot.take() {
-            if let Err(r) = r.test() {
-                *slot = Some(r);
-                done = false;
-            }
+        let Some(r) = slot.take() else { continue };
+        let mut raw = r.as_raw();
+        let mut flag: c_int = 0;
+        let mut status = MaybeUninit::<mpi::ffi::MPI_Status>::uninit();
+        // SAFETY: `raw` is the handle of a live request (it is still owned by `r`), and
+        // `flag` and `status` are valid for MPI to write.
+        let rc = unsafe { mpi::ffi::MPI_Test(&mut raw, &mut flag, status.as_mut_ptr()) };
+        if rc != mpi::ffi::MPI_SUCCESS as c_int {
+            *slot = Some(r);
+            return Err(rc);
+        }
+        if flag != 0 {
+            // SAFETY: the request completed (MPI freed it); this only unregisters it
+            // from its scope.
+            let _ = unsafe { r.into_raw() };
+        } else {
+            *slot = Some(r);
+            done = false;
         }
     }
-    done
+    Ok(done)
 }
 
 /// Gives up pending requests without completing them (after a timeout).

@@ -8,8 +8,11 @@
 //! - identical parameters on every rank (each prints the hash of its parameter bits;
 //!   debug builds also run the wrapper's hash check after every step);
 //! - a rank that hangs mid-training makes the others exit non-zero within the bound
-//!   with an error naming it; one killed by a signal ends the run at once (MPICH's
-//!   launcher kills the others);
+//!   with an error naming it; one killed by a signal ends the run at once under a plain
+//!   `mpiexec` (MPICH's launcher kills the others); under `mpiexec
+//!   -disable-auto-cleanup` with each rank wrapped in a shell, a rank that aborts or is
+//!   SIGKILLed is named by the survivors within the deadline, the last checkpoint loads,
+//!   and a restart from it resumes;
 //! - resume: 3 epochs with a checkpoint, then a new run from it, equal bit for bit to
 //!   a straight run of 6 (same ranks, same reductions in the same order on the same
 //!   values; a checkpoint stores f32 bits exactly).
@@ -22,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Per-rank batch of the child program.
 const BATCH: usize = 8;
@@ -74,6 +77,10 @@ enum Fault {
     Hang,
     /// Dies of SIGABRT.
     Abort,
+    /// Dies of SIGKILL (sent to itself with `kill -KILL`).
+    Kill,
+    /// Exits with status 7 (no signal).
+    Exit,
 }
 
 /// MpiRanks whose process fails at its `at`-th gradient reduction (fault injection).
@@ -95,10 +102,23 @@ impl Ranks for Faulty {
         let call = self.calls.fetch_add(1, Ordering::SeqCst);
         match self.at {
             Some((at, fault)) if at == call => {
-                eprintln!("rank {} fails on purpose: {fault:?}", self.rank());
+                let ms = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis();
+                eprintln!(
+                    "rank {} fails on purpose: {fault:?} at {ms} ms",
+                    self.rank()
+                );
                 match fault {
                     Fault::Hang => std::thread::sleep(Duration::from_secs(3600)),
                     Fault::Abort => std::process::abort(),
+                    Fault::Kill => {
+                        let me = std::process::id().to_string();
+                        let _ = Command::new("kill").args(["-KILL", &me]).status();
+                        std::thread::sleep(Duration::from_secs(3600));
+                    }
+                    Fault::Exit => std::process::exit(7),
                 }
             }
             _ => {}
@@ -123,7 +143,9 @@ fn env(name: &str) -> Option<String> {
 /// The program every rank runs (only under `mpiexec`, with `MPICHECK_CHILD=1`):
 /// trains `MPICHECK_EPOCHS` epochs (from the checkpoint `MPICHECK_RESUME`, saving
 /// to `MPICHECK_SAVE` on rank 0), prints `hash RANK HEX` on every rank and the
-/// parameters on rank 0; `MPICHECK_ABORT=RANK:CALL:hang|abort` fails that rank.
+/// parameters on rank 0; `MPICHECK_ABORT=RANK:CALL:hang|abort|kill|exit` fails that
+/// rank at its CALL-th gradient reduction (from 0). With `MPICHECK_SAVE`, rank 0 saves
+/// after every epoch (as `train_digits --checkpoint` does).
 #[test]
 fn rank_program() {
     if env("MPICHECK_CHILD").is_none() {
@@ -131,7 +153,9 @@ fn rank_program() {
     }
     let ranks = Arc::new(MpiRanks::init().unwrap());
     if let Err(e) = child(Arc::clone(&ranks)) {
-        eprintln!("error on rank {}: {e}", ranks.rank());
+        // One write, so that ranks reporting at the same moment do not interleave.
+        let line = format!("error on rank {}: {e}\n", ranks.rank());
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         // Ends every rank, the hung one too (finalising would wait for it).
         ranks.abort(3);
     }
@@ -143,10 +167,16 @@ fn child(ranks: Arc<MpiRanks>) -> Result<(), Box<dyn std::error::Error>> {
     let at = match env("MPICHECK_ABORT") {
         Some(s) => {
             let mut words = s.split(':');
-            let mut next = || words.next().ok_or("MPICHECK_ABORT=RANK:CALL:hang|abort");
+            let mut next = || {
+                words
+                    .next()
+                    .ok_or("MPICHECK_ABORT=RANK:CALL:hang|abort|kill|exit")
+            };
             let (r, n, how) = (next()?.parse::<usize>()?, next()?.parse::<u64>()?, next()?);
             let fault = match how {
                 "hang" => Fault::Hang,
+                "kill" => Fault::Kill,
+                "exit" => Fault::Exit,
                 _ => Fault::Abort,
             };
             (r == rank).then_some((n, fault))
@@ -176,14 +206,23 @@ fn child(ranks: Arc<MpiRanks>) -> Result<(), Box<dyn std::error::Error>> {
             calls: AtomicU64::new(0),
         }))
         .build()?;
-    pw.run(&data, first..epochs)?;
+    match env("MPICHECK_SAVE") {
+        Some(path) => {
+            for epoch in first..epochs {
+                pw.run(&data, epoch..epoch + 1)?;
+                if rank == 0 {
+                    pw.trainer().save(Path::new(&path))?;
+                }
+            }
+        }
+        None => {
+            pw.run(&data, first..epochs)?;
+        }
+    }
     let params = values(pw.trainer());
     // On a line of its own: libtest has printed "test rank_program ... " before.
     println!("\nhash {rank} {:016x}", hash(&params));
     if rank == 0 {
-        if let Some(path) = env("MPICHECK_SAVE") {
-            pw.trainer().save(Path::new(&path))?;
-        }
         for (i, p) in params.iter().enumerate() {
             let bits: Vec<String> = p.iter().map(|v| format!("{:08x}", v.to_bits())).collect();
             println!("param {i} {}", bits.join(" "));
@@ -192,12 +231,38 @@ fn child(ranks: Arc<MpiRanks>) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// How `mpiexec` starts the ranks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Launch {
+    /// `mpiexec -n N prog`: the launcher ends every rank when one fails.
+    Plain,
+    /// `mpiexec -disable-auto-cleanup -n N prog`: the others keep running when a rank
+    /// exits, but MPICH 4.0.2's proxy still SIGKILLs the ranks on its machine when one is
+    /// killed by a signal.
+    NoCleanup,
+    /// As `NoCleanup`, each rank under `sh -c 'trap "" USR1; "$@"; exit $?'`: the
+    /// launcher sees a rank killed by a signal as the shell's exit status, so nothing is
+    /// killed; the shell ignores the launcher's SIGUSR1 (the rank handles it).
+    NoCleanupWrapped,
+}
+
 /// Runs the child program on `n` ranks with `vars`, killed and failed after `bound`.
 fn mpiexec(n: usize, vars: &[(&str, String)], bound: Duration) -> Output {
+    mpiexec_launched(Launch::Plain, n, vars, bound)
+}
+
+/// [`mpiexec`], launched as `launch` says.
+fn mpiexec_launched(launch: Launch, n: usize, vars: &[(&str, String)], bound: Duration) -> Output {
     let me = std::env::current_exe().unwrap();
     let mut cmd = Command::new("mpiexec");
-    cmd.args(["-n", &n.to_string()])
-        .arg(&me)
+    if launch != Launch::Plain {
+        cmd.arg("-disable-auto-cleanup");
+    }
+    cmd.args(["-n", &n.to_string()]);
+    if launch == Launch::NoCleanupWrapped {
+        cmd.args(["sh", "-c", r#"trap "" USR1; "$@"; exit $?"#, "rank"]);
+    }
+    cmd.arg(&me)
         .args([
             "--exact",
             "rank_program",
@@ -342,7 +407,8 @@ fn four_ranks_take_the_steps_of_one_process_of_four_times_the_batch_with_identic
 fn faulty_run(n: usize, victim: usize, fault: &str) -> String {
     let bound = Duration::from_secs(60);
     let start = Instant::now();
-    let out = mpiexec(
+    let out = mpiexec_launched(
+        Launch::Plain,
         n,
         &[
             ("MPICHECK_EPOCHS", "2".into()),
@@ -402,6 +468,129 @@ fn a_rank_killed_by_a_signal_ends_the_run_at_once() {
             "ended before any rank's 5 s deadline: {:?}",
             start.elapsed()
         );
+    }
+}
+
+/// The deadline of the fault tests (`NDFUSE_MPI_TIMEOUT_S`).
+const DEADLINE_S: u64 = 5;
+
+/// The bound from a rank's death to the end of the whole run: the survivors' deadline,
+/// plus 10 s for the launcher, the reports and a machine shared with other builds.
+const DEATH_BOUND: Duration = Duration::from_secs(DEADLINE_S + 10);
+
+/// When the victim said it fails (its `... at MS ms` line), as a time.
+fn death_time(text: &str, victim: usize) -> SystemTime {
+    let words = format!("rank {victim} fails on purpose: ");
+    let line = text
+        .lines()
+        .find_map(|l| l.find(&words).map(|i| &l[i + words.len()..]))
+        .unwrap_or_else(|| panic!("the victim said it fails; output: {text}"));
+    let ms: u64 = line
+        .split_whitespace()
+        .nth(2)
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("a time in {line:?}"));
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+/// A rank that dies mid-training is named by the survivors within the bound, when the
+/// run is launched so that the survivors outlive it: `mpiexec -disable-auto-cleanup`,
+/// and, for a rank killed by a signal (SIGABRT on 2 ranks, SIGKILL on 4), each rank
+/// wrapped in a shell (MPICH 4.0.2's proxy SIGKILLs every rank on its machine when one
+/// is killed by a signal, `-disable-auto-cleanup` or not; through the shell it sees an
+/// exit status instead). On 4 ranks a victim that exits (status 7, no signal) needs no
+/// wrapper. The launcher sends the survivors SIGUSR1; `MpiRanks` records it, and at the
+/// deadline every survivor fails with `Error::RankLost` naming the victim (it did not
+/// arrive). The first survivor to report ends the run with `MPI_Abort`, which may take
+/// the others before they print: at least one survivor's report is asserted, and how
+/// many reported is printed. Rank 0 saves a checkpoint after every epoch; the victim
+/// dies in the third epoch, so the checkpoint of the second loads, and a restart from
+/// it on every rank ends where a straight run does, bit for bit.
+#[test]
+fn a_rank_killed_by_a_signal_is_named_by_the_survivors() {
+    for (n, victim, fault, launch) in [
+        (2, 1, "abort", Launch::NoCleanupWrapped),
+        (4, 2, "kill", Launch::NoCleanupWrapped),
+        (4, 3, "exit", Launch::NoCleanup),
+    ] {
+        let per_epoch = SAMPLES / BATCH / n;
+        let dir = scratch(&format!("dies{n}{fault}"));
+        let ck = dir.join("latest.safetensors");
+        let out = mpiexec_launched(
+            launch,
+            n,
+            &[
+                ("MPICHECK_EPOCHS", "4".into()),
+                ("MPICHECK_SAVE", ck.display().to_string()),
+                (
+                    "MPICHECK_ABORT",
+                    format!("{victim}:{}:{fault}", 2 * per_epoch + 3),
+                ),
+                ("NDFUSE_MPI_TIMEOUT_S", DEADLINE_S.to_string()),
+            ],
+            Duration::from_secs(60),
+        );
+        let ended = SystemTime::now();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "the run failed; output: {text}");
+        let took = ended
+            .duration_since(death_time(&text, victim))
+            .unwrap_or_else(|e| panic!("the death precedes the end ({e}); output: {text}"));
+        assert!(
+            took < DEATH_BOUND,
+            "{n} ranks, rank {victim} {fault}: the run ended {took:?} after the death \
+             (bound {DEATH_BOUND:?}); output: {text}"
+        );
+        let lost = format!("rank {victim} died or is unreachable");
+        let reports: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("error on rank ") && l.contains(&lost))
+            .collect();
+        let named: Vec<usize> = (0..n)
+            .filter(|r| *r != victim)
+            .filter(|r| {
+                let me = format!("error on rank {r}: rank {r}: ");
+                reports.iter().any(|l| l.contains(&me))
+            })
+            .collect();
+        assert!(
+            !named.is_empty(),
+            "a survivor names rank {victim}; output: {text}"
+        );
+        eprintln!(
+            "{n} ranks, rank {victim} {fault}: the run ended {took:?} after the death; \
+             survivors {named:?} reported: {}",
+            reports[0]
+        );
+        // The last checkpoint written before the death: after the second epoch.
+        let mut saved = sgd_trainer();
+        if let Err(e) = saved.load(&ck) {
+            panic!("the last checkpoint loads: {e}; output: {text}");
+        }
+        assert_eq!(
+            saved.optimizer().steps(),
+            2 * per_epoch as u64,
+            "saved after two epochs; output: {text}"
+        );
+        if fault == "exit" {
+            // The restart is shown by the two signal cases.
+            let _ = std::fs::remove_dir_all(&dir);
+            continue;
+        }
+        let resumed = mpiexec(
+            n,
+            &[
+                ("MPICHECK_EPOCHS", "4".into()),
+                ("MPICHECK_RESUME", ck.display().to_string()),
+            ],
+            BOUND,
+        );
+        let (h_resumed, _) = parse(&resumed, n);
+        let straight = mpiexec(n, &[("MPICHECK_EPOCHS", "4".into())], BOUND);
+        let (h_straight, _) = parse(&straight, n);
+        assert_eq!(h_resumed, h_straight, "{n} ranks: restarted vs straight");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
