@@ -64,11 +64,25 @@ const ERF_LARGE: [f64; 11] = [
     -3.834_714_563e-8,
 ];
 
-routines!(Exp, exp, exp_avx512, exp_avx2);
-routines!(Expm1, expm1, expm1_avx512, expm1_avx2);
-routines!(Tanh, tanh, tanh_avx512, tanh_avx2);
-routines!(Sigmoid, sigmoid, sigmoid_avx512, sigmoid_avx2);
-routines!(Erf, erf, erf_avx512, erf_avx2);
+routines!(Exp, exp, exp_avx512, exp_avx2, exp_f32x4, exp_f32);
+routines!(
+    Expm1,
+    expm1,
+    expm1_avx512,
+    expm1_avx2,
+    expm1_f32x4,
+    expm1_f32
+);
+routines!(Tanh, tanh, tanh_avx512, tanh_avx2, tanh_f32x4, tanh_f32);
+routines!(
+    Sigmoid,
+    sigmoid,
+    sigmoid_avx512,
+    sigmoid_avx2,
+    sigmoid_f32x4,
+    sigmoid_f32
+);
+routines!(Erf, erf, erf_avx512, erf_avx2, erf_f32x4, erf_f32);
 
 /// exp's reduction (`Math::exp_reduce`): `(n, em)`, x = n·ln2 + r, em = e^r - 1.
 #[inline(always)]

@@ -4,7 +4,10 @@
 //! which only exists where the host has the tier's features: [`Avx512::new`] and
 //! [`Avx2::new`] detect them at run time, and [`Avx512::assume`] / [`Avx2::assume`]
 //! are for the routines whose own `#[target_feature]` contract already guarantees
-//! them. So every method takes the token and is safe to call; the intrinsics it uses
+//! them. A third token, [`Xmm`], runs the same algorithms on one 128-bit register:
+//! the precompiled shared math that small kernels call per `f32x4` and per scalar
+//! (`shared_math`), compiled with AVX2 and FMA like the AVX2 tier, so it exists only
+//! where a wide tier does. So every method takes the token and is safe to call; the intrinsics it uses
 //! are sound because the token exists. The methods are `#[inline(always)]` and carry
 //! no `#[target_feature]` themselves: inlined into a routine compiled for the tier,
 //! they become its instructions.
@@ -43,6 +46,8 @@ pub(super) trait Lanes: Copy {
     unsafe fn store(self, p: *mut f32, v: Self::F);
 
     fn splat(self, v: f32) -> Self::F;
+    /// Lane 0.
+    fn first(self, v: Self::F) -> f32;
     fn add(self, a: Self::F, b: Self::F) -> Self::F;
     fn sub(self, a: Self::F, b: Self::F) -> Self::F;
     fn mul(self, a: Self::F, b: Self::F) -> Self::F;
@@ -176,9 +181,12 @@ pub(super) unsafe fn map<L: Lanes, O: Op>(l: L, src: *const f32, dst: *mut f32, 
 
 /// Defines the two routines of one op, `$avx512` and `$avx2`, as `UnaryFn`s running
 /// the generic `$f` (a `fn(L, L::F) -> L::F`) on each tier's registers, through the
-/// [`Op`] `$op`.
+/// [`Op`] `$op`; and its shared math on 128 bits (an [`Xmm`] register): `$x4`, one
+/// `f32x4` in and out, and `$x1`, one `f32` (splat, computed, lane 0), with the C ABI
+/// of the Cranelift functions they replace (`(f32x4) -> f32x4` and `(f32) -> f32`,
+/// both in `xmm0` under System V).
 macro_rules! routines {
-    ($op:ident, $f:ident, $avx512:ident, $avx2:ident) => {
+    ($op:ident, $f:ident, $avx512:ident, $avx2:ident, $x4:ident, $x1:ident) => {
         #[doc = concat!("`", stringify!($f), "` as an [`Op`](super::lanes::Op).")]
         #[derive(Debug)]
         struct $op;
@@ -205,12 +213,34 @@ macro_rules! routines {
             // SAFETY: as for the AVX-512 routine, with AVX2's features.
             unsafe { super::lanes::map::<_, $op>(super::lanes::Avx2::assume(), src, dst, n) }
         }
+
+        // `__m128` is C's type of the same name: System V passes it in `xmm0` both
+        // ways, as Cranelift passes an `f32x4` (the lint knows no SIMD types).
+        #[allow(improper_ctypes_definitions)]
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        pub(super) unsafe extern "C" fn $x4(
+            x: std::arch::x86_64::__m128,
+        ) -> std::arch::x86_64::__m128 {
+            // SAFETY: a `SharedX4Fn`'s contract: the caller checked that the host has
+            // AVX2 and FMA (the token's requirement).
+            $f(unsafe { super::lanes::Xmm::assume() }, x)
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        pub(super) unsafe extern "C" fn $x1(x: f32) -> f32 {
+            // SAFETY: a `SharedX1Fn`'s contract: the caller checked that the host has
+            // AVX2 and FMA (the token's requirement).
+            let l = unsafe { super::lanes::Xmm::assume() };
+            super::lanes::Lanes::first(l, $f(l, super::lanes::Lanes::splat(l, x)))
+        }
     };
 }
 pub(super) use routines;
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{Avx2, Avx512};
+pub(super) use x86::{Avx2, Avx512, Xmm};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -246,6 +276,29 @@ mod x86 {
                 "AVX-512 routine on a host without it"
             );
             Avx512(())
+        }
+    }
+
+    /// Proof that the host has AVX2 and FMA, for the 128-bit registers of the shared
+    /// math (the SSE4.1 and AVX instructions it uses come with them).
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Xmm(());
+
+    impl Xmm {
+        /// The token, where the host has the features (detected at run time).
+        pub(crate) fn new() -> Option<Self> {
+            let has = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            has.then_some(Xmm(()))
+        }
+
+        /// The token without detection.
+        ///
+        /// # Safety
+        /// The host must have AVX2 and FMA.
+        #[inline(always)]
+        pub(crate) unsafe fn assume() -> Self {
+            debug_assert!(Self::new().is_some(), "AVX2 routine on a host without it");
+            Xmm(())
         }
     }
 
@@ -294,6 +347,11 @@ mod x86 {
         fn splat(self, v: f32) -> __m512 {
             // SAFETY: the token proves AVX-512F.
             unsafe { _mm512_set1_ps(v) }
+        }
+        #[inline(always)]
+        fn first(self, v: __m512) -> f32 {
+            // SAFETY: the token proves AVX-512F.
+            unsafe { _mm512_cvtss_f32(v) }
         }
         #[inline(always)]
         fn add(self, a: __m512, b: __m512) -> __m512 {
@@ -440,6 +498,11 @@ mod x86 {
             unsafe { _mm256_set1_ps(v) }
         }
         #[inline(always)]
+        fn first(self, v: __m256) -> f32 {
+            // SAFETY: the token proves AVX2.
+            unsafe { _mm256_cvtss_f32(v) }
+        }
+        #[inline(always)]
         fn add(self, a: __m256, b: __m256) -> __m256 {
             // SAFETY: the token proves AVX2.
             unsafe { _mm256_add_ps(a, b) }
@@ -558,6 +621,157 @@ mod x86 {
         fn srl(self, a: __m256i, n: i32) -> __m256i {
             // SAFETY: the token proves AVX2.
             unsafe { _mm256_srl_epi32(a, _mm_cvtsi32_si128(n)) }
+        }
+    }
+
+    impl Lanes for Xmm {
+        const LANES: usize = 4;
+        type F = __m128;
+        type I = __m128i;
+        /// All-ones or all-zeros lanes, as `cmpps` gives them.
+        type M = __m128;
+
+        #[inline(always)]
+        unsafe fn load(self, p: *const f32) -> __m128 {
+            // SAFETY: the token (features); the caller (4 readable f32 at p).
+            unsafe { _mm_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32, v: __m128) {
+            // SAFETY: the token (features); the caller (4 writable f32 at p).
+            unsafe { _mm_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        fn splat(self, v: f32) -> __m128 {
+            // SAFETY: SSE, which x86-64 always has.
+            unsafe { _mm_set1_ps(v) }
+        }
+        #[inline(always)]
+        fn first(self, v: __m128) -> f32 {
+            // SAFETY: SSE, which x86-64 always has.
+            unsafe { _mm_cvtss_f32(v) }
+        }
+        #[inline(always)]
+        fn add(self, a: __m128, b: __m128) -> __m128 {
+            // SAFETY: SSE, which x86-64 always has.
+            unsafe { _mm_add_ps(a, b) }
+        }
+        #[inline(always)]
+        fn sub(self, a: __m128, b: __m128) -> __m128 {
+            // SAFETY: SSE, which x86-64 always has.
+            unsafe { _mm_sub_ps(a, b) }
+        }
+        #[inline(always)]
+        fn mul(self, a: __m128, b: __m128) -> __m128 {
+            // SAFETY: SSE, which x86-64 always has.
+            unsafe { _mm_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        fn div(self, a: __m128, b: __m128) -> __m128 {
+            // SAFETY: SSE, which x86-64 always has.
+            unsafe { _mm_div_ps(a, b) }
+        }
+        #[inline(always)]
+        fn fma(self, a: __m128, b: __m128, c: __m128) -> __m128 {
+            // SAFETY: the token proves FMA.
+            unsafe { _mm_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        fn abs(self, a: __m128) -> __m128 {
+            self.float(self.and(self.bits(a), self.isplat(i32::MAX)))
+        }
+        #[inline(always)]
+        fn neg(self, a: __m128) -> __m128 {
+            // SAFETY: SSE2, which x86-64 always has.
+            self.float(unsafe { _mm_xor_si128(self.bits(a), self.isplat(i32::MIN)) })
+        }
+        #[inline(always)]
+        fn lt(self, a: __m128, b: __m128) -> __m128 {
+            // SAFETY: the token proves AVX2 (and so AVX's vcmpps).
+            unsafe { _mm_cmp_ps::<_CMP_LT_OQ>(a, b) }
+        }
+        #[inline(always)]
+        fn ge(self, a: __m128, b: __m128) -> __m128 {
+            // SAFETY: the token proves AVX2 (and so AVX's vcmpps).
+            unsafe { _mm_cmp_ps::<_CMP_GE_OQ>(a, b) }
+        }
+        #[inline(always)]
+        fn eq(self, a: __m128, b: __m128) -> __m128 {
+            // SAFETY: the token proves AVX2 (and so AVX's vcmpps).
+            unsafe { _mm_cmp_ps::<_CMP_EQ_OQ>(a, b) }
+        }
+        #[inline(always)]
+        fn sel(self, m: __m128, a: __m128, b: __m128) -> __m128 {
+            // SAFETY: the token proves AVX2 (and so SSE4.1's blendvps; it takes the
+            // second operand where the mask's sign bit is set; compare masks are
+            // whole lanes).
+            unsafe { _mm_blendv_ps(b, a, m) }
+        }
+        #[inline(always)]
+        fn all(self, m: __m128) -> bool {
+            // SAFETY: SSE, which x86-64 always has.
+            unsafe { _mm_movemask_ps(m) == 0xF }
+        }
+        #[inline(always)]
+        fn bits(self, a: __m128) -> __m128i {
+            // SAFETY: SSE2, which x86-64 always has (a bit cast, no instruction).
+            unsafe { _mm_castps_si128(a) }
+        }
+        #[inline(always)]
+        fn float(self, i: __m128i) -> __m128 {
+            // SAFETY: SSE2, which x86-64 always has (a bit cast, no instruction).
+            unsafe { _mm_castsi128_ps(i) }
+        }
+        #[inline(always)]
+        fn to_float(self, i: __m128i) -> __m128 {
+            // SAFETY: SSE2, which x86-64 always has; rounds by MXCSR (to nearest), as
+            // Cranelift's cvtdq2ps does.
+            unsafe { _mm_cvtepi32_ps(i) }
+        }
+        #[inline(always)]
+        fn isplat(self, v: i32) -> __m128i {
+            // SAFETY: SSE2, which x86-64 always has.
+            unsafe { _mm_set1_epi32(v) }
+        }
+        #[inline(always)]
+        fn iadd(self, a: __m128i, b: __m128i) -> __m128i {
+            // SAFETY: SSE2, which x86-64 always has.
+            unsafe { _mm_add_epi32(a, b) }
+        }
+        #[inline(always)]
+        fn isub(self, a: __m128i, b: __m128i) -> __m128i {
+            // SAFETY: SSE2, which x86-64 always has.
+            unsafe { _mm_sub_epi32(a, b) }
+        }
+        #[inline(always)]
+        fn and(self, a: __m128i, b: __m128i) -> __m128i {
+            // SAFETY: SSE2, which x86-64 always has.
+            unsafe { _mm_and_si128(a, b) }
+        }
+        #[inline(always)]
+        fn or(self, a: __m128i, b: __m128i) -> __m128i {
+            // SAFETY: SSE2, which x86-64 always has.
+            unsafe { _mm_or_si128(a, b) }
+        }
+        #[inline(always)]
+        fn imin(self, a: __m128i, b: __m128i) -> __m128i {
+            // SAFETY: the token proves AVX2 (and so SSE4.1's pminsd).
+            unsafe { _mm_min_epi32(a, b) }
+        }
+        #[inline(always)]
+        fn shl(self, a: __m128i, n: i32) -> __m128i {
+            // SAFETY: SSE2, which x86-64 always has.
+            unsafe { _mm_sll_epi32(a, _mm_cvtsi32_si128(n)) }
+        }
+        #[inline(always)]
+        fn sra(self, a: __m128i, n: i32) -> __m128i {
+            // SAFETY: SSE2, which x86-64 always has.
+            unsafe { _mm_sra_epi32(a, _mm_cvtsi32_si128(n)) }
+        }
+        #[inline(always)]
+        fn srl(self, a: __m128i, n: i32) -> __m128i {
+            // SAFETY: SSE2, which x86-64 always has.
+            unsafe { _mm_srl_epi32(a, _mm_cvtsi32_si128(n)) }
         }
     }
 }

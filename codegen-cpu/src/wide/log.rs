@@ -26,8 +26,15 @@ const SUB_SCALE_LOG2: i32 = 25;
 /// Below this |x|, log1p(x) rounds to x (2^-24).
 const LOG1P_TINY: f64 = 5.960_464_477_539_063e-8;
 
-routines!(Log, log, log_avx512, log_avx2);
-routines!(Log1p, log1p, log1p_avx512, log1p_avx2);
+routines!(Log, log, log_avx512, log_avx2, log_f32x4, log_f32);
+routines!(
+    Log1p,
+    log1p,
+    log1p_avx512,
+    log1p_avx2,
+    log1p_f32x4,
+    log1p_f32
+);
 
 /// log(u) + c for u positive, normal and finite, `k_adj` taken off the exponent
 /// (`Math::log_core`).

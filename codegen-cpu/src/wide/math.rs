@@ -1,4 +1,5 @@
-//! Which wide routine computes which unary op (filled in by the exp and log files).
+//! Which wide routine computes which unary op (filled in by the exp and log files),
+//! and which precompiled 128-bit function is an op's shared math.
 
 use super::tier::{Tier, UnaryFn};
 use ndfuse_ir::UnaryOp;
@@ -25,6 +26,44 @@ pub(super) fn unary_fn(op: UnaryOp, tier: Tier) -> Option<UnaryFn> {
         Tier::Avx512 => avx512,
         Tier::Avx2 => avx2,
     })
+}
+
+/// The shared math of one op on one `f32x4` (C ABI: the register in and out in
+/// `xmm0`, as Cranelift's `(f32x4) -> f32x4` System V functions; the lint knows no
+/// SIMD types).
+#[allow(improper_ctypes_definitions)]
+#[cfg(target_arch = "x86_64")]
+pub(crate) type SharedX4Fn =
+    unsafe extern "C" fn(std::arch::x86_64::__m128) -> std::arch::x86_64::__m128;
+
+/// The shared math of one op on one `f32` (C ABI, as Cranelift's `(f32) -> f32`).
+pub(crate) type SharedX1Fn = unsafe extern "C" fn(f32) -> f32;
+
+/// The precompiled 128-bit shared math of `op` (`shared_math`): its `f32x4` and `f32`
+/// functions, the exp and log families' algorithms on one SSE register, where the
+/// host can run them (AVX2 and FMA, detected here). Safe to call on such a host: the
+/// functions read and write registers only.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn shared_fns(op: UnaryOp) -> Option<(SharedX4Fn, SharedX1Fn)> {
+    use super::{exp, log};
+    let fns: (SharedX4Fn, SharedX1Fn) = match op {
+        UnaryOp::Exp => (exp::exp_f32x4, exp::exp_f32),
+        UnaryOp::Expm1 => (exp::expm1_f32x4, exp::expm1_f32),
+        UnaryOp::Tanh => (exp::tanh_f32x4, exp::tanh_f32),
+        UnaryOp::Sigmoid => (exp::sigmoid_f32x4, exp::sigmoid_f32),
+        UnaryOp::Erf => (exp::erf_f32x4, exp::erf_f32),
+        UnaryOp::Log => (log::log_f32x4, log::log_f32),
+        UnaryOp::Log1p => (log::log1p_f32x4, log::log1p_f32),
+        _ => return None,
+    };
+    super::lanes::Xmm::new().map(|_| fns)
+}
+
+/// No precompiled shared math off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn shared_fns(op: UnaryOp) -> Option<((), SharedX1Fn)> {
+    let _ = op;
+    None
 }
 
 /// No wide routines off x86-64.
