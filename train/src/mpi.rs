@@ -207,8 +207,15 @@ impl MpiRanks {
 
     /// Ends every rank of the run (MPI_Abort: the launcher kills them all) with exit
     /// status `code`: what a rank does after it has reported a failed collective, so
-    /// that ranks hung or waiting elsewhere do not outlive the run.
+    /// that ranks hung or waiting elsewhere do not outlive the run. Standard output and
+    /// error are flushed and the launcher is given 200 ms to forward them first: the
+    /// launcher acts on the abort at once, and what this rank (or another survivor) has
+    /// just written could otherwise be lost with the run.
     pub fn abort(&self, code: i32) -> ! {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        std::thread::sleep(Duration::from_millis(200));
         self.world.abort(code)
     }
 

@@ -501,9 +501,10 @@ fn death_time(text: &str, victim: usize) -> SystemTime {
 /// exit status instead). On 4 ranks a victim that exits (status 7, no signal) needs no
 /// wrapper. The launcher sends the survivors SIGUSR1; `MpiRanks` records it, and at the
 /// deadline every survivor fails with `Error::RankLost` naming the victim (it did not
-/// arrive). The first survivor to report ends the run with `MPI_Abort`, which may take
-/// the others before they print: at least one survivor's report is asserted, and how
-/// many reported is printed. Rank 0 saves a checkpoint after every epoch; the victim
+/// arrive). The first survivor to report ends the run with `MpiRanks::abort`, which may
+/// take the others before they print (it waits 200 ms first, and they time out on the
+/// same collective at about the same moment, so in practice all of them print): at least
+/// one survivor's report is asserted, and which reported is printed. Rank 0 saves a checkpoint after every epoch; the victim
 /// dies in the third epoch, so the checkpoint of the second loads, and a restart from
 /// it on every rank ends where a straight run does, bit for bit.
 #[test]
