@@ -75,8 +75,8 @@ pub(crate) fn ops_of(name: &str) -> Option<usize> {
     let mut t = table().lock().unwrap_or_else(|p| p.into_inner());
     let (&(op, ty), shared) = t.iter_mut().find(|(_, s)| s.name == name)?;
     if shared.ops.is_none() {
-        // An error here is one `function` would have met first (the host ISA, the
-        // builder): the count is then unknown, as for a name that is not shared.
+        // Building it fails only where the host ISA cannot be built (then no kernel
+        // compiles either): the count is then unknown, as for a name not shared.
         shared.ops = count_ops(op, ty).ok();
     }
     shared.ops

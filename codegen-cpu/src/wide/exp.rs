@@ -1,4 +1,5 @@
-//! The exp family on wide registers: exp, expm1, tanh, sigmoid and erf.
+//! The exp family on wide registers (and on one 128-bit register, as the shared math
+//! of small kernels): exp, expm1, tanh, sigmoid and erf.
 //!
 //! Each function is `vmath/exp.rs`'s f32 code with fused multiply-adds, operation for
 //! operation (the same constants rounded to f32, the same order, the same fused

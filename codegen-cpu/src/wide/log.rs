@@ -1,4 +1,5 @@
-//! The log family on wide registers: log and log1p.
+//! The log family on wide registers (and on one 128-bit register, as the shared math
+//! of small kernels): log and log1p.
 //!
 //! `vmath/log.rs`'s f32 code with fused multiply-adds, operation for operation, so
 //! every lane gets the bits of the 128-bit inline code. The constants are copies of

@@ -37,6 +37,7 @@ pub(crate) type SharedX4Fn =
     unsafe extern "C" fn(std::arch::x86_64::__m128) -> std::arch::x86_64::__m128;
 
 /// The shared math of one op on one `f32` (C ABI, as Cranelift's `(f32) -> f32`).
+#[cfg(target_arch = "x86_64")]
 pub(crate) type SharedX1Fn = unsafe extern "C" fn(f32) -> f32;
 
 /// The precompiled 128-bit shared math of `op` (`shared_math`): its `f32x4` and `f32`
@@ -57,13 +58,6 @@ pub(crate) fn shared_fns(op: UnaryOp) -> Option<(SharedX4Fn, SharedX1Fn)> {
         _ => return None,
     };
     super::lanes::Xmm::new().map(|_| fns)
-}
-
-/// No precompiled shared math off x86-64.
-#[cfg(not(target_arch = "x86_64"))]
-pub(crate) fn shared_fns(op: UnaryOp) -> Option<((), SharedX1Fn)> {
-    let _ = op;
-    None
 }
 
 /// No wide routines off x86-64.
