@@ -17,9 +17,11 @@
 //! A rank that dies: under MPICH's `mpiexec -disable-auto-cleanup` the launcher keeps the
 //! other ranks running and sends them SIGUSR1 (its notice that a process of the run
 //! ended; the default action of SIGUSR1 would end them silently). [`MpiRanks::init`]
-//! installs a handler that records the notice; a collective then fails at its deadline
-//! with [`Error::RankLost`] naming the ranks that did not arrive (MPICH's ch4:ucx does not
-//! fail the pending requests on its own: they stay pending). Errors MPI returns (the
+//! installs a handler that records the notice; after it every rank holds a roll call
+//! (each sends every other its rank, once), and a collective that then fails at its
+//! deadline gives [`Error::RankLost`] naming the ranks not heard from, even one that died
+//! after reaching the collective (MPICH's ch4:ucx does not fail the pending requests on
+//! its own: they stay pending). Errors MPI returns (the
 //! communicator's handler is `MPI_ERRORS_RETURN`) end the collective at once, also as
 //! [`Error::RankLost`], with MPI's message.
 
@@ -100,6 +102,8 @@ pub struct MpiRanks {
     /// The sequence number of the next collective; the lock also serialises calls
     /// (MPI is initialised for serialised use).
     sequence: Mutex<u64>,
+    /// The roll call after the launcher's notice (used under the `sequence` lock).
+    roll_call: Mutex<Option<RollCall>>,
     failed: AtomicBool,
 }
 
@@ -165,6 +169,7 @@ impl MpiRanks {
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             deadline,
             sequence: Mutex::new(0),
+            roll_call: Mutex::new(None),
             failed: AtomicBool::new(false),
         })
     }
@@ -236,6 +241,10 @@ impl MpiRanks {
         let mut arrived = vec![u64::MAX; self.size];
         let start = Instant::now();
         let elems = |bytes_per: usize| (self.bucket_bytes / bytes_per).max(1);
+        let mut roll = self
+            .roll_call
+            .lock()
+            .map_err(|_| self.fail(what, seq, Vec::new()))?;
         let outcome = mpi::request::scope(|scope| {
             let mut sends = Vec::new();
             let mut arrivals = Vec::new();
@@ -302,9 +311,16 @@ impl MpiRanks {
                         (Ok(a), Ok(b)) => Ok(a && b),
                     };
                 }
+                if let Err(code) = RollCall::advance(&mut roll, self.rank, self.size) {
+                    progress = Err(code);
+                }
+                // A roll call started just now is given a moment to hear the others.
+                let settled = roll
+                    .as_ref()
+                    .is_none_or(|r| r.started.elapsed() >= ROLL_CALL_SETTLE.min(self.deadline));
                 let failed = match progress {
                     Ok(true) => return Ok(()),
-                    Ok(false) if start.elapsed() < self.deadline => None,
+                    Ok(false) if start.elapsed() < self.deadline || !settled => None,
                     Ok(false) => Some(Failure::Deadline),
                     Err(code) => Some(Failure::Mpi(code)),
                 };
@@ -349,6 +365,9 @@ impl MpiRanks {
                 std::mem::forget(send);
                 std::mem::forget(recv);
                 std::mem::forget(arrived);
+                // After the launcher's notice, the ranks not heard in the roll call are
+                // the ones gone, whether or not they reached this collective first.
+                let missing = roll.as_ref().map_or(missing, RollCall::unheard);
                 Err(match failure {
                     Failure::Mpi(code) => {
                         self.lost(what, seq, missing, format!("MPI: {}", mpi_message(code)))
@@ -389,6 +408,129 @@ impl MpiRanks {
             lost,
             why,
         }
+    }
+}
+
+/// The tag of roll-call messages.
+const ROLL_CALL_TAG: i32 = 0x4e45;
+
+/// How long a roll call is given to hear the live ranks before a collective that has
+/// passed its deadline is failed (at most the deadline).
+const ROLL_CALL_SETTLE: Duration = Duration::from_millis(500);
+
+/// After the launcher's notice that a process ended, every rank sends every other its
+/// rank once, from whichever collective it is in (all the live ranks are polling the
+/// same stuck collective, or reach it). When a collective then fails, the peers not
+/// heard from are the ones gone: this names a rank that died after it had reached the
+/// collective (its arrival came, the reduction never completes), which the arrival
+/// exchange cannot. Its buffers are leaked and its requests never completed (a dead
+/// peer never answers), and MPI is not finalised after a notice.
+struct RollCall {
+    /// When this rank posted its part.
+    started: Instant,
+    /// Per peer, the pending receive of its word (`None` once heard, and for this rank).
+    heard: Vec<Option<RawRequest>>,
+}
+
+/// An MPI request handle kept across collectives.
+struct RawRequest(mpi::ffi::MPI_Request);
+
+// SAFETY: a request handle is MPI's opaque handle (an integer in MPICH, a pointer in
+// Open MPI) with no thread affinity; it is only used under MpiRanks' lock, which
+// serialises MPI calls as the threading level requires.
+unsafe impl Send for RawRequest {}
+
+impl RollCall {
+    /// Posts the roll call once the launcher's notice has come, then tests the pending
+    /// receives once; `Err` with MPI's code when a call fails.
+    fn advance(
+        roll: &mut Option<RollCall>,
+        rank: usize,
+        size: usize,
+    ) -> std::result::Result<(), c_int> {
+        if roll.is_none() {
+            if ENDED_NOTICES.load(Ordering::SeqCst) == 0 {
+                return Ok(());
+            }
+            *roll = Some(RollCall::post(rank, size)?);
+        }
+        let Some(call) = roll.as_mut() else {
+            return Ok(());
+        };
+        for slot in call.heard.iter_mut() {
+            let Some(request) = slot.as_mut() else {
+                continue;
+            };
+            let mut flag: c_int = 0;
+            let mut status = MaybeUninit::<mpi::ffi::MPI_Status>::uninit();
+            // SAFETY: a live request of this roll call; flag and status are writable.
+            let rc = unsafe { mpi::ffi::MPI_Test(&mut request.0, &mut flag, status.as_mut_ptr()) };
+            if rc != mpi::ffi::MPI_SUCCESS as c_int {
+                return Err(rc);
+            }
+            if flag != 0 {
+                *slot = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends this rank's word to every peer and posts a receive from each.
+    fn post(rank: usize, size: usize) -> std::result::Result<RollCall, c_int> {
+        let word: &'static u64 = Box::leak(Box::new(rank as u64));
+        let mut heard = Vec::with_capacity(size);
+        for peer in 0..size {
+            if peer == rank {
+                heard.push(None);
+                continue;
+            }
+            let slot: &'static mut u64 = Box::leak(Box::new(u64::MAX));
+            // SAFETY: MPI is initialised (an MpiRanks exists); both buffers are leaked,
+            // so they outlive the requests; one u64 each, as the datatype and count say.
+            let (rc, request) = unsafe {
+                let mut send = mpi::ffi::RSMPI_REQUEST_NULL;
+                let rc = mpi::ffi::MPI_Isend(
+                    (word as *const u64).cast(),
+                    1,
+                    mpi::ffi::RSMPI_UINT64_T,
+                    peer as c_int,
+                    ROLL_CALL_TAG,
+                    mpi::ffi::RSMPI_COMM_WORLD,
+                    &mut send,
+                );
+                if rc != mpi::ffi::MPI_SUCCESS as c_int {
+                    return Err(rc);
+                }
+                // Never waited for: MPI completes and frees it on its own.
+                mpi::ffi::MPI_Request_free(&mut send);
+                let mut request = mpi::ffi::RSMPI_REQUEST_NULL;
+                let rc = mpi::ffi::MPI_Irecv(
+                    (slot as *mut u64).cast(),
+                    1,
+                    mpi::ffi::RSMPI_UINT64_T,
+                    peer as c_int,
+                    ROLL_CALL_TAG,
+                    mpi::ffi::RSMPI_COMM_WORLD,
+                    &mut request,
+                );
+                (rc, request)
+            };
+            if rc != mpi::ffi::MPI_SUCCESS as c_int {
+                return Err(rc);
+            }
+            heard.push(Some(RawRequest(request)));
+        }
+        Ok(RollCall {
+            started: Instant::now(),
+            heard,
+        })
+    }
+
+    /// The peers not heard from.
+    fn unheard(&self) -> Vec<usize> {
+        (0..self.heard.len())
+            .filter(|&p| self.heard[p].is_some())
+            .collect()
     }
 }
 

@@ -12,7 +12,7 @@
 //!   `mpiexec` (MPICH's launcher kills the others); under `mpiexec
 //!   -disable-auto-cleanup` with each rank wrapped in a shell, a rank that aborts or is
 //!   SIGKILLed is named by the survivors within the deadline, the last checkpoint loads,
-//!   and a restart from it resumes;
+//!   and a restart from it resumes; so is one killed inside a reduction it had reached;
 //! - resume: 3 epochs with a checkpoint, then a new run from it, equal bit for bit to
 //!   a straight run of 6 (same ranks, same reductions in the same order on the same
 //!   values; a checkpoint stores f32 bits exactly).
@@ -81,6 +81,9 @@ enum Fault {
     Kill,
     /// Exits with status 7 (no signal).
     Exit,
+    /// Goes into the reduction (so the others see it arrive) and is SIGKILLed 300 ms
+    /// later, while it waits there for a late rank.
+    KillInside,
 }
 
 /// MpiRanks whose process fails at its `at`-th gradient reduction (fault injection).
@@ -88,7 +91,15 @@ enum Fault {
 struct Faulty {
     inner: Arc<MpiRanks>,
     at: Option<(u64, Fault)>,
+    /// Sleeps this long before this gradient reduction (a late rank).
+    late: Option<(u64, Duration)>,
     calls: AtomicU64,
+}
+
+/// Sends SIGKILL to this process.
+fn kill_myself() {
+    let me = std::process::id().to_string();
+    let _ = Command::new("kill").args(["-KILL", &me]).status();
 }
 
 impl Ranks for Faulty {
@@ -100,6 +111,11 @@ impl Ranks for Faulty {
     }
     fn allreduce_sum(&self, arrays: &mut [ndfuse::Array]) -> ndfuse_train::Result<()> {
         let call = self.calls.fetch_add(1, Ordering::SeqCst);
+        if let Some((at, pause)) = self.late {
+            if at == call {
+                std::thread::sleep(pause);
+            }
+        }
         match self.at {
             Some((at, fault)) if at == call => {
                 let ms = SystemTime::now()
@@ -114,11 +130,16 @@ impl Ranks for Faulty {
                     Fault::Hang => std::thread::sleep(Duration::from_secs(3600)),
                     Fault::Abort => std::process::abort(),
                     Fault::Kill => {
-                        let me = std::process::id().to_string();
-                        let _ = Command::new("kill").args(["-KILL", &me]).status();
+                        kill_myself();
                         std::thread::sleep(Duration::from_secs(3600));
                     }
                     Fault::Exit => std::process::exit(7),
+                    Fault::KillInside => {
+                        std::thread::spawn(|| {
+                            std::thread::sleep(Duration::from_millis(300));
+                            kill_myself();
+                        });
+                    }
                 }
             }
             _ => {}
@@ -143,8 +164,9 @@ fn env(name: &str) -> Option<String> {
 /// The program every rank runs (only under `mpiexec`, with `MPICHECK_CHILD=1`):
 /// trains `MPICHECK_EPOCHS` epochs (from the checkpoint `MPICHECK_RESUME`, saving
 /// to `MPICHECK_SAVE` on rank 0), prints `hash RANK HEX` on every rank and the
-/// parameters on rank 0; `MPICHECK_ABORT=RANK:CALL:hang|abort|kill|exit` fails that
-/// rank at its CALL-th gradient reduction (from 0). With `MPICHECK_SAVE`, rank 0 saves
+/// parameters on rank 0; `MPICHECK_ABORT=RANK:CALL:hang|abort|kill|exit|kill-inside`
+/// fails that rank at its CALL-th gradient reduction (from 0), `MPICHECK_LATE=RANK:CALL:MS`
+/// makes that rank MS late to it. With `MPICHECK_SAVE`, rank 0 saves
 /// after every epoch (as `train_digits --checkpoint` does).
 #[test]
 fn rank_program() {
@@ -177,9 +199,23 @@ fn child(ranks: Arc<MpiRanks>) -> Result<(), Box<dyn std::error::Error>> {
                 "hang" => Fault::Hang,
                 "kill" => Fault::Kill,
                 "exit" => Fault::Exit,
+                "kill-inside" => Fault::KillInside,
                 _ => Fault::Abort,
             };
             (r == rank).then_some((n, fault))
+        }
+        None => None,
+    };
+    let late = match env("MPICHECK_LATE") {
+        Some(s) => {
+            let mut words = s.split(':');
+            let mut next = || words.next().ok_or("MPICHECK_LATE=RANK:CALL:MS");
+            let (r, n, ms) = (
+                next()?.parse::<usize>()?,
+                next()?.parse::<u64>()?,
+                next()?.parse::<u64>()?,
+            );
+            (r == rank).then_some((n, Duration::from_millis(ms)))
         }
         None => None,
     };
@@ -203,6 +239,7 @@ fn child(ranks: Arc<MpiRanks>) -> Result<(), Box<dyn std::error::Error>> {
         .ranks(Arc::new(Faulty {
             inner: ranks,
             at,
+            late,
             calls: AtomicU64::new(0),
         }))
         .build()?;
@@ -593,6 +630,54 @@ fn a_rank_killed_by_a_signal_is_named_by_the_survivors() {
         assert_eq!(h_resumed, h_straight, "{n} ranks: restarted vs straight");
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// A rank SIGKILLed while it waits inside a reduction it has reached (rank 0 is 1.5 s late
+/// to it) is named too: the others saw it arrive, so the arrival exchange cannot name
+/// it; the roll call that `MpiRanks` holds after the launcher's notice does (without it
+/// the report reads "every rank arrived at this collective, so the one that ended cannot
+/// be named"). The bound is the deadline plus the roll call's 0.5 s, plus 10 s.
+#[test]
+fn a_rank_killed_inside_a_reduction_is_named_by_the_survivors() {
+    let (n, victim) = (4, 1);
+    let at = 2 * SAMPLES / BATCH / n + 3;
+    let out = mpiexec_launched(
+        Launch::NoCleanupWrapped,
+        n,
+        &[
+            ("MPICHECK_EPOCHS", "4".into()),
+            ("MPICHECK_ABORT", format!("{victim}:{at}:kill-inside")),
+            ("MPICHECK_LATE", format!("0:{at}:1500")),
+            ("NDFUSE_MPI_TIMEOUT_S", DEADLINE_S.to_string()),
+        ],
+        Duration::from_secs(60),
+    );
+    let ended = SystemTime::now();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the run failed; output: {text}");
+    let took = ended
+        .duration_since(death_time(&text, victim))
+        .unwrap_or_else(|e| panic!("the death precedes the end ({e}); output: {text}"));
+    assert!(
+        took < DEATH_BOUND + Duration::from_millis(800),
+        "the run ended {took:?} after the reduction began; output: {text}"
+    );
+    let lost = format!("rank {victim} died or is unreachable");
+    let reports: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("error on rank ") && l.contains(&lost))
+        .collect();
+    assert!(
+        !reports.is_empty(),
+        "a survivor names rank {victim}; output: {text}"
+    );
+    eprintln!(
+        "{n} ranks, rank {victim} killed inside a reduction: the run ended {took:?} after \
+         it went in; {} reports, e.g. {}",
+        reports.len(),
+        reports[0]
+    );
 }
 
 fn scratch(name: &str) -> PathBuf {
