@@ -122,7 +122,9 @@ impl MpiRanks {
     /// Initialises MPI (serialised threading: the wrapper calls collectives from one
     /// thread at a time) and takes `MPI_COMM_WORLD`. The deadline is 60 s unless
     /// `NDFUSE_MPI_TIMEOUT_S` says otherwise; `Err` when MPI was already initialised,
-    /// or the variable is not a positive number.
+    /// or the variable is not a positive number. Replaces the process's SIGUSR1
+    /// handler with one that records the launcher's notice that a process of the run
+    /// ended (see the module's documentation).
     pub fn init() -> Result<MpiRanks> {
         let refuse = |why: String| Error::Argument {
             what: "MpiRanks::init",
