@@ -199,17 +199,33 @@ impl MpiRanks {
         mpi::environment::processor_name().unwrap_or_default()
     }
 
-    /// Copies `bytes` of rank `root` into every rank's `bytes` (`MPI_Bcast`, blocking:
-    /// for set-up, such as handing NCCL's unique id to every rank).
-    pub fn broadcast_bytes(&self, root: usize, bytes: &mut [u8]) {
-        use mpi::collective::Root;
-        let _serial = self
-            .sequence
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.world
-            .process_at_rank(root as i32)
-            .broadcast_into(bytes);
+    /// Copies `bytes` of rank `root` into every rank's `bytes` (for set-up, such as
+    /// handing NCCL's unique id to every rank). Bounded like every collective here: it
+    /// is a maximum over the ranks (the others contribute zeros) through the same
+    /// arrival exchange and deadline, one u64 per byte, which costs nothing for the
+    /// 128 bytes of an id. `Err` when `root` is not a rank, or as a reduction fails.
+    pub fn broadcast_bytes(&self, root: usize, bytes: &mut [u8]) -> Result<()> {
+        if root >= self.size {
+            return Err(Error::Argument {
+                what: "MpiRanks::broadcast_bytes",
+                why: format!("root {root} is not one of the {} ranks", self.size),
+            });
+        }
+        let mine = if self.rank == root {
+            bytes.iter().map(|&b| u64::from(b)).collect()
+        } else {
+            vec![0; bytes.len()]
+        };
+        let parts = Parts {
+            u64_max: mine,
+            ..Parts::default()
+        };
+        let got = self.reduce("broadcast_bytes", parts)?;
+        for (b, v) in bytes.iter_mut().zip(got.u64_max) {
+            // Every value is one of root's bytes.
+            *b = v as u8;
+        }
+        Ok(())
     }
 
     /// Ends every rank of the run (MPI_Abort: the launcher kills them all) with exit

@@ -78,7 +78,7 @@ impl NcclRanks {
                 *b = *c as u8;
             }
         }
-        mpi.broadcast_bytes(0, &mut id);
+        mpi.broadcast_bytes(0, &mut id)?;
         let mut internal = [0 as std::ffi::c_char; 128];
         for (c, b) in internal.iter_mut().zip(id) {
             *c = b as std::ffi::c_char;

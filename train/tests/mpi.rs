@@ -162,7 +162,7 @@ fn env(name: &str) -> Option<String> {
 }
 
 /// The program every rank runs (only under `mpiexec`, with `MPICHECK_CHILD=1`):
-/// trains `MPICHECK_EPOCHS` epochs (from the checkpoint `MPICHECK_RESUME`, saving
+/// checks `broadcast_bytes` from the last rank, trains `MPICHECK_EPOCHS` epochs (from the checkpoint `MPICHECK_RESUME`, saving
 /// to `MPICHECK_SAVE` on rank 0), prints `hash RANK HEX` on every rank and the
 /// parameters on rank 0; `MPICHECK_ABORT=RANK:CALL:hang|abort|kill|exit|kill-inside`
 /// fails that rank at its CALL-th gradient reduction (from 0), `MPICHECK_LATE=RANK:CALL:MS`
@@ -219,6 +219,18 @@ fn child(ranks: Arc<MpiRanks>) -> Result<(), Box<dyn std::error::Error>> {
         }
         None => None,
     };
+    // broadcast_bytes: every rank ends with the last rank's bytes (all 256 values).
+    let root = ranks.size() - 1;
+    let want: Vec<u8> = (0..=255u8).rev().collect();
+    let mut bytes = if rank == root {
+        want.clone()
+    } else {
+        vec![7; 256]
+    };
+    ranks.broadcast_bytes(root, &mut bytes)?;
+    if bytes != want {
+        return Err(format!("broadcast_bytes from {root} gave {bytes:?}").into());
+    }
     let data = regression(SAMPLES);
     let mut trainer = sgd_trainer();
     let mut first = 0;
