@@ -67,7 +67,7 @@
 //! double-word remainder. Left for later.
 
 pub(crate) mod builder;
-mod exp;
+pub(crate) mod exp;
 mod log;
 pub(crate) mod pow;
 pub(crate) mod trig;

@@ -64,48 +64,48 @@ pub(super) struct Math<'a, 'f> {
 
 /// ln 2 = LN2_HI + LN2_LO, LN2_HI with 10 significant bits so that n · LN2_HI is exact
 /// for |n| < 2^14.
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
+pub(crate) const LN2_HI: f32 = 0.693_359_4;
+pub(crate) const LN2_LO: f32 = -2.121_944_4e-4;
 
 /// The constants of one precision: everything the exp and log families need besides
 /// the shape of their code, which is the same in f32 and f64.
-pub(super) struct Prec {
+pub(crate) struct Prec {
     /// 1.5 · 2^(mantissa bits): adding it rounds to an integer kept in the low bits.
-    pub(super) magic: f64,
+    pub(crate) magic: f64,
     /// The bits of `magic`.
-    pub(super) magic_bits: i64,
+    pub(crate) magic_bits: i64,
     /// Mantissa bits and exponent bias.
-    pub(super) mant_bits: i64,
-    pub(super) bias: i64,
+    pub(crate) mant_bits: i64,
+    pub(crate) bias: i64,
     /// ln 2 in two parts, the first with trailing zero bits (n · hi exact).
-    pub(super) ln2_hi: f64,
-    pub(super) ln2_lo: f64,
+    pub(crate) ln2_hi: f64,
+    pub(crate) ln2_lo: f64,
     /// (e^r - 1 - r) / r² on |r| ≤ ln2/2.
-    pub(super) expm1_q: &'static [f64],
+    pub(crate) expm1_q: &'static [f64],
     /// exp's clamps: below `exp_lo` the result rounds to 0, from `exp_hi` it overflows.
-    pub(super) exp_lo: f64,
-    pub(super) exp_hi: f64,
+    pub(crate) exp_lo: f64,
+    pub(crate) exp_hi: f64,
     /// Below this |x|, e^x is a normal number (exp's fast path).
-    pub(super) exp_fast: f64,
+    pub(crate) exp_fast: f64,
     /// Below `expm1_lo` e^x - 1 rounds to -1; below `expm1_tiny` (in magnitude) to x.
-    pub(super) expm1_lo: f64,
-    pub(super) expm1_tiny: f64,
+    pub(crate) expm1_lo: f64,
+    pub(crate) expm1_tiny: f64,
     /// Below `log1p_tiny` (in magnitude) log1p(x) rounds to x.
-    pub(super) log1p_tiny: f64,
+    pub(crate) log1p_tiny: f64,
     /// The bits of 1 and of √½, and the mantissa mask.
-    pub(super) one_bits: i64,
-    pub(super) sqrt_half_bits: i64,
-    pub(super) mant_mask: i64,
+    pub(crate) one_bits: i64,
+    pub(crate) sqrt_half_bits: i64,
+    pub(crate) mant_mask: i64,
     /// R(z)/z of log (see `LOG_R`).
-    pub(super) log_r: &'static [f64],
+    pub(crate) log_r: &'static [f64],
     /// The smallest normal, and the power of two that makes a subnormal normal.
-    pub(super) min_normal: f64,
-    pub(super) sub_scale_log2: i32,
+    pub(crate) min_normal: f64,
+    pub(crate) sub_scale_log2: i32,
     /// Where tanh rounds to ±1 (its argument is clamped there).
-    pub(super) tanh_clamp: f64,
+    pub(crate) tanh_clamp: f64,
 }
 
-const F32_PREC: Prec = Prec {
+pub(crate) const F32_PREC: Prec = Prec {
     magic: 12_582_912.0,
     magic_bits: 0x4B40_0000,
     mant_bits: 23,
@@ -190,7 +190,7 @@ const LOG_R_F64: [f64; 11] = [
 ];
 
 /// (e^r - 1 - r) / r² on |r| ≤ ln2/2, relative error 4e-9 (Chebyshev interpolation).
-const EXPM1_Q: [f64; 6] = [
+pub(crate) const EXPM1_Q: [f64; 6] = [
     5.000_000_013e-1,
     1.666_666_668e-1,
     4.166_646_501e-2,
@@ -201,7 +201,7 @@ const EXPM1_Q: [f64; 6] = [
 
 /// R(z)/z for log1p(f) = f - f²/2 + s·(f²/2 + R), s = f/(2+f), z = s² ≤ 0.0295:
 /// relative error 2e-9.
-const LOG_R: [f64; 4] = [
+pub(crate) const LOG_R: [f64; 4] = [
     6.666_666_655e-1,
     4.000_012_186e-1,
     2.855_081_910e-1,

@@ -6,7 +6,7 @@ use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, Value};
 
 /// (tanh(x) - x)/x³ as a polynomial in x² on |x| ≤ 0.5494: relative error below 1e-8.
-const TANH_SMALL: [f64; 7] = [
+pub(crate) const TANH_SMALL: [f64; 7] = [
     -3.333_333_333e-1,
     1.333_333_298e-1,
     -5.396_806_465e-2,
@@ -17,7 +17,7 @@ const TANH_SMALL: [f64; 7] = [
 ];
 
 /// erf(x)/x as a polynomial in x² on |x| ≤ 1: relative error 1.3e-9.
-const ERF_SMALL: [f64; 7] = [
+pub(crate) const ERF_SMALL: [f64; 7] = [
     1.128_379_166,
     -3.761_262_667e-1,
     1.128_359_472e-1,
@@ -29,7 +29,7 @@ const ERF_SMALL: [f64; 7] = [
 
 /// log erfc(2.5 + v) as a polynomial in v on |v| ≤ 1.5 (x in [1, 4]): absolute error
 /// 2.2e-9.
-const ERF_LARGE: [f64; 11] = [
+pub(crate) const ERF_LARGE: [f64; 11] = [
     -7.806_815_273,
     -5.352_680_741,
     -9.438_937_363e-1,

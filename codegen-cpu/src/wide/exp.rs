@@ -4,66 +4,17 @@
 //! Each function is `vmath/exp.rs`'s f32 code with fused multiply-adds, operation for
 //! operation (the same constants rounded to f32, the same order, the same fused
 //! multiply-adds and selects), so every lane gets the bits the 128-bit inline code
-//! gives it. The coefficient tables are copies of `vmath/builder.rs`'s (`EXPM1_Q`,
-//! `LN2_HI`, `LN2_LO`, F32 `Prec`) and `vmath/exp.rs`'s (`TANH_SMALL`, `ERF_SMALL`,
-//! `ERF_LARGE`); `tests/wide_math.rs` would catch one that drifted.
+//! gives it. The coefficient tables and constants are vmath's own (`vmath/builder.rs`,
+//! `vmath/exp.rs`).
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 use super::lanes::{routines, Lanes};
+pub(super) use crate::vmath::builder::{EXPM1_Q, F32_PREC, LN2_HI, LN2_LO};
+use crate::vmath::exp::{ERF_LARGE, ERF_SMALL, TANH_SMALL};
 
 /// 1.5·2^23: adding it rounds to an integer kept in the low mantissa bits.
-pub(super) const MAGIC: f64 = 12_582_912.0;
-pub(super) const MAGIC_BITS: i32 = 0x4B40_0000;
-/// ln 2 in two parts (`vmath::builder::LN2_HI`, `LN2_LO`).
-pub(super) const LN2_HI: f32 = 0.693_359_4;
-pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
-
-/// (e^r - 1 - r) / r² on |r| ≤ ln2/2 (`vmath::builder::EXPM1_Q`).
-const EXPM1_Q: [f64; 6] = [
-    5.000_000_013e-1,
-    1.666_666_668e-1,
-    4.166_646_501e-2,
-    8.333_310_935e-3,
-    1.393_364_103e-3,
-    1.989_098_082e-4,
-];
-
-/// (tanh(x) - x)/x³ in x² on |x| ≤ 0.5494 (`vmath::exp::TANH_SMALL`).
-const TANH_SMALL: [f64; 7] = [
-    -3.333_333_333e-1,
-    1.333_333_298e-1,
-    -5.396_806_465e-2,
-    2.186_567_770e-2,
-    -8.826_347_043e-3,
-    3.405_443_991e-3,
-    -9.663_967_826e-4,
-];
-
-/// erf(x)/x in x² on |x| ≤ 1 (`vmath::exp::ERF_SMALL`).
-const ERF_SMALL: [f64; 7] = [
-    1.128_379_166,
-    -3.761_262_667e-1,
-    1.128_359_472e-1,
-    -2.685_421_201e-2,
-    5.189_087_423e-3,
-    -8.016_864_283e-4,
-    7.875_875_049e-5,
-];
-
-/// log erfc(2.5 + v) in v on |v| ≤ 1.5 (`vmath::exp::ERF_LARGE`).
-const ERF_LARGE: [f64; 11] = [
-    -7.806_815_273,
-    -5.352_680_741,
-    -9.438_937_363e-1,
-    -1.085_816_384e-2,
-    2.165_501_739e-3,
-    -4.207_096_483e-4,
-    7.696_963_260e-5,
-    -1.297_452_582e-5,
-    1.829_792_778e-6,
-    -6.614_636_555e-8,
-    -3.834_714_563e-8,
-];
+pub(super) const MAGIC: f64 = F32_PREC.magic;
+pub(super) const MAGIC_BITS: i32 = F32_PREC.magic_bits as i32;
 
 routines!(Exp, exp, exp_avx512, exp_avx2, exp_f32x4, exp_f32);
 routines!(

@@ -2,30 +2,22 @@
 //! of small kernels): log and log1p.
 //!
 //! `vmath/log.rs`'s f32 code with fused multiply-adds, operation for operation, so
-//! every lane gets the bits of the 128-bit inline code. The constants are copies of
-//! `vmath/builder.rs`'s (`LOG_R` and the F32 `Prec`); `tests/wide_math.rs` would catch
-//! one that drifted.
+//! every lane gets the bits of the 128-bit inline code, with vmath's own constants
+//! (`LOG_R` and the F32 `Prec` of `vmath/builder.rs`).
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
-use super::exp::{LN2_HI, LN2_LO};
+use super::exp::{F32_PREC, LN2_HI, LN2_LO};
 use super::lanes::{routines, Lanes};
-
-/// R(z)/z of log (`vmath::builder::LOG_R`).
-const LOG_R: [f64; 4] = [
-    6.666_666_655e-1,
-    4.000_012_186e-1,
-    2.855_081_910e-1,
-    2.333_050_140e-1,
-];
+use crate::vmath::builder::LOG_R;
 
 /// The bits of 1 and of √½, the mantissa mask.
-const ONE_BITS: i32 = 0x3F80_0000;
-const SQRT_HALF_BITS: i32 = 0x3F35_04F3;
-const MANT_MASK: i32 = 0x007F_FFFF;
+const ONE_BITS: i32 = F32_PREC.one_bits as i32;
+const SQRT_HALF_BITS: i32 = F32_PREC.sqrt_half_bits as i32;
+const MANT_MASK: i32 = F32_PREC.mant_mask as i32;
 /// Subnormals are scaled by 2^25 before the core.
-const SUB_SCALE_LOG2: i32 = 25;
+const SUB_SCALE_LOG2: i32 = F32_PREC.sub_scale_log2;
 /// Below this |x|, log1p(x) rounds to x (2^-24).
-const LOG1P_TINY: f64 = 5.960_464_477_539_063e-8;
+const LOG1P_TINY: f64 = F32_PREC.log1p_tiny;
 
 routines!(Log, log, log_avx512, log_avx2, log_f32x4, log_f32);
 routines!(
