@@ -7,122 +7,21 @@
 //! must agree bit for bit. Each test prints the measured max ULP.
 
 mod builder;
+mod sampling;
 
 use builder::{array, compiled, run, view, KernelBuilder};
 use ndfuse_codegen_cpu::{f32_ulp_bound, use_fma, POW_F32_ULP};
 use ndfuse_ir::interp::{binary_f64, unary_f64};
 use ndfuse_ir::{BinaryOp, DType, HostArray, Shape, UnaryOp};
+use sampling::{edge_cases, next_up, Rng};
 
 /// Sampled inputs per op (besides the edge cases).
 const SAMPLES: usize = 1 << 20;
 
-/// A small deterministic generator (xorshift64*), so failures reproduce.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// An f32 of random sign and mantissa whose binary exponent is uniform in
-    /// `[emin, emax]` (below -126: subnormals).
-    fn log_uniform(&mut self, emin: i32, emax: i32) -> f32 {
-        let r = self.next();
-        let span = (emax - emin + 1) as u64;
-        let e = emin + ((r >> 32) % span) as i32;
-        let mant = (r & 0x007F_FFFF) as u32;
-        let sign = ((r >> 31) & 1) as u32;
-        let v = if e < -126 {
-            // Subnormal: the mantissa shifted down to the exponent.
-            let sub = (mant | 0x0080_0000) >> (-126 - e).min(24);
-            f32::from_bits(sub)
-        } else {
-            f32::from_bits((((e + 127) as u32) << 23) | mant)
-        };
-        if sign == 1 {
-            -v
-        } else {
-            v
-        }
-    }
-}
-
-/// Edge cases every op is tried on: zeros, infinities, NaN, subnormals, the extremes
-/// of the range, and the thresholds where the library changes method or saturates,
-/// each with its neighbours.
-fn edge_cases() -> Vec<f32> {
-    let mut v = vec![
-        0.0,
-        -0.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        f32::from_bits(1),
-        f32::from_bits(0x007F_FFFF),
-        f32::MIN_POSITIVE,
-        f32::MAX,
-        1.0,
-    ];
-    let thresholds = [
-        88.722_83,                       // exp overflows above
-        -87.336_55,                      // exp becomes subnormal below
-        -103.278_93,                     // exp reaches the smallest subnormal
-        -103.972_08,                     // exp rounds to 0 below
-        88.376_26,                       // n = 128 in expm1
-        -17.328_68,                      // expm1 rounds to -1
-        2.980_232_2e-8,                  // 2^-25: expm1 returns x below
-        5.960_464_5e-8,                  // 2^-24: log1p returns x below
-        9.0,                             // tanh is still below 1
-        9.010_913,                       // tanh saturates
-        9.1,                             // tanh's clamp
-        1.0,                             // erf switches method
-        4.0,                             // erf saturates
-        0.346_573_6,                     // ln2/2: the reduction's edge
-        std::f32::consts::FRAC_1_SQRT_2, // log's mantissa edge
-        std::f32::consts::SQRT_2,
-        16_777_216.0, // 2^24: sin/cos leave the inline path
-        std::f32::consts::FRAC_PI_2,
-        std::f32::consts::PI,
-        -1.0,
-        0.5,
-        2.0,
-    ];
-    for t in thresholds {
-        for x in [t, next_up(t), next_down(t)] {
-            v.push(x);
-            v.push(-x);
-        }
-    }
-    for x in [f32::from_bits(1), f32::MIN_POSITIVE, f32::MAX] {
-        v.push(-x);
-        v.push(next_down(x));
-    }
-    v
-}
-
-fn next_up(x: f32) -> f32 {
-    f32::from_bits(x.to_bits() + 1)
-}
-
-fn next_down(x: f32) -> f32 {
-    f32::from_bits(x.to_bits() - 1)
-}
-
 /// Inputs for `op`: half over all finite magnitudes, half over 2^emin..2^emax, plus
 /// the edge cases; an even count (the scalar run reads them as a [2, n/2] transpose).
-fn inputs(seed: u64, (emin, emax): (i32, i32)) -> Vec<f32> {
-    let mut rng = Rng(seed);
-    let mut v = edge_cases();
-    for i in 0..SAMPLES {
-        v.push(if i % 2 == 0 {
-            rng.log_uniform(-149, 127)
-        } else {
-            rng.log_uniform(emin, emax)
-        });
-    }
+fn inputs(seed: u64, range: (i32, i32)) -> Vec<f32> {
+    let mut v = sampling::inputs(seed, range, SAMPLES);
     if v.len() % 2 == 1 {
         v.push(0.25);
     }
