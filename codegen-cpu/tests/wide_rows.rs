@@ -81,53 +81,122 @@ fn bits(a: &HostArray) -> Vec<u64> {
         .collect()
 }
 
-/// `kernel` with the wide routines of every tier gives the bits of the 128-bit code,
-/// and calls each routine of `routines` only on the wide path.
-fn check(kernel: &Kernel, routines: &[UnaryOp]) {
+/// How close the wide path must come to the 128-bit code.
+#[derive(Clone, Copy, Debug)]
+enum Tol {
+    /// The same bits: no sum of the kernel is the wide row sum.
+    Bits,
+    /// A sum of the kernel over rows of `n` elements is the wide row sum
+    /// (`ndfuse_wide_sum`), whose order of additions differs from the 128-bit loop's.
+    /// Each n-term f32 sum is within n·ε·Σ|x| of the exact one (ε = 2^-24), so the two
+    /// differ by at most 2nε·Σ|x|; in these kernels that moves an output by at most
+    /// 2nε relative to max(|output|, 1) (softmax: Σ|e| = s, a relative error of s;
+    /// log-sum-exp: log s moves by at most 2nε absolute; a mean of tanh values, |t| <= 1,
+    /// moves sigmoid(t - mean)·t by at most 2nε relative), plus 4ε for the roundings
+    /// after it. NaN only against NaN, an infinity only against the same one.
+    SumOf(usize),
+}
+
+impl Tol {
+    fn holds(self, got: f64, want: f64) -> bool {
+        if got.is_nan() || want.is_nan() {
+            return got.is_nan() && want.is_nan();
+        }
+        match self {
+            Tol::Bits => got.to_bits() == want.to_bits(),
+            Tol::SumOf(_) if got.is_infinite() || want.is_infinite() => got == want,
+            Tol::SumOf(n) => {
+                let eps = f64::powi(2.0, -24);
+                (got - want).abs() <= (2.0 * n as f64 * eps + 4.0 * eps) * want.abs().max(1.0)
+            }
+        }
+    }
+}
+
+/// `kernel` with the wide routines of every tier comes within `tol` of the 128-bit
+/// code, and calls each routine of `routines` (and, with `Tol::SumOf`, the wide row
+/// sum) only on the wide path. Every tier and thread count gives the same bits.
+fn check(kernel: &Kernel, routines: &[UnaryOp], tol: Tol) {
     let ins = inputs(kernel);
     let narrow = compile_with(kernel, None).expect("compiles on the 128-bit code");
-    for &op in routines {
-        let name = format!("ndfuse_wide_{}", op.name());
+    let mut names: Vec<String> = routines
+        .iter()
+        .map(|op| format!("ndfuse_wide_{}", op.name()))
+        .collect();
+    if let Tol::SumOf(_) = tol {
+        names.push("ndfuse_wide_sum".to_string());
+    }
+    for name in &names {
         assert!(
-            !narrow.clif().contains(&name),
+            !narrow.clif().contains(name),
             "{}: None calls {name}",
             kernel.name
         );
     }
-    let want: Vec<Vec<u64>> = run_on(&narrow, kernel, &ins, 2).iter().map(bits).collect();
+    let want = run_on(&narrow, kernel, &ins, 2);
     // A row with an ordinary value somewhere: the comparison is not of NaNs only.
     assert!(
-        want.iter().any(|o| o.iter().any(|&b| b != u64::MAX)),
+        want.iter()
+            .map(bits)
+            .any(|o| o.iter().any(|&b| b != u64::MAX)),
         "{}: every output is NaN",
         kernel.name
     );
+    let mut wide_bits: Option<Vec<Vec<u64>>> = None;
     for tier in tiers() {
         let ck = compile_with(kernel, Some(tier)).expect("compiles on the wide path");
-        for &op in routines {
-            let name = format!("ndfuse_wide_{}", op.name());
+        for name in &names {
             assert!(
-                ck.clif().contains(&name),
+                ck.clif().contains(name),
                 "{} ({}): no call of {name}\n{}",
                 kernel.name,
                 tier.name(),
                 ck.clif()
             );
         }
+        if let Tol::Bits = tol {
+            assert!(
+                !ck.clif().contains("ndfuse_wide_sum"),
+                "{} ({}): the wide row sum where the bits must stay",
+                kernel.name,
+                tier.name()
+            );
+        }
         for threads in [1, 2, 4] {
             let got = run_on(&ck, kernel, &ins, threads);
-            for (o, (g, w)) in got.iter().map(bits).zip(&want).enumerate() {
-                if let Some(i) = (0..g.len()).find(|&i| g[i] != w[i]) {
+            for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+                let (g, w) = (g.storage(), w.storage());
+                if let Some(i) = (0..g.len()).find(|&i| !tol.holds(g.get_f64(i), w.get_f64(i))) {
                     panic!(
                         "{} ({}, {threads} threads) output {o} position {i}: {} against {} \
-                         on the 128-bit code",
+                         on the 128-bit code ({tol:?})",
                         kernel.name,
                         tier.name(),
-                        got[o].storage().get_f64(i),
-                        f64::from_bits(w[i])
+                        g.get_f64(i),
+                        w.get_f64(i)
                     );
                 }
             }
+            let got_bits: Vec<Vec<u64>> = got.iter().map(bits).collect();
+            match &wide_bits {
+                None => wide_bits = Some(got_bits),
+                Some(first) => assert!(
+                    first == &got_bits,
+                    "{} ({}, {threads} threads): other bits than the first tier on 1 thread",
+                    kernel.name,
+                    tier.name()
+                ),
+            }
         }
+    }
+}
+
+/// The tolerance of a kernel whose sum over rows of `len` is of a wide `dtype` value:
+/// f32 ones are summed by the wide row sum; f16 and bf16 ones keep the 128-bit loop.
+fn sum_tol(dtype: DType, len: usize) -> Tol {
+    match dtype {
+        DType::F32 => Tol::SumOf(len),
+        _ => Tol::Bits,
     }
 }
 
@@ -149,7 +218,11 @@ fn softmax(dtype: DType, rows: usize, len: usize) -> Kernel {
 fn softmax_on_every_float_type_and_row_length_matches_the_128_bit_code() {
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         for (rows, len) in [(24, 4096), (67, 1000 + 7), (13_200, 5)] {
-            check(&softmax(dtype, rows, len), &[UnaryOp::Exp]);
+            check(
+                &softmax(dtype, rows, len),
+                &[UnaryOp::Exp],
+                sum_tol(dtype, len),
+            );
         }
     }
 }
@@ -171,7 +244,7 @@ fn softmax_across_a_transposed_view_matches() {
     let s = kb.reduce(Accumulate::Sum, e);
     let o = kb.binary(BinaryOp::Div, e, s);
     kb.store(o);
-    check(&kb.build(), &[UnaryOp::Exp]);
+    check(&kb.build(), &[UnaryOp::Exp], Tol::SumOf(len));
 }
 
 #[test]
@@ -189,7 +262,7 @@ fn log_sum_exp_matches() {
             let l = kb.unary(UnaryOp::Log, s);
             let y = kb.binary(BinaryOp::Add, l, m);
             kb.store_rows(y);
-            check(&kb.build(), &[UnaryOp::Exp]);
+            check(&kb.build(), &[UnaryOp::Exp], sum_tol(dtype, len));
         }
     }
 }
@@ -212,7 +285,8 @@ fn cached_tanh_and_sigmoid_match() {
             let y = kb.binary(BinaryOp::Mul, g, t);
             kb.store(y);
             kb.store(t);
-            check(&kb.build(), &[UnaryOp::Tanh, UnaryOp::Sigmoid]);
+            let tol = sum_tol(dtype, len);
+            check(&kb.build(), &[UnaryOp::Tanh, UnaryOp::Sigmoid], tol);
         }
     }
 }
@@ -232,7 +306,8 @@ fn a_chain_of_wide_ops_in_one_sweep_matches() {
     let q = kb.binary(BinaryOp::Div, e, mx);
     kb.store(o);
     kb.store(q);
-    check(&kb.build(), &[UnaryOp::Exp, UnaryOp::Log1p]);
+    // Sweep 0 also takes the max: not a lone sum, so the 128-bit loop's bits.
+    check(&kb.build(), &[UnaryOp::Exp, UnaryOp::Log1p], Tol::Bits);
 }
 
 #[test]
@@ -244,5 +319,147 @@ fn small_row_programs_stay_on_the_128_bit_code() {
         let ck = compile_with(&k, Some(tier)).expect("compiles");
         assert!(!ck.clif().contains("ndfuse_wide_"), "{}", tier.name());
     }
-    check(&k, &[]);
+    check(&k, &[], Tol::Bits);
+}
+
+/// The wide row sum's order (`wide::reduce`'s docs), transcribed in plain f32: 64
+/// partial sums (element j into partial j % 64) over the whole steps of 64, the fixed
+/// pairwise tree, then the tail elements in order.
+fn sum_in_order(x: &[f32]) -> f32 {
+    let full = x.len() - x.len() % 64;
+    let mut p = [0.0f32; 64];
+    for (j, &v) in x[..full].iter().enumerate() {
+        p[j % 64] += v;
+    }
+    let q: Vec<f32> = (0..16)
+        .map(|l| (p[l] + p[l + 16]) + (p[l + 32] + p[l + 48]))
+        .collect();
+    let q8: Vec<f32> = (0..8).map(|l| q[l] + q[l + 8]).collect();
+    let q4: Vec<f32> = (0..4).map(|l| q8[l] + q8[l + 4]).collect();
+    let q2 = [q4[0] + q4[2], q4[1] + q4[3]];
+    let mut t = q2[0] + q2[1];
+    for &v in &x[full..] {
+        t += v;
+    }
+    t
+}
+
+/// `n` values of both signs over many magnitudes (2^-20 .. 2^20).
+fn mixed(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let m = (s >> 40) as f32 / (1u64 << 24) as f32 + 0.5;
+            let e = ((s >> 8) % 41) as i32 - 20;
+            let sign = if s & 1 == 0 { 1.0 } else { -1.0 };
+            sign * m * 2f32.powi(e)
+        })
+        .collect()
+}
+
+const SUM_LENGTHS: [usize; 12] = [0, 1, 5, 63, 64, 65, 127, 128, 1007, 4096, 4099, 100_003];
+
+#[test]
+fn the_wide_row_sum_follows_its_order_on_every_tier() {
+    for n in SUM_LENGTHS {
+        let x = mixed(n, 0x5EED + n as u64);
+        let want = sum_in_order(&x);
+        for tier in tiers() {
+            let got = wide::sum(tier, &x).expect("the tier is available");
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "n = {n}, {}: {got} against {want} in the order transcribed",
+                tier.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_wide_row_sum_is_within_the_bound_of_an_n_term_f32_sum() {
+    // |sum - exact| <= n·ε·Σ|x| (ε = 2^-24), the exact sum taken in f64 (exact enough:
+    // its own error is below 2^-29 of Σ|x| for these lengths).
+    let eps = f64::powi(2.0, -24);
+    for n in SUM_LENGTHS {
+        for seed in [1u64, 2, 3] {
+            let x = mixed(n, seed * 0x9E37 + n as u64);
+            let exact: f64 = x.iter().map(|&v| f64::from(v)).sum();
+            let abs: f64 = x.iter().map(|&v| f64::from(v).abs()).sum();
+            for tier in tiers() {
+                let got = f64::from(wide::sum(tier, &x).expect("available"));
+                let bound = n as f64 * eps * abs;
+                assert!(
+                    (got - exact).abs() <= bound,
+                    "n = {n}, {}: {got} against {exact} (bound {bound})",
+                    tier.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_wide_row_sum_gives_nan_and_infinities_as_a_sum_does() {
+    for n in [5usize, 64, 1007, 4096] {
+        for at in [0, n / 2, n - 1] {
+            let mut x = mixed(n, 7);
+            x[at] = f32::NAN;
+            let mut inf = mixed(n, 7);
+            inf[at] = f32::INFINITY;
+            let mut both = inf.clone();
+            both[n - 1 - at / 2] = f32::NEG_INFINITY;
+            let big = vec![f32::MAX; n.max(2)];
+            for tier in tiers() {
+                let sum = |v: &[f32]| wide::sum(tier, v).expect("available");
+                assert!(sum(&x).is_nan(), "n = {n}, NaN at {at}");
+                assert_eq!(sum(&inf), f32::INFINITY, "n = {n}, inf at {at}");
+                if n - 1 - at / 2 != at {
+                    assert!(sum(&both).is_nan(), "n = {n}, inf at {at} and -inf");
+                }
+                assert_eq!(sum(&big), f32::INFINITY, "n = {n}: overflow");
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_rows_with_a_nan_are_nan_and_the_others_sum_to_one_on_the_wide_path() {
+    let (rows, len) = (17, 4096);
+    let k = softmax(DType::F32, rows, len);
+    let mut x = mixed(rows * len, 11);
+    for v in &mut x {
+        *v = v.clamp(-30.0, 30.0);
+    }
+    x[3 * len + 100] = f32::NAN;
+    let vals: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    let ins = [HostArray::from_f64s(
+        DType::F32,
+        Shape::new([rows * len]),
+        &vals,
+    )];
+    for tier in tiers() {
+        let ck = compile_with(&k, Some(tier)).expect("compiles");
+        assert!(ck.clif().contains("ndfuse_wide_sum"), "{}", tier.name());
+        let out = run_on(&ck, &k, &ins, 2);
+        let out = out[0].storage();
+        for r in 0..rows {
+            let row: Vec<f64> = (0..len).map(|j| out.get_f64(r * len + j)).collect();
+            if r == 3 {
+                assert!(row.iter().all(|v| v.is_nan()), "{}: row 3", tier.name());
+                continue;
+            }
+            // Each output is e/s to within (2nε + ε) relative; the sum of them in f64.
+            let total: f64 = row.iter().sum();
+            let eps = f64::powi(2.0, -24);
+            assert!(
+                (total - 1.0).abs() <= 2.0 * len as f64 * eps + 2.0 * eps,
+                "{} row {r}: the outputs sum to {total}",
+                tier.name()
+            );
+        }
+    }
 }

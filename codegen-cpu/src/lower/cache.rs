@@ -25,15 +25,18 @@
 //! softmax on the wide path:
 //!   sweep 0: m = max x
 //!   fill:    cache[j] = x - m;  ndfuse_wide_exp(cache, cache, row_len)
-//!   sweep 1: s = sum cache[j]
+//!   sweep 1: s = ndfuse_wide_sum(cache, row_len)
 //!   stores:  out = cache[j] / s
 //! ```
 //!
 //! The routine gives the inline code's bits (`wide`), so the cached values are the
-//! same. A sum's bits depend on its loop's shape (vector or scalar, accumulators),
-//! which is decided from the values the sweep has on the 128-bit code
-//! ([`CachePlan::narrow_need`]); the wide plan is kept only where each sweep has a
-//! subset of those, else the kernel takes the 128-bit plan. Values that feed one
+//! same. A sweep that is one f32 sum of a filled value and nothing else is one call of
+//! the wide row sum (`wide::reduce`, `rows`), in its own order of additions, fixed by
+//! the row's length: its bits are the same on every tier and thread count but may
+//! differ from the 128-bit loop's. Any other sum's bits depend on its loop's shape
+//! (vector or scalar, accumulators), which is decided from the values the sweep has on
+//! the 128-bit code ([`CachePlan::narrow_need`]); the wide plan is kept only where each
+//! sweep has a subset of those, else the kernel takes the 128-bit plan. Values that feed one
 //! sweep only (log-sum-exp's exp) are made this way too: the routine's speed pays for
 //! writing and reading the row in L1 or L2. Kernels below `blocks::BLOCKS_FROM`
 //! positions stay on the 128-bit code, as element-wise ones do.
@@ -501,29 +504,57 @@ impl<M: Module> Lowering<'_, '_, M> {
         (v, op): (usize, UnaryOp),
         row_len: i64,
     ) -> Result<(), String> {
-        let name = wide_symbol(op);
-        let known = self.imports.iter().find(|(n, _, _)| *n == name);
-        let fref = match known {
-            Some(&(_, _, fref)) => fref,
-            None => {
-                let mut sig = self.module.make_signature();
-                for _ in 0..3 {
-                    sig.params.push(AbiParam::new(self.ptr_ty));
-                }
-                let id = self
-                    .module
-                    .declare_function(name, Linkage::Import, &sig)
-                    .map_err(|e| format!("declaring {name}: {e}"))?;
-                let fref = self.module.declare_func_in_func(id, self.b.func);
-                self.imports.push((name, id, fref));
-                fref
-            }
-        };
+        let ptr = self.ptr_ty;
+        let fref = self.wide_import(wide_symbol(op), &[ptr, ptr, ptr], None)?;
         let at = cache.plan.at[v].expect("filled values are cached (a bug)");
         let row = self.b.ins().iadd_imm_s(cache.base, at);
         let n = self.b.ins().iconst(self.ptr_ty, row_len);
         self.b.ins().call(fref, &[row, row, n]);
         Ok(())
+    }
+
+    /// The sum of the cached row of the f32 value `v`: one call of the wide path's row
+    /// sum `ndfuse_wide_sum(row, row_len)` (`wide::reduce`, its own order of additions).
+    pub(super) fn wide_sum_call(
+        &mut self,
+        cache: &SweepCache<'_>,
+        v: usize,
+        row_len: i64,
+    ) -> Result<Value, String> {
+        let ptr = self.ptr_ty;
+        let fref = self.wide_import(
+            crate::wide::reduce::SUM_SYMBOL,
+            &[ptr, ptr],
+            Some(types::F32),
+        )?;
+        let at = cache.plan.at[v].expect("summed rows are cached (a bug)");
+        let row = self.b.ins().iadd_imm_s(cache.base, at);
+        let n = self.b.ins().iconst(self.ptr_ty, row_len);
+        let call = self.b.ins().call(fref, &[row, n]);
+        Ok(self.b.inst_results(call)[0])
+    }
+
+    /// The wide routine `name` (C ABI, the module's default call convention) as a
+    /// function of this one, declared as an import on first use.
+    fn wide_import(
+        &mut self,
+        name: &'static str,
+        params: &[Type],
+        ret: Option<Type>,
+    ) -> Result<cranelift_codegen::ir::FuncRef, String> {
+        if let Some(&(_, _, fref)) = self.imports.iter().find(|(n, _, _)| *n == name) {
+            return Ok(fref);
+        }
+        let mut sig = self.module.make_signature();
+        sig.params.extend(params.iter().map(|&t| AbiParam::new(t)));
+        sig.returns.extend(ret.map(AbiParam::new));
+        let id = self
+            .module
+            .declare_function(name, Linkage::Import, &sig)
+            .map_err(|e| format!("declaring {name}: {e}"))?;
+        let fref = self.module.declare_func_in_func(id, self.b.func);
+        self.imports.push((name, id, fref));
+        Ok(fref)
     }
 
     fn cache_address(

@@ -47,7 +47,7 @@ use super::vector;
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_module::Module;
-use ndfuse_ir::{Accumulate, Expr, Kernel, Level};
+use ndfuse_ir::{Accumulate, DType, Expr, Kernel, Level};
 
 /// `a + b` for offsets: one add of the variable parts at most.
 fn sum_offsets<M: Module>(lw: &mut Lowering<'_, '_, M>, a: &Offset, b: Offset) -> Offset {
@@ -204,6 +204,11 @@ impl<M: Module> Lowering<'_, '_, M> {
             });
             let results = match (phase, split, scratch) {
                 (Phase::Whole, _, _) => match &env {
+                    Some(env) if wide_sum_operand(kernel, env, &reduces).is_some() => {
+                        let c = env.cache.expect("a wide sum reads the cache");
+                        let x = Kernel::operands(&kernel.body[reduces[0]].expr)[0].index();
+                        vec![self.wide_sum_call(&c, x, row_len)?]
+                    }
                     Some(env) => {
                         let (accs, finals) =
                             self.reduce_sweep(kernel, env, &reduces, &values, range)?;
@@ -545,6 +550,30 @@ impl<M: Module> Lowering<'_, '_, M> {
         }
         Ok(())
     }
+}
+
+/// The operand of the sweep's one reduction where the sweep is a wide row sum: a `Sum`
+/// on f32 of a filled (wide) f32 value, read from the row cache, and nothing else
+/// computed in the sweep. Such a sweep is one call of `ndfuse_wide_sum` on the cached
+/// row (`wide::reduce`), whose order of additions is its own: fixed by the row's
+/// length alone, the same on every tier and thread count, not the 128-bit loop's.
+fn wide_sum_operand(kernel: &Kernel, env: &SweepEnv<'_>, reduces: &[usize]) -> Option<usize> {
+    let c = env.cache.as_ref()?;
+    let &[v] = reduces else {
+        return None;
+    };
+    let Expr::Reduce(Accumulate::Sum, x) = kernel.body[v].expr else {
+        return None;
+    };
+    let x = x.index();
+    let pass = c.pass();
+    let only_x = pass.need.iter().enumerate().all(|(u, &n)| n == (u == x));
+    (kernel.body[v].dtype == DType::F32
+        && kernel.body[x].dtype == DType::F32
+        && only_x
+        && pass.load[x]
+        && c.plan.passes.iter().any(|p| p.fill.contains(&x)))
+    .then_some(x)
 }
 
 /// The element values each sweep computes for its own use (see `cache::plan`): the
