@@ -1,12 +1,17 @@
 //! Row programs on the wide path (their wide values made a whole row at a time in the
 //! row cache by the AVX-512/AVX2 routines) against the same kernels on the 128-bit
-//! code alone: the same bits for every output, for softmax on f32, f16 and bf16 at rows
-//! of 4096, 1007 and 5 elements, a log-sum-exp, a row program whose tanh and sigmoid
-//! are cached, a chain of two wide ops in one sweep, and a row read across a
-//! transposed view; on 1, 2 and 4 threads. Each checks that the wide path called the
-//! routine and that the 128-bit code did not.
+//! code alone, for softmax on f32, f16 and bf16 at rows of 4096, 1007 and 5 elements,
+//! a log-sum-exp, a row program whose tanh and sigmoid are cached, a chain of two wide
+//! ops in one sweep, and a row read across a transposed view; on 1, 2 and 4 threads.
+//! Each checks that the wide path called the routines and that the 128-bit code did
+//! not, and that every tier and thread count gives the same bits.
 //! Kernels below 2^16 positions stay on the 128-bit code (as element-wise ones do).
-//! Tolerance: the same bits (two NaNs count as equal whatever their payload).
+//! Tolerance: the same bits (two NaNs count as equal whatever their payload), except
+//! where a sweep is the wide row sum (`ndfuse_wide_sum`, its own order of additions):
+//! there within 2nε (n-term sums, ε = 2^-24) of the 128-bit code (see [`Tol`]).
+//! The row sum itself: its order transcribed here (the same bits), within n·ε·Σ|x| of
+//! an f64 sum, NaN and infinities as a sum; the shifted exp (`ndfuse_wide_exp_shift`):
+//! the bits of the subtraction then the exp routine.
 
 mod builder;
 
@@ -227,6 +232,88 @@ fn softmax_on_every_float_type_and_row_length_matches_the_128_bit_code() {
     }
 }
 
+/// Whether `kernel` compiled for every tier calls `ndfuse_wide_exp_shift` (the fill
+/// pass and the exp of `exp(x - m)` in one routine reading the row of `x`).
+fn shifts(kernel: &Kernel) -> Vec<bool> {
+    tiers()
+        .into_iter()
+        .map(|t| {
+            let ck = compile_with(kernel, Some(t)).expect("compiles");
+            ck.clif().contains("ndfuse_wide_exp_shift")
+        })
+        .collect()
+}
+
+#[test]
+fn softmax_on_f32_rows_reads_its_exp_from_the_row_in_one_routine() {
+    for len in [4096, 1007, 5] {
+        let k = softmax(DType::F32, 66_000usize.div_ceil(len), len);
+        assert!(shifts(&k).iter().all(|&s| s), "f32 rows of {len}");
+    }
+    // f16 rows are converted first: a fill pass, then the exp routine.
+    let k = softmax(DType::F16, 24, 4096);
+    assert!(shifts(&k).iter().all(|&s| !s), "f16");
+}
+
+#[test]
+fn a_shifted_exp_stored_as_is_keeps_the_bits_of_the_128_bit_code() {
+    // exp(x - m) with no sum after it: the routine's values themselves are the output.
+    for (rows, len) in [(24, 4096), (67, 1007), (13_200, 5)] {
+        let mut kb = KernelBuilder::new(&format!("k_exp_shift_{len}"), &[rows, len]);
+        kb.reduce_over(&[1]);
+        let x = kb.load(DType::F32);
+        let m = kb.reduce(Accumulate::Max, x);
+        let d = kb.binary(BinaryOp::Sub, x, m);
+        let e = kb.unary(UnaryOp::Exp, d);
+        kb.store(e);
+        let k = kb.build();
+        assert!(shifts(&k).iter().all(|&s| s), "rows of {len}");
+        check(&k, &[UnaryOp::Exp], Tol::Bits);
+    }
+}
+
+#[test]
+fn the_shifted_exp_gives_the_bits_of_the_subtraction_then_the_exp_routine() {
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.0,
+        0.0,
+        88.7,
+        -104.0,
+    ];
+    for n in [1usize, 5, 15, 16, 17, 1007, 4096] {
+        let mut x = mixed(n, 0xE4 + n as u64);
+        for (i, &s) in specials.iter().enumerate() {
+            if i * 7 < n {
+                x[i * 7] = s;
+            }
+        }
+        for shift in [0.0f32, 3.5, -2.25, 100.0, f32::INFINITY, f32::NAN] {
+            let d: Vec<f32> = x.iter().map(|&v| v - shift).collect();
+            for tier in tiers() {
+                let mut want = vec![0.0f32; n];
+                assert!(wide::unary(UnaryOp::Exp, tier, &d, &mut want));
+                let mut got = vec![0.0f32; n];
+                assert!(wide::exp_shift(tier, &x, shift, &mut got));
+                for j in 0..n {
+                    let same = got[j].to_bits() == want[j].to_bits()
+                        || (got[j].is_nan() && want[j].is_nan());
+                    assert!(
+                        same,
+                        "n = {n}, shift {shift}, {} at {j}: exp({} - shift) = {} against {}",
+                        tier.name(),
+                        x[j],
+                        got[j],
+                        want[j]
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn softmax_across_a_transposed_view_matches() {
     // Rows read with a stride: the fill pass and the sweeps stay scalar.
@@ -244,7 +331,12 @@ fn softmax_across_a_transposed_view_matches() {
     let s = kb.reduce(Accumulate::Sum, e);
     let o = kb.binary(BinaryOp::Div, e, s);
     kb.store(o);
-    check(&kb.build(), &[UnaryOp::Exp], Tol::SumOf(len));
+    let k = kb.build();
+    assert!(
+        shifts(&k).iter().all(|&s| !s),
+        "a strided row is filled first"
+    );
+    check(&k, &[UnaryOp::Exp], Tol::SumOf(len));
 }
 
 #[test]

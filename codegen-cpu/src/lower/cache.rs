@@ -25,6 +25,7 @@
 //! softmax on the wide path:
 //!   sweep 0: m = max x
 //!   fill:    cache[j] = x - m;  ndfuse_wide_exp(cache, cache, row_len)
+//!            (f32 x contiguous along the row: ndfuse_wide_exp_shift(x, m, cache, row_len))
 //!   sweep 1: s = ndfuse_wide_sum(cache, row_len)
 //!   stores:  out = cache[j] / s
 //! ```
@@ -532,6 +533,26 @@ impl<M: Module> Lowering<'_, '_, M> {
         let n = self.b.ins().iconst(self.ptr_ty, row_len);
         let call = self.b.ins().call(fref, &[row, n]);
         Ok(self.b.inst_results(call)[0])
+    }
+
+    /// `v = exp(src[j] - shift)` into the cached row of `v`, `src` the address of the
+    /// row's first element: one call of `ndfuse_wide_exp_shift(src, shift, row,
+    /// row_len)` (`wide::shift`), the fill pass and the exp in one.
+    pub(super) fn wide_exp_shift_call(
+        &mut self,
+        cache: &SweepCache<'_>,
+        v: usize,
+        (src, shift): (Value, Value),
+        row_len: i64,
+    ) -> Result<(), String> {
+        let ptr = self.ptr_ty;
+        let name = crate::wide::shift::EXP_SHIFT_SYMBOL;
+        let fref = self.wide_import(name, &[ptr, types::F32, ptr, ptr], None)?;
+        let at = cache.plan.at[v].expect("filled values are cached (a bug)");
+        let row = self.b.ins().iadd_imm_s(cache.base, at);
+        let n = self.b.ins().iconst(self.ptr_ty, row_len);
+        self.b.ins().call(fref, &[src, shift, row, n]);
+        Ok(())
     }
 
     /// The wide routine `name` (C ABI, the module's default call convention) as a

@@ -44,10 +44,11 @@ use super::sweep::{
     Schedule, SweepEnv,
 };
 use super::vector;
+use crate::index::Access;
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_module::Module;
-use ndfuse_ir::{Accumulate, DType, Expr, Kernel, Level};
+use ndfuse_ir::{Accumulate, BinaryOp, DType, Expr, Kernel, Level, UnaryOp};
 
 /// `a + b` for offsets: one add of the variable parts at most.
 fn sum_offsets<M: Module>(lw: &mut Lowering<'_, '_, M>, a: &Offset, b: Offset) -> Offset {
@@ -532,6 +533,17 @@ impl<M: Module> Lowering<'_, '_, M> {
             }
             Ok(Vec::new())
         };
+        if let Some((x, r)) = shifted_exp(kernel, env, &fills) {
+            // exp(x - r) of a contiguous row of x: one routine reads the row itself.
+            let Expr::Load { input, .. } = kernel.body[x].expr else {
+                panic!("v{x}: a shifted exp's operand is a load (a bug)");
+            };
+            let off = env.kept_offsets[x].expect("loads have row offsets");
+            let (addr, imm) = self.address(env.in_bases[input], off, DType::F32);
+            let src = self.b.ins().iadd_imm_s(addr, i64::from(imm));
+            let shift = values[r].expect("row values are computed before the fill");
+            return self.wide_exp_shift_call(&c, fills[0].0, (src, shift), row_len);
+        }
         let range = Range::Whole(row_len);
         let operands: Vec<usize> = fills.iter().map(|&(_, u)| u).collect();
         match vector::fill_type(kernel, env, &pass.need, &operands) {
@@ -574,6 +586,43 @@ fn wide_sum_operand(kernel: &Kernel, env: &SweepEnv<'_>, reduces: &[usize]) -> O
         && pass.load[x]
         && c.plan.passes.iter().any(|p| p.fill.contains(&x)))
     .then_some(x)
+}
+
+/// `(x, r)` where a fill pass makes one value, `exp(x - r)` on f32, `x` a load
+/// contiguous along the row and `r` a row value, and computes nothing else: then one
+/// call of `ndfuse_wide_exp_shift` reads the row of `x` itself (`wide::shift`, the
+/// bits of the fill pass and the exp routine).
+fn shifted_exp(
+    kernel: &Kernel,
+    env: &SweepEnv<'_>,
+    fills: &[(usize, usize)],
+) -> Option<(usize, usize)> {
+    let &[(v, u)] = fills else {
+        return None;
+    };
+    let Expr::Binary(BinaryOp::Sub, x, r) = kernel.body[u].expr else {
+        return None;
+    };
+    let (x, r) = (x.index(), r.index());
+    let pass = env.cache.as_ref()?.pass();
+    let f32s = [v, u, x, r]
+        .iter()
+        .all(|&w| kernel.body[w].dtype == DType::F32);
+    let only = pass
+        .need
+        .iter()
+        .enumerate()
+        .all(|(w, &n)| n == (w == u || w == x));
+    (matches!(kernel.body[v].expr, Expr::Unary(UnaryOp::Exp, _))
+        && matches!(kernel.body[x].expr, Expr::Load { .. })
+        && matches!(env.ix.loads[x], Some((_, Access::Contiguous)))
+        && env.levels[x] == Level::Element
+        && env.levels[r] == Level::Row
+        && f32s
+        && only
+        && !pass.load[x]
+        && !pass.load[u])
+        .then_some((x, r))
 }
 
 /// The element values each sweep computes for its own use (see `cache::plan`): the

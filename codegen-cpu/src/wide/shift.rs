@@ -1,0 +1,102 @@
+//! exp of a row shifted by one value, `dst[j] = exp(src[j] - shift)`, on wide registers:
+//! a row program's fill pass and its exp in one routine (softmax's `exp(x - max)`,
+//! read from the input row itself: `lower::rows`).
+//!
+//! The subtraction is the f32 one the fill pass does, and the exp is `exp`'s generic
+//! code (`wide::exp`), so every element gets the bits of the fill pass followed by
+//! `ndfuse_wide_exp`, on every tier.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+
+use super::lanes::Lanes;
+use super::tier::Tier;
+
+/// `dst[j] = exp(src[j] - shift)` for `j < n` (C ABI, so JIT code may call it); `src`
+/// and `dst` may be the same pointer, never otherwise overlapping.
+pub(crate) type ShiftFn =
+    unsafe extern "C" fn(src: *const f32, shift: f32, dst: *mut f32, n: usize);
+
+/// The symbol JIT code calls the routine by.
+pub(crate) const EXP_SHIFT_SYMBOL: &str = "ndfuse_wide_exp_shift";
+
+/// The routine of `tier`, where the host has it.
+pub(crate) fn exp_shift_fn(tier: Tier) -> Option<ShiftFn> {
+    if !tier.available() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        Some(match tier {
+            Tier::Avx512 => exp_shift_avx512 as ShiftFn,
+            Tier::Avx2 => exp_shift_avx2 as ShiftFn,
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
+/// `exp(src[j] - shift)` into `dst` with `tier`'s routine; `false` (nothing written)
+/// when the host does not have the tier or the lengths differ. For tests.
+pub fn exp_shift(tier: Tier, src: &[f32], shift: f32, dst: &mut [f32]) -> bool {
+    let Some(f) = exp_shift_fn(tier).filter(|_| src.len() == dst.len()) else {
+        return false;
+    };
+    // SAFETY: a routine of a tier the host has (`Tier::available`); `src` and `dst`
+    // are distinct slices of `n` elements each.
+    unsafe { f(src.as_ptr(), shift, dst.as_mut_ptr(), src.len()) };
+    true
+}
+
+/// The widest register of any tier, in f32 lanes (the tail buffer).
+const MAX_LANES: usize = 16;
+
+/// The routine's body on `l`'s registers; the last partial register goes through a
+/// stack buffer (its unused lanes 0.0), so it gets the bits a full one would.
+///
+/// # Safety
+/// `src` must be valid for reading and `dst` for writing `n` f32; they may be the same
+/// pointer, and must not overlap otherwise.
+#[inline(always)]
+unsafe fn exp_shift_on<L: Lanes>(l: L, src: *const f32, shift: f32, dst: *mut f32, n: usize) {
+    const { assert!(L::LANES <= MAX_LANES) };
+    let s = l.splat(shift);
+    let full = n - n % L::LANES;
+    let mut i = 0;
+    while i < full {
+        // SAFETY: i + LANES <= full <= n: both registers lie inside the caller's
+        // ranges; register i is read whole before it is written, so in place works.
+        unsafe {
+            let x = l.sub(l.load(src.add(i)), s);
+            l.store(dst.add(i), super::exp::exp(l, x));
+        }
+        i += L::LANES;
+    }
+    let rest = n - full;
+    if rest > 0 {
+        let mut buf = [0.0f32; MAX_LANES];
+        // SAFETY: `src[full..n]` and `dst[full..n]` lie in the caller's ranges; `buf`
+        // (a local, so overlapping neither) holds MAX_LANES >= LANES >= rest f32.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.add(full), buf.as_mut_ptr(), rest);
+            let x = l.sub(l.load(buf.as_ptr()), s);
+            l.store(buf.as_mut_ptr(), super::exp::exp(l, x));
+            std::ptr::copy_nonoverlapping(buf.as_ptr(), dst.add(full), rest);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma,f16c")]
+unsafe extern "C" fn exp_shift_avx512(src: *const f32, shift: f32, dst: *mut f32, n: usize) {
+    // SAFETY: a `ShiftFn`'s contract: the caller checked that the host has this
+    // routine's features (the token's requirement) and the pointers' ranges.
+    unsafe { exp_shift_on(super::lanes::Avx512::assume(), src, shift, dst, n) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe extern "C" fn exp_shift_avx2(src: *const f32, shift: f32, dst: *mut f32, n: usize) {
+    // SAFETY: as for the AVX-512 routine, with AVX2's features.
+    unsafe { exp_shift_on(super::lanes::Avx2::assume(), src, shift, dst, n) }
+}
