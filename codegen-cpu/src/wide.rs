@@ -26,7 +26,7 @@ pub(crate) mod shift;
 pub(crate) mod tier;
 
 use ndfuse_ir::{DType, UnaryOp};
-pub use reduce::sum;
+pub use reduce::{max, sum};
 pub use shift::exp_shift;
 pub use tier::{available, tier, Tier};
 pub(crate) use tier::{LoadFn, StoreFn, UnaryFn};
@@ -57,13 +57,15 @@ pub(crate) fn symbol(op: UnaryOp) -> String {
 
 /// The symbols and addresses of `tier`'s unary routines, for a JIT module whose code
 /// calls them ([`symbol`]; C ABI: `(src, dst, n)`), and of its row sum
-/// (`ndfuse_wide_sum`, `(src, n) -> f32`: `reduce`) and shifted exp
+/// and max (`ndfuse_wide_sum`, `ndfuse_wide_max`, `(src, n) -> f32`: `reduce`) and
+/// shifted exp
 /// (`ndfuse_wide_exp_shift`, `(src, shift, dst, n)`: `shift`).
 pub(crate) fn symbols(tier: Tier) -> Vec<(String, usize)> {
     UNARY_OPS
         .iter()
         .filter_map(|&op| unary_fn(op, tier).map(|f| (symbol(op), f as usize)))
         .chain(reduce::sum_fn(tier).map(|f| (reduce::SUM_SYMBOL.to_string(), f as usize)))
+        .chain(reduce::max_fn(tier).map(|f| (reduce::MAX_SYMBOL.to_string(), f as usize)))
         .chain(shift::exp_shift_fn(tier).map(|f| (shift::EXP_SHIFT_SYMBOL.to_string(), f as usize)))
         .collect()
 }

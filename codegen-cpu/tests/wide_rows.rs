@@ -11,7 +11,8 @@
 //! there within 2nε (n-term sums, ε = 2^-24) of the 128-bit code (see [`Tol`]).
 //! The row sum itself: its order transcribed here (the same bits), within n·ε·Σ|x| of
 //! an f64 sum, NaN and infinities as a sum; the shifted exp (`ndfuse_wide_exp_shift`):
-//! the bits of the subtraction then the exp routine.
+//! the bits of the subtraction then the exp routine; the row max (`ndfuse_wide_max`):
+//! IEEE `maximum` (NaN, +0 above -0) on every tier, a row-max kernel the 128-bit bits.
 
 mod builder;
 
@@ -552,6 +553,95 @@ fn softmax_rows_with_a_nan_are_nan_and_the_others_sum_to_one_on_the_wide_path() 
                 "{} row {r}: the outputs sum to {total}",
                 tier.name()
             );
+        }
+    }
+}
+
+/// IEEE 754-2019 `maximum` of a non-empty row, the 128-bit code's `fmax` fold: NaN if
+/// any element is NaN, else the largest, +0 above -0.
+fn maximum(x: &[f32]) -> f32 {
+    x.iter().fold(f32::NEG_INFINITY, |m, &v| {
+        if m.is_nan() || v.is_nan() {
+            f32::NAN
+        } else if v > m || (v == 0.0 && m == 0.0 && v.is_sign_positive()) {
+            v
+        } else {
+            m
+        }
+    })
+}
+
+/// Rows that probe a max: zeros of both signs, infinities, NaNs of both signs.
+fn max_rows(n: usize) -> Vec<Vec<f32>> {
+    let neg_nan = f32::from_bits(0xFFC0_0001);
+    let mut rows = vec![
+        mixed(n, 3 + n as u64),
+        vec![-0.0; n],
+        vec![f32::NEG_INFINITY; n],
+        mixed(n, 5).iter().map(|v| -v.abs()).collect(),
+    ];
+    for at in [0, n / 2, n - 1] {
+        let mut zeros = vec![-0.0f32; n];
+        zeros[at] = 0.0;
+        rows.push(zeros);
+        for special in [f32::NAN, neg_nan, f32::INFINITY] {
+            let mut r = mixed(n, 9 + at as u64);
+            r[at] = special;
+            rows.push(r);
+        }
+    }
+    rows
+}
+
+#[test]
+fn the_wide_row_max_is_ieee_maximum_on_every_tier() {
+    for n in [1usize, 5, 31, 32, 33, 63, 64, 65, 1007, 4096] {
+        for (k, x) in max_rows(n).iter().enumerate() {
+            let want = maximum(x);
+            for tier in tiers() {
+                let got = wide::max(tier, x).expect("available, non-empty");
+                let same = got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan());
+                assert!(
+                    same,
+                    "n = {n} row {k}, {}: {got} against {want}",
+                    tier.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_row_max_kernel_keeps_the_bits_of_the_128_bit_code() {
+    // Rows of zeros of both signs, infinities and NaNs, then ordinary rows.
+    let len = 1007;
+    let mut vals: Vec<f32> = max_rows(len).concat();
+    let probes = vals.len() / len;
+    let rows = 66;
+    vals.extend(mixed((rows - probes) * len, 21));
+    let k = {
+        let mut kb = KernelBuilder::new("k_row_max", &[rows, len]);
+        kb.reduce_over(&[1]);
+        let x = kb.load(DType::F32);
+        let m = kb.reduce(Accumulate::Max, x);
+        kb.store_rows(m);
+        kb.build()
+    };
+    let vals: Vec<f64> = vals.iter().map(|&v| f64::from(v)).collect();
+    let ins = [HostArray::from_f64s(
+        DType::F32,
+        Shape::new([rows * len]),
+        &vals,
+    )];
+    let narrow = compile_with(&k, None).expect("compiles");
+    assert!(!narrow.clif().contains("ndfuse_wide_max"));
+    let want = bits(&run_on(&narrow, &k, &ins, 2)[0]);
+    for tier in tiers() {
+        let ck = compile_with(&k, Some(tier)).expect("compiles");
+        assert!(ck.clif().contains("ndfuse_wide_max"), "{}", tier.name());
+        for threads in [1, 2, 4] {
+            let got = bits(&run_on(&ck, &k, &ins, threads)[0]);
+            assert_eq!(got, want, "{}, {threads} threads", tier.name());
         }
     }
 }

@@ -23,7 +23,7 @@
 //!
 //! ```text
 //! softmax on the wide path:
-//!   sweep 0: m = max x
+//!   sweep 0: m = ndfuse_wide_max(x, row_len)      (f32 x contiguous along the row)
 //!   fill:    cache[j] = x - m;  ndfuse_wide_exp(cache, cache, row_len)
 //!            (f32 x contiguous along the row: ndfuse_wide_exp_shift(x, m, cache, row_len))
 //!   sweep 1: s = ndfuse_wide_sum(cache, row_len)
@@ -522,16 +522,23 @@ impl<M: Module> Lowering<'_, '_, M> {
         v: usize,
         row_len: i64,
     ) -> Result<Value, String> {
-        let ptr = self.ptr_ty;
-        let fref = self.wide_import(
-            crate::wide::reduce::SUM_SYMBOL,
-            &[ptr, ptr],
-            Some(types::F32),
-        )?;
         let at = cache.plan.at[v].expect("summed rows are cached (a bug)");
         let row = self.b.ins().iadd_imm_s(cache.base, at);
+        self.wide_reduce_call(crate::wide::reduce::SUM_SYMBOL, row, row_len)
+    }
+
+    /// A row reduction of the wide path (`wide::reduce`: `name(src, row_len) -> f32`)
+    /// over the `row_len` f32 at `src`: one call.
+    pub(super) fn wide_reduce_call(
+        &mut self,
+        name: &'static str,
+        src: Value,
+        row_len: i64,
+    ) -> Result<Value, String> {
+        let ptr = self.ptr_ty;
+        let fref = self.wide_import(name, &[ptr, ptr], Some(types::F32))?;
         let n = self.b.ins().iconst(self.ptr_ty, row_len);
-        let call = self.b.ins().call(fref, &[row, n]);
+        let call = self.b.ins().call(fref, &[src, n]);
         Ok(self.b.inst_results(call)[0])
     }
 

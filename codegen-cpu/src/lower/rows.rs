@@ -205,6 +205,14 @@ impl<M: Module> Lowering<'_, '_, M> {
             });
             let results = match (phase, split, scratch) {
                 (Phase::Whole, _, _) => match &env {
+                    Some(env) if self.wide_max_load(kernel, env, &reduces).is_some() => {
+                        let x = self
+                            .wide_max_load(kernel, env, &reduces)
+                            .expect("just found");
+                        let src = self.row_start(kernel, env, x);
+                        let name = crate::wide::reduce::MAX_SYMBOL;
+                        vec![self.wide_reduce_call(name, src, row_len)?]
+                    }
                     Some(env) if wide_sum_operand(kernel, env, &reduces).is_some() => {
                         let c = env.cache.expect("a wide sum reads the cache");
                         let x = Kernel::operands(&kernel.body[reduces[0]].expr)[0].index();
@@ -535,12 +543,7 @@ impl<M: Module> Lowering<'_, '_, M> {
         };
         if let Some((x, r)) = shifted_exp(kernel, env, &fills) {
             // exp(x - r) of a contiguous row of x: one routine reads the row itself.
-            let Expr::Load { input, .. } = kernel.body[x].expr else {
-                panic!("v{x}: a shifted exp's operand is a load (a bug)");
-            };
-            let off = env.kept_offsets[x].expect("loads have row offsets");
-            let (addr, imm) = self.address(env.in_bases[input], off, DType::F32);
-            let src = self.b.ins().iadd_imm_s(addr, i64::from(imm));
+            let src = self.row_start(kernel, env, x);
             let shift = values[r].expect("row values are computed before the fill");
             return self.wide_exp_shift_call(&c, fills[0].0, (src, shift), row_len);
         }
@@ -561,6 +564,54 @@ impl<M: Module> Lowering<'_, '_, M> {
             self.wide_call(&c, (v, op), row_len)?;
         }
         Ok(())
+    }
+}
+
+impl<M: Module> Lowering<'_, '_, M> {
+    /// The address of the current row's first element of the load `x` (f32).
+    fn row_start(&mut self, kernel: &Kernel, env: &SweepEnv<'_>, x: usize) -> Value {
+        let Expr::Load { input, .. } = kernel.body[x].expr else {
+            panic!("v{x}: a row read whole is a load (a bug)");
+        };
+        let off = env.kept_offsets[x].expect("loads have row offsets");
+        let (addr, imm) = self.address(env.in_bases[input], off, DType::F32);
+        self.b.ins().iadd_imm_s(addr, i64::from(imm))
+    }
+
+    /// The load of the sweep's one reduction where the sweep is a wide row max: a
+    /// `Max` on f32 of an f32 load contiguous along the row, nothing else computed in
+    /// the sweep, in a kernel on the wide path (as `cache::plan` decides it). The max is
+    /// exact, so `ndfuse_wide_max` (`wide::reduce`) gives the 128-bit loop's value (a
+    /// NaN where it gives a NaN, whatever the payload).
+    fn wide_max_load(
+        &self,
+        kernel: &Kernel,
+        env: &SweepEnv<'_>,
+        reduces: &[usize],
+    ) -> Option<usize> {
+        let wide = self.wide.is_some()
+            && crate::vmath::builder::use_fma()
+            && kernel.domain.numel() >= crate::blocks::BLOCKS_FROM;
+        let &[v] = reduces else {
+            return None;
+        };
+        let Expr::Reduce(Accumulate::Max, x) = kernel.body[v].expr else {
+            return None;
+        };
+        let x = x.index();
+        let need = match &env.cache {
+            Some(c) if c.loads(x) => return None,
+            Some(c) => c.pass().need.clone(),
+            None => element_closure(kernel, env.levels, &[x]),
+        };
+        let only_x = need.iter().enumerate().all(|(u, &n)| n == (u == x));
+        (wide
+            && only_x
+            && kernel.body[v].dtype == DType::F32
+            && kernel.body[x].dtype == DType::F32
+            && matches!(kernel.body[x].expr, Expr::Load { .. })
+            && matches!(env.ix.loads[x], Some((_, Access::Contiguous))))
+        .then_some(x)
     }
 }
 
