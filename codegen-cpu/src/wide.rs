@@ -27,7 +27,7 @@ pub(crate) mod tier;
 
 use ndfuse_ir::{DType, UnaryOp};
 pub use reduce::{max, sum};
-pub use shift::exp_shift;
+pub use shift::{div, exp_shift};
 pub use tier::{available, tier, Tier};
 pub(crate) use tier::{LoadFn, StoreFn, UnaryFn};
 
@@ -56,10 +56,10 @@ pub(crate) fn symbol(op: UnaryOp) -> String {
 }
 
 /// The symbols and addresses of `tier`'s unary routines, for a JIT module whose code
-/// calls them ([`symbol`]; C ABI: `(src, dst, n)`), and of its row sum
-/// and max (`ndfuse_wide_sum`, `ndfuse_wide_max`, `(src, n) -> f32`: `reduce`) and
-/// shifted exp
-/// (`ndfuse_wide_exp_shift`, `(src, shift, dst, n)`: `shift`).
+/// calls them ([`symbol`]; C ABI: `(src, dst, n)`); and of its row routines: sum and
+/// max (`ndfuse_wide_sum`, `ndfuse_wide_max`, `(src, n) -> f32`: `reduce`), shifted
+/// exp and division (`ndfuse_wide_exp_shift`, `ndfuse_wide_div`, `(src, x, dst, n)`:
+/// `shift`).
 pub(crate) fn symbols(tier: Tier) -> Vec<(String, usize)> {
     UNARY_OPS
         .iter()
@@ -67,6 +67,7 @@ pub(crate) fn symbols(tier: Tier) -> Vec<(String, usize)> {
         .chain(reduce::sum_fn(tier).map(|f| (reduce::SUM_SYMBOL.to_string(), f as usize)))
         .chain(reduce::max_fn(tier).map(|f| (reduce::MAX_SYMBOL.to_string(), f as usize)))
         .chain(shift::exp_shift_fn(tier).map(|f| (shift::EXP_SHIFT_SYMBOL.to_string(), f as usize)))
+        .chain(shift::div_fn(tier).map(|f| (shift::DIV_SYMBOL.to_string(), f as usize)))
         .collect()
 }
 

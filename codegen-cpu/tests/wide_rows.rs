@@ -12,7 +12,9 @@
 //! The row sum itself: its order transcribed here (the same bits), within n·ε·Σ|x| of
 //! an f64 sum, NaN and infinities as a sum; the shifted exp (`ndfuse_wide_exp_shift`):
 //! the bits of the subtraction then the exp routine; the row max (`ndfuse_wide_max`):
-//! IEEE `maximum` (NaN, +0 above -0) on every tier, a row-max kernel the 128-bit bits.
+//! IEEE `maximum` (NaN, +0 above -0) on every tier, a row-max kernel the 128-bit bits;
+//! the row division (`ndfuse_wide_div`): IEEE division, and in a kernel the 128-bit
+//! bits.
 
 mod builder;
 
@@ -643,5 +645,70 @@ fn a_row_max_kernel_keeps_the_bits_of_the_128_bit_code() {
             let got = bits(&run_on(&ck, &k, &ins, threads)[0]);
             assert_eq!(got, want, "{}, {threads} threads", tier.name());
         }
+    }
+}
+
+#[test]
+fn the_wide_row_division_is_the_ieee_division() {
+    for n in [1usize, 5, 15, 16, 17, 1007, 4096] {
+        let mut x = mixed(n, 0xD1 + n as u64);
+        for (i, s) in [f32::NAN, f32::INFINITY, -0.0, 0.0, f32::MIN_POSITIVE]
+            .into_iter()
+            .enumerate()
+        {
+            if i * 3 < n {
+                x[i * 3] = s;
+            }
+        }
+        for d in [3.0f32, -7.5, 1e-30, 0.0, -0.0, f32::INFINITY, f32::NAN] {
+            for tier in tiers() {
+                let mut got = vec![0.0f32; n];
+                assert!(wide::div(tier, &x, d, &mut got));
+                for j in 0..n {
+                    let want = x[j] / d;
+                    let same =
+                        got[j].to_bits() == want.to_bits() || (got[j].is_nan() && want.is_nan());
+                    assert!(
+                        same,
+                        "n = {n}, {}: {} / {d} = {} against {want}",
+                        tier.name(),
+                        x[j],
+                        got[j]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_cached_row_divided_by_a_row_value_keeps_the_bits_of_the_128_bit_code() {
+    // exp(x - m) / m: the max, the shifted exp and the division all give the 128-bit
+    // code's bits on the wide path (no sum is involved).
+    for (rows, len) in [(24, 4096), (67, 1007), (13_200, 5)] {
+        let mut kb = KernelBuilder::new(&format!("k_exp_over_max_{len}"), &[rows, len]);
+        kb.reduce_over(&[1]);
+        let x = kb.load(DType::F32);
+        let m = kb.reduce(Accumulate::Max, x);
+        let d = kb.binary(BinaryOp::Sub, x, m);
+        let e = kb.unary(UnaryOp::Exp, d);
+        let o = kb.binary(BinaryOp::Div, e, m);
+        kb.store(o);
+        let k = kb.build();
+        for tier in tiers() {
+            let ck = compile_with(&k, Some(tier)).expect("compiles");
+            for name in [
+                "ndfuse_wide_div",
+                "ndfuse_wide_max",
+                "ndfuse_wide_exp_shift",
+            ] {
+                assert!(
+                    ck.clif().contains(name),
+                    "rows of {len}, {}: no {name}",
+                    tier.name()
+                );
+            }
+        }
+        check(&k, &[UnaryOp::Exp], Tol::Bits);
     }
 }

@@ -27,7 +27,7 @@
 //!   fill:    cache[j] = x - m;  ndfuse_wide_exp(cache, cache, row_len)
 //!            (f32 x contiguous along the row: ndfuse_wide_exp_shift(x, m, cache, row_len))
 //!   sweep 1: s = ndfuse_wide_sum(cache, row_len)
-//!   stores:  out = cache[j] / s
+//!   stores:  out = cache[j] / s                    (ndfuse_wide_div(cache, s, out, row_len))
 //! ```
 //!
 //! The routine gives the inline code's bits (`wide`), so the cached values are the
@@ -552,13 +552,24 @@ impl<M: Module> Lowering<'_, '_, M> {
         (src, shift): (Value, Value),
         row_len: i64,
     ) -> Result<(), String> {
-        let ptr = self.ptr_ty;
-        let name = crate::wide::shift::EXP_SHIFT_SYMBOL;
-        let fref = self.wide_import(name, &[ptr, types::F32, ptr, ptr], None)?;
         let at = cache.plan.at[v].expect("filled values are cached (a bug)");
         let row = self.b.ins().iadd_imm_s(cache.base, at);
+        let name = crate::wide::shift::EXP_SHIFT_SYMBOL;
+        self.wide_row_call(name, (src, shift, row), row_len)
+    }
+
+    /// A row routine of the wide path (`wide::shift`: `name(src, x, dst, row_len)`,
+    /// `x` an f32) over the `row_len` f32 at `src` into those at `dst`: one call.
+    pub(super) fn wide_row_call(
+        &mut self,
+        name: &'static str,
+        (src, x, dst): (Value, Value, Value),
+        row_len: i64,
+    ) -> Result<(), String> {
+        let ptr = self.ptr_ty;
+        let fref = self.wide_import(name, &[ptr, types::F32, ptr, ptr], None)?;
         let n = self.b.ins().iconst(self.ptr_ty, row_len);
-        self.b.ins().call(fref, &[src, shift, row, n]);
+        self.b.ins().call(fref, &[src, x, dst, n]);
         Ok(())
     }
 

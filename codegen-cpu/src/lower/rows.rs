@@ -481,6 +481,20 @@ impl<M: Module> Lowering<'_, '_, M> {
             Some(c) => c.pass().need.clone(),
             None => element_closure(kernel, env.levels, &targets),
         };
+        if let Some((e, d)) = self.wide_div_store(kernel, env, &stores) {
+            // out = e / d, e a cached row: one routine writes the output row.
+            let c = env.cache.expect("a divided row is cached");
+            let at = c.plan.at[e].expect("a divided row is cached");
+            let src = self.b.ins().iadd_imm_s(c.base, at);
+            let (addr, imm) = self.address(out_bases[stores[0].output], *out_kept, DType::F32);
+            let dst = self.b.ins().iadd_imm_s(addr, i64::from(imm));
+            let d = values[d].expect("row values are computed before the stores");
+            let Range::Whole(n) = range else {
+                panic!("a wide store sweep is over a whole row (a bug)");
+            };
+            let name = crate::wide::shift::DIV_SYMBOL;
+            return self.wide_row_call(name, (src, d, dst), n);
+        }
         let (_, out_red) = env.ix.out.as_ref().expect("planned with element stores");
         let scalar = |lw: &mut Self, j: Value, _: &[Value]| {
             let ridx = lw.decompose(&env.ix.red, j);
@@ -576,6 +590,45 @@ impl<M: Module> Lowering<'_, '_, M> {
         let off = env.kept_offsets[x].expect("loads have row offsets");
         let (addr, imm) = self.address(env.in_bases[input], off, DType::F32);
         self.b.ins().iadd_imm_s(addr, i64::from(imm))
+    }
+
+    /// `(e, d)` where the store sweep is one f32 store of `e / d`, `e` a cached row
+    /// of a kernel on the wide path, `d` a row value, the output contiguous along the
+    /// row, and nothing else computed: one call of `ndfuse_wide_div` (`wide::shift`,
+    /// the same IEEE division) writes the output row.
+    fn wide_div_store(
+        &self,
+        kernel: &Kernel,
+        env: &SweepEnv<'_>,
+        stores: &[&ndfuse_ir::Store],
+    ) -> Option<(usize, usize)> {
+        let c = env.cache.as_ref()?;
+        let &[st] = stores else {
+            return None;
+        };
+        let o = st.value.index();
+        let Expr::Binary(BinaryOp::Div, e, d) = kernel.body[o].expr else {
+            return None;
+        };
+        let (e, d) = (e.index(), d.index());
+        let only = c
+            .pass()
+            .need
+            .iter()
+            .enumerate()
+            .all(|(u, &n)| n == (u == e || u == o));
+        let f32s = [o, e, d]
+            .iter()
+            .all(|&w| kernel.body[w].dtype == DType::F32);
+        (self.wide.is_some()
+            && c.plan.passes.iter().any(|p| p.fill.contains(&e))
+            && c.loads(e)
+            && env.levels[d] == Level::Row
+            && env.levels[e] == Level::Element
+            && f32s
+            && only
+            && matches!(env.ix.out, Some((_, Access::Contiguous))))
+        .then_some((e, d))
     }
 
     /// The load of the sweep's one reduction where the sweep is a wide row max: a

@@ -1,10 +1,13 @@
-//! exp of a row shifted by one value, `dst[j] = exp(src[j] - shift)`, on wide registers:
-//! a row program's fill pass and its exp in one routine (softmax's `exp(x - max)`,
-//! read from the input row itself: `lower::rows`).
+//! Row routines that apply one row value to every element of a row, on wide registers:
+//! exp of a shifted row, `dst[j] = exp(src[j] - shift)` (a row program's fill pass and
+//! its exp in one, softmax's `exp(x - max)` read from the input row itself), and a row
+//! divided by one value, `dst[j] = src[j] / d` (softmax's stores, `e / sum`); both
+//! called by `lower::rows`.
 //!
-//! The subtraction is the f32 one the fill pass does, and the exp is `exp`'s generic
-//! code (`wide::exp`), so every element gets the bits of the fill pass followed by
-//! `ndfuse_wide_exp`, on every tier.
+//! The subtraction and the division are the f32 ones the 128-bit loops do (IEEE, one
+//! rounding), and the exp is `exp`'s generic code (`wide::exp`), so every element gets
+//! the bits of the 128-bit code (the fill pass then `ndfuse_wide_exp`, or the store
+//! sweep's division), on every tier.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 use super::lanes::Lanes;
@@ -48,6 +51,40 @@ pub fn exp_shift(tier: Tier, src: &[f32], shift: f32, dst: &mut [f32]) -> bool {
     true
 }
 
+/// The symbol JIT code calls the division by (a [`ShiftFn`]'s signature: `(src, d,
+/// dst, n)`, `dst[j] = src[j] / d`).
+pub(crate) const DIV_SYMBOL: &str = "ndfuse_wide_div";
+
+/// The division routine of `tier`, where the host has it.
+pub(crate) fn div_fn(tier: Tier) -> Option<ShiftFn> {
+    if !tier.available() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        Some(match tier {
+            Tier::Avx512 => div_avx512 as ShiftFn,
+            Tier::Avx2 => div_avx2 as ShiftFn,
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
+/// `src[j] / d` into `dst` with `tier`'s routine; `false` (nothing written) when the
+/// host does not have the tier or the lengths differ. For tests.
+pub fn div(tier: Tier, src: &[f32], d: f32, dst: &mut [f32]) -> bool {
+    let Some(f) = div_fn(tier).filter(|_| src.len() == dst.len()) else {
+        return false;
+    };
+    // SAFETY: a routine of a tier the host has (`Tier::available`); `src` and `dst`
+    // are distinct slices of `n` elements each.
+    unsafe { f(src.as_ptr(), d, dst.as_mut_ptr(), src.len()) };
+    true
+}
+
 /// The widest register of any tier, in f32 lanes (the tail buffer).
 const MAX_LANES: usize = 16;
 
@@ -84,6 +121,41 @@ unsafe fn exp_shift_on<L: Lanes>(l: L, src: *const f32, shift: f32, dst: *mut f3
             std::ptr::copy_nonoverlapping(buf.as_ptr(), dst.add(full), rest);
         }
     }
+}
+
+/// `dst[j] = src[j] / d` on `l`'s registers; the tail one element at a time (the same
+/// IEEE division).
+///
+/// # Safety
+/// As [`exp_shift_on`].
+#[inline(always)]
+unsafe fn div_on<L: Lanes>(l: L, src: *const f32, d: f32, dst: *mut f32, n: usize) {
+    let dv = l.splat(d);
+    let full = n - n % L::LANES;
+    let mut i = 0;
+    while i < full {
+        // SAFETY: i + LANES <= full <= n, inside the caller's ranges (in place works).
+        unsafe { l.store(dst.add(i), l.div(l.load(src.add(i)), dv)) };
+        i += L::LANES;
+    }
+    for j in full..n {
+        // SAFETY: j < n, inside the caller's ranges.
+        unsafe { *dst.add(j) = *src.add(j) / d };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma,f16c")]
+unsafe extern "C" fn div_avx512(src: *const f32, d: f32, dst: *mut f32, n: usize) {
+    // SAFETY: a `ShiftFn`'s contract (the host's features, the pointers' ranges).
+    unsafe { div_on(super::lanes::Avx512::assume(), src, d, dst, n) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe extern "C" fn div_avx2(src: *const f32, d: f32, dst: *mut f32, n: usize) {
+    // SAFETY: as for the AVX-512 routine, with AVX2's features.
+    unsafe { div_on(super::lanes::Avx2::assume(), src, d, dst, n) }
 }
 
 #[cfg(target_arch = "x86_64")]
