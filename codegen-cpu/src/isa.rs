@@ -18,7 +18,11 @@ pub(crate) fn host_isa() -> Result<OwnedTargetIsa, String> {
         // Cranelift's IR verifier runs in debug builds (every test suite), where it
         // catches a lowering bug at its source; release builds skip it: about 15% of a
         // small kernel's compile time.
-        let verify = if cfg!(debug_assertions) { "true" } else { "false" };
+        let verify = if cfg!(debug_assertions) {
+            "true"
+        } else {
+            "false"
+        };
         set(&mut flags, "enable_verifier", verify)?;
         // cranelift-jit requires these: libcalls may be anywhere in the address space.
         set(&mut flags, "use_colocated_libcalls", "false")?;
