@@ -27,7 +27,7 @@ pub(crate) mod tier;
 
 use ndfuse_ir::{DType, UnaryOp};
 pub use reduce::{max, sum};
-pub use shift::{div, exp_shift};
+pub use shift::{div, div_stream, exp_shift};
 pub use tier::{available, tier, Tier};
 pub(crate) use tier::{LoadFn, StoreFn, UnaryFn};
 
@@ -68,6 +68,9 @@ pub(crate) fn symbols(tier: Tier) -> Vec<(String, usize)> {
         .chain(reduce::max_fn(tier).map(|f| (reduce::MAX_SYMBOL.to_string(), f as usize)))
         .chain(shift::exp_shift_fn(tier).map(|f| (shift::EXP_SHIFT_SYMBOL.to_string(), f as usize)))
         .chain(shift::div_fn(tier).map(|f| (shift::DIV_SYMBOL.to_string(), f as usize)))
+        .chain(
+            shift::div_stream_fn(tier).map(|f| (shift::DIV_STREAM_SYMBOL.to_string(), f as usize)),
+        )
         .collect()
 }
 

@@ -13,8 +13,8 @@
 //! an f64 sum, NaN and infinities as a sum; the shifted exp (`ndfuse_wide_exp_shift`):
 //! the bits of the subtraction then the exp routine; the row max (`ndfuse_wide_max`):
 //! IEEE `maximum` (NaN, +0 above -0) on every tier, a row-max kernel the 128-bit bits;
-//! the row division (`ndfuse_wide_div`): IEEE division, and in a kernel the 128-bit
-//! bits.
+//! the row division (`ndfuse_wide_div`, and `_stream` with non-temporal stores at any
+//! alignment): IEEE division, and in a kernel the 128-bit bits.
 
 mod builder;
 
@@ -711,4 +711,54 @@ fn a_cached_row_divided_by_a_row_value_keeps_the_bits_of_the_128_bit_code() {
         }
         check(&k, &[UnaryOp::Exp], Tol::Bits);
     }
+}
+
+#[test]
+fn the_streaming_row_division_is_the_ieee_division_at_any_alignment() {
+    for n in [1usize, 7, 16, 17, 40, 1007] {
+        let x = mixed(n, 0x57 + n as u64);
+        for skew in 0..16 {
+            for tier in tiers() {
+                let mut buf = vec![0.0f32; n + 16];
+                let dst = &mut buf[skew..skew + n];
+                assert!(wide::div_stream(tier, &x, -3.25, dst));
+                for j in 0..n {
+                    let want = x[j] / -3.25;
+                    assert_eq!(
+                        dst[j].to_bits(),
+                        want.to_bits(),
+                        "n = {n}, skew {skew}, {j}"
+                    );
+                }
+                assert!(buf[..skew]
+                    .iter()
+                    .chain(&buf[skew + n..])
+                    .all(|&v| v == 0.0));
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_of_a_64_mib_output_streams_its_stores() {
+    // At 64 MiB of output the division writes past the caches (`STREAM_FROM_BYTES`).
+    let k = softmax(DType::F32, 4096, 4096);
+    for tier in tiers() {
+        let ck = compile_with(&k, Some(tier)).expect("compiles");
+        assert!(
+            ck.clif().contains("ndfuse_wide_div_stream"),
+            "{}",
+            tier.name()
+        );
+    }
+    let small = softmax(DType::F32, 24, 4096);
+    for tier in tiers() {
+        let ck = compile_with(&small, Some(tier)).expect("compiles");
+        assert!(
+            !ck.clif().contains("ndfuse_wide_div_stream"),
+            "{}",
+            tier.name()
+        );
+    }
+    check(&k, &[UnaryOp::Exp], Tol::SumOf(4096));
 }

@@ -27,7 +27,8 @@
 //!   fill:    cache[j] = x - m;  ndfuse_wide_exp(cache, cache, row_len)
 //!            (f32 x contiguous along the row: ndfuse_wide_exp_shift(x, m, cache, row_len))
 //!   sweep 1: s = ndfuse_wide_sum(cache, row_len)
-//!   stores:  out = cache[j] / s                    (ndfuse_wide_div(cache, s, out, row_len))
+//!   stores:  out = cache[j] / s                    (ndfuse_wide_div(cache, s, out, row_len);
+//!                                                   `_stream` past 64 MiB of output)
 //! ```
 //!
 //! The routine gives the inline code's bits (`wide`), so the cached values are the

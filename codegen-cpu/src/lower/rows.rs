@@ -492,7 +492,14 @@ impl<M: Module> Lowering<'_, '_, M> {
             let Range::Whole(n) = range else {
                 panic!("a wide store sweep is over a whole row (a bug)");
             };
-            let name = crate::wide::shift::DIV_SYMBOL;
+            // Outputs far larger than the caches are written past them (the same
+            // values; the choice depends on the kernel's shape alone).
+            let out_bytes = kernel.domain.numel().saturating_mul(4);
+            let name = if out_bytes >= STREAM_FROM_BYTES {
+                crate::wide::shift::DIV_STREAM_SYMBOL
+            } else {
+                crate::wide::shift::DIV_SYMBOL
+            };
             return self.wide_row_call(name, (src, d, dst), n);
         }
         let (_, out_red) = env.ix.out.as_ref().expect("planned with element stores");
@@ -745,6 +752,11 @@ fn sweep_targets(kernel: &Kernel, levels: &[Level], sched: &Schedule) -> Vec<Vec
     }
     targets
 }
+
+/// Outputs of at least this many bytes are written by the wide path's row routines
+/// with non-temporal stores: far larger than a last-level cache, so the lines would be
+/// evicted before use anyway, and the stores skip reading them first.
+const STREAM_FROM_BYTES: usize = 64 << 20;
 
 /// Rows (or chunks) shorter than this are swept with scalars: the vector loop of
 /// `vector` would not run once.

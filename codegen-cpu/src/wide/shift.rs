@@ -73,6 +73,39 @@ pub(crate) fn div_fn(tier: Tier) -> Option<ShiftFn> {
     }
 }
 
+/// The symbol of the division that writes `dst` with non-temporal stores (past the
+/// caches: no read of the output's lines before writing them), for outputs much larger
+/// than the caches; the same values.
+pub(crate) const DIV_STREAM_SYMBOL: &str = "ndfuse_wide_div_stream";
+
+/// The streaming division routine of `tier`, where the host has it.
+pub(crate) fn div_stream_fn(tier: Tier) -> Option<ShiftFn> {
+    if !tier.available() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        Some(match tier {
+            Tier::Avx512 => stream::div_stream_avx512 as ShiftFn,
+            Tier::Avx2 => stream::div_stream_avx2 as ShiftFn,
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
+/// `src[j] / d` into `dst` with `tier`'s streaming routine; as [`div`]. For tests.
+pub fn div_stream(tier: Tier, src: &[f32], d: f32, dst: &mut [f32]) -> bool {
+    let Some(f) = div_stream_fn(tier).filter(|_| src.len() == dst.len()) else {
+        return false;
+    };
+    // SAFETY: as for `div`.
+    unsafe { f(src.as_ptr(), d, dst.as_mut_ptr(), src.len()) };
+    true
+}
+
 /// `src[j] / d` into `dst` with `tier`'s routine; `false` (nothing written) when the
 /// host does not have the tier or the lengths differ. For tests.
 pub fn div(tier: Tier, src: &[f32], d: f32, dst: &mut [f32]) -> bool {
@@ -171,4 +204,79 @@ unsafe extern "C" fn exp_shift_avx512(src: *const f32, shift: f32, dst: *mut f32
 unsafe extern "C" fn exp_shift_avx2(src: *const f32, shift: f32, dst: *mut f32, n: usize) {
     // SAFETY: as for the AVX-512 routine, with AVX2's features.
     unsafe { exp_shift_on(super::lanes::Avx2::assume(), src, shift, dst, n) }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod stream {
+    use std::arch::x86_64::*;
+
+    /// Elements before `dst + at` is aligned to `bytes` (a power of two), at most `n`.
+    fn head(dst: *mut f32, bytes: usize, n: usize) -> usize {
+        let misalign = (dst as usize) & (bytes - 1);
+        let head = if misalign == 0 {
+            0
+        } else {
+            (bytes - misalign) / 4
+        };
+        head.min(n)
+    }
+
+    /// # Safety
+    /// The host has AVX-512F; `src` is valid for reading and `dst` for writing `n`
+    /// f32 (4-byte aligned), equal or not overlapping.
+    #[target_feature(enable = "avx512f,fma,f16c")]
+    pub(super) unsafe extern "C" fn div_stream_avx512(
+        src: *const f32,
+        d: f32,
+        dst: *mut f32,
+        n: usize,
+    ) {
+        // SAFETY: a `ShiftFn`'s contract; every access lies below `n`, and each stream
+        // store is to a 64-byte aligned address (`head`); the fence orders the
+        // non-temporal stores before whatever the caller does next.
+        unsafe {
+            let h = head(dst, 64, n);
+            for j in 0..h {
+                *dst.add(j) = *src.add(j) / d;
+            }
+            let dv = _mm512_set1_ps(d);
+            let mut j = h;
+            while j + 16 <= n {
+                _mm512_stream_ps(dst.add(j), _mm512_div_ps(_mm512_loadu_ps(src.add(j)), dv));
+                j += 16;
+            }
+            for k in j..n {
+                *dst.add(k) = *src.add(k) / d;
+            }
+            _mm_sfence();
+        }
+    }
+
+    /// # Safety
+    /// As for the AVX-512 routine, with AVX2.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe extern "C" fn div_stream_avx2(
+        src: *const f32,
+        d: f32,
+        dst: *mut f32,
+        n: usize,
+    ) {
+        // SAFETY: as for the AVX-512 routine, with 32-byte aligned stream stores.
+        unsafe {
+            let h = head(dst, 32, n);
+            for j in 0..h {
+                *dst.add(j) = *src.add(j) / d;
+            }
+            let dv = _mm256_set1_ps(d);
+            let mut j = h;
+            while j + 8 <= n {
+                _mm256_stream_ps(dst.add(j), _mm256_div_ps(_mm256_loadu_ps(src.add(j)), dv));
+                j += 8;
+            }
+            for k in j..n {
+                *dst.add(k) = *src.add(k) / d;
+            }
+            _mm_sfence();
+        }
+    }
 }
