@@ -22,7 +22,12 @@
 //! through the row cache (`cache`), a per-call stack buffer of one row, written by the
 //! sweep that first computes them and read by the later ones. With a wide tier, a
 //! value of an op that has a wide routine is made for the whole row before the first
-//! sweep that needs it (a fill pass, then a call of the routine: see `cache`).
+//! sweep that needs it (a fill pass, then a call of the routine: see `cache`). There,
+//! a pass that is all one row routine's work is one call of it, no loop: a lone f32
+//! max of a load contiguous along the row (`ndfuse_wide_max`, exact), a lone f32 sum of
+//! a filled value (`ndfuse_wide_sum`, in its own fixed order), the fill of `exp(x - r)`
+//! from such a load (`ndfuse_wide_exp_shift`), and stores of one f32 `e / d` of a
+//! cached row (`ndfuse_wide_div`); see `wide::reduce` and `wide::shift`.
 //!
 //! Element `j` of row `r` is the domain position whose kept axes hold the row-major
 //! index `r` (over the kept axes) and whose reduced axes hold the row-major index `j`
@@ -203,12 +208,14 @@ impl<M: Module> Lowering<'_, '_, M> {
                 in_bases,
                 cache: cache_of(s),
             });
+            let wide_max = match (phase, &env) {
+                (Phase::Whole, Some(env)) => self.wide_max_load(kernel, env, &reduces),
+                _ => None,
+            };
             let results = match (phase, split, scratch) {
                 (Phase::Whole, _, _) => match &env {
-                    Some(env) if self.wide_max_load(kernel, env, &reduces).is_some() => {
-                        let x = self
-                            .wide_max_load(kernel, env, &reduces)
-                            .expect("just found");
+                    Some(env) if wide_max.is_some() => {
+                        let x = wide_max.expect("just matched");
                         let src = self.row_start(kernel, env, x);
                         let name = crate::wide::reduce::MAX_SYMBOL;
                         vec![self.wide_reduce_call(name, src, row_len)?]
