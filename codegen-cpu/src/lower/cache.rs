@@ -25,7 +25,8 @@
 //! softmax on the wide path:
 //!   sweep 0: m = ndfuse_wide_max(x, row_len)      (f32 x contiguous along the row)
 //!   fill:    cache[j] = x - m;  ndfuse_wide_exp(cache, cache, row_len)
-//!            (f32 x contiguous along the row: ndfuse_wide_exp_shift(x, m, cache, row_len))
+//!            (f32 x contiguous along the row: ndfuse_wide_exp_shift(x, m, cache, row_len,
+//!            next row of x), which fetches the next row into L2 meanwhile)
 //!   sweep 1: s = ndfuse_wide_sum(cache, row_len)
 //!   stores:  out = cache[j] / s                    (ndfuse_wide_div(cache, s, out, row_len);
 //!                                                   `_stream` past 64 MiB of output)
@@ -545,18 +546,23 @@ impl<M: Module> Lowering<'_, '_, M> {
 
     /// `v = exp(src[j] - shift)` into the cached row of `v`, `src` the address of the
     /// row's first element: one call of `ndfuse_wide_exp_shift(src, shift, row,
-    /// row_len)` (`wide::shift`), the fill pass and the exp in one.
+    /// row_len, next)` (`wide::shift`), the fill pass and the exp in one, which
+    /// prefetches the `row_len` f32 at `next` (the next row's, or any address).
     pub(super) fn wide_exp_shift_call(
         &mut self,
         cache: &SweepCache<'_>,
         v: usize,
-        (src, shift): (Value, Value),
+        (src, shift, next): (Value, Value, Value),
         row_len: i64,
     ) -> Result<(), String> {
         let at = cache.plan.at[v].expect("filled values are cached (a bug)");
         let row = self.b.ins().iadd_imm_s(cache.base, at);
+        let ptr = self.ptr_ty;
         let name = crate::wide::shift::EXP_SHIFT_SYMBOL;
-        self.wide_row_call(name, (src, shift, row), row_len)
+        let fref = self.wide_import(name, &[ptr, types::F32, ptr, ptr, ptr], None)?;
+        let n = self.b.ins().iconst(self.ptr_ty, row_len);
+        self.b.ins().call(fref, &[src, shift, row, n, next]);
+        Ok(())
     }
 
     /// A row routine of the wide path (`wide::shift`: `name(src, x, dst, row_len)`,

@@ -573,7 +573,14 @@ impl<M: Module> Lowering<'_, '_, M> {
             // exp(x - r) of a contiguous row of x: one routine reads the row itself.
             let src = self.row_start(kernel, env, x);
             let shift = values[r].expect("row values are computed before the fill");
-            return self.wide_exp_shift_call(&c, fills[0].0, (src, shift), row_len);
+            // Where the next row follows this one in memory, it is fetched meanwhile.
+            let next = match &env.ix.loads[x] {
+                Some((Access::Strided { strides, .. }, _)) if strides.as_slice() == [row_len] => {
+                    self.b.ins().iadd_imm_s(src, row_len * 4)
+                }
+                _ => src,
+            };
+            return self.wide_exp_shift_call(&c, fills[0].0, (src, shift, next), row_len);
         }
         let range = Range::Whole(row_len);
         let operands: Vec<usize> = fills.iter().map(|&(_, u)| u).collect();

@@ -1,6 +1,8 @@
 //! Row routines that apply one row value to every element of a row, on wide registers:
 //! exp of a shifted row, `dst[j] = exp(src[j] - shift)` (a row program's fill pass and
-//! its exp in one, softmax's `exp(x - max)` read from the input row itself), and a row
+//! its exp in one, softmax's `exp(x - max)` read from the input row itself, fetching
+//! the next row into L2 meanwhile, so the next row's first sweep reads it from there
+//! while this one computes), and a row
 //! divided by one value, `dst[j] = src[j] / d` (softmax's stores, `e / sum`); both
 //! called by `lower::rows`.
 //!
@@ -13,24 +15,28 @@
 use super::lanes::Lanes;
 use super::tier::Tier;
 
-/// `dst[j] = exp(src[j] - shift)` for `j < n` (C ABI, so JIT code may call it); `src`
-/// and `dst` may be the same pointer, never otherwise overlapping.
-pub(crate) type ShiftFn =
-    unsafe extern "C" fn(src: *const f32, shift: f32, dst: *mut f32, n: usize);
+/// `dst[j] = src[j] op x` for `j < n` (C ABI, so JIT code may call it); `src` and
+/// `dst` may be the same pointer, never otherwise overlapping.
+pub(crate) type ShiftFn = unsafe extern "C" fn(src: *const f32, x: f32, dst: *mut f32, n: usize);
+
+/// `dst[j] = exp(src[j] - shift)` for `j < n`, as a [`ShiftFn`]; the `n` f32 at `next`
+/// (any address: a prefetch never faults and changes no value) are fetched into L2.
+pub(crate) type ExpShiftFn =
+    unsafe extern "C" fn(src: *const f32, shift: f32, dst: *mut f32, n: usize, next: *const f32);
 
 /// The symbol JIT code calls the routine by.
 pub(crate) const EXP_SHIFT_SYMBOL: &str = "ndfuse_wide_exp_shift";
 
 /// The routine of `tier`, where the host has it.
-pub(crate) fn exp_shift_fn(tier: Tier) -> Option<ShiftFn> {
+pub(crate) fn exp_shift_fn(tier: Tier) -> Option<ExpShiftFn> {
     if !tier.available() {
         return None;
     }
     #[cfg(target_arch = "x86_64")]
     {
         Some(match tier {
-            Tier::Avx512 => exp_shift_avx512 as ShiftFn,
-            Tier::Avx2 => exp_shift_avx2 as ShiftFn,
+            Tier::Avx512 => exp_shift_avx512 as ExpShiftFn,
+            Tier::Avx2 => exp_shift_avx2 as ExpShiftFn,
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -47,7 +53,15 @@ pub fn exp_shift(tier: Tier, src: &[f32], shift: f32, dst: &mut [f32]) -> bool {
     };
     // SAFETY: a routine of a tier the host has (`Tier::available`); `src` and `dst`
     // are distinct slices of `n` elements each.
-    unsafe { f(src.as_ptr(), shift, dst.as_mut_ptr(), src.len()) };
+    unsafe {
+        f(
+            src.as_ptr(),
+            shift,
+            dst.as_mut_ptr(),
+            src.len(),
+            src.as_ptr(),
+        )
+    };
     true
 }
 
@@ -126,9 +140,13 @@ const MAX_LANES: usize = 16;
 ///
 /// # Safety
 /// `src` must be valid for reading and `dst` for writing `n` f32; they may be the same
-/// pointer, and must not overlap otherwise.
+/// pointer, and must not overlap otherwise. `next` may be any address (only prefetched).
 #[inline(always)]
-unsafe fn exp_shift_on<L: Lanes>(l: L, src: *const f32, shift: f32, dst: *mut f32, n: usize) {
+unsafe fn exp_shift_on<L: Lanes>(
+    l: L,
+    (src, shift, dst, n): (*const f32, f32, *mut f32, usize),
+    next: *const f32,
+) {
     const { assert!(L::LANES <= MAX_LANES) };
     let s = l.splat(shift);
     let full = n - n % L::LANES;
@@ -137,6 +155,13 @@ unsafe fn exp_shift_on<L: Lanes>(l: L, src: *const f32, shift: f32, dst: *mut f3
         // SAFETY: i + LANES <= full <= n: both registers lie inside the caller's
         // ranges; register i is read whole before it is written, so in place works.
         unsafe {
+            // One cache line of the next row an iteration or two (a prefetch is a hint:
+            // it never faults, wherever `next` points).
+            #[cfg(target_arch = "x86_64")]
+            if i % 16 == 0 {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(i).cast());
+            }
             let x = l.sub(l.load(src.add(i)), s);
             l.store(dst.add(i), super::exp::exp(l, x));
         }
@@ -193,17 +218,29 @@ unsafe extern "C" fn div_avx2(src: *const f32, d: f32, dst: *mut f32, n: usize) 
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma,f16c")]
-unsafe extern "C" fn exp_shift_avx512(src: *const f32, shift: f32, dst: *mut f32, n: usize) {
-    // SAFETY: a `ShiftFn`'s contract: the caller checked that the host has this
+unsafe extern "C" fn exp_shift_avx512(
+    src: *const f32,
+    shift: f32,
+    dst: *mut f32,
+    n: usize,
+    next: *const f32,
+) {
+    // SAFETY: an `ExpShiftFn`'s contract: the caller checked that the host has this
     // routine's features (the token's requirement) and the pointers' ranges.
-    unsafe { exp_shift_on(super::lanes::Avx512::assume(), src, shift, dst, n) }
+    unsafe { exp_shift_on(super::lanes::Avx512::assume(), (src, shift, dst, n), next) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe extern "C" fn exp_shift_avx2(src: *const f32, shift: f32, dst: *mut f32, n: usize) {
+unsafe extern "C" fn exp_shift_avx2(
+    src: *const f32,
+    shift: f32,
+    dst: *mut f32,
+    n: usize,
+    next: *const f32,
+) {
     // SAFETY: as for the AVX-512 routine, with AVX2's features.
-    unsafe { exp_shift_on(super::lanes::Avx2::assume(), src, shift, dst, n) }
+    unsafe { exp_shift_on(super::lanes::Avx2::assume(), (src, shift, dst, n), next) }
 }
 
 #[cfg(target_arch = "x86_64")]
