@@ -219,8 +219,9 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
 
 /// [`compile`] with the wide path's tier chosen by the caller: `None` compiles the
 /// kernel whole on the 128-bit code, `Some(tier)` takes the wide path where the kernel
-/// allows it (a tier the host lacks counts as `None`). Both give the same bits; tests
-/// and benchmarks compare them.
+/// allows it (a tier the host lacks, or unfused inline math, counts as `None`). Both
+/// give the same bits, except where a row program's wide reduction sums in its own
+/// fixed order (`wide::sum`); tests and benchmarks compare them.
 pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKernel, CodegenError> {
     let started = Instant::now();
     let unsupported = |reason: String| CodegenError::Unsupported {
@@ -233,9 +234,10 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
         message,
     };
     let isa = host_isa().map_err(cranelift)?;
-    let block_plan = tier
-        .filter(|t| t.available())
-        .and_then(|t| blocks::plan(kernel, t));
+    // The wide routines give the 128-bit code's bits with fused multiply-adds only:
+    // without them (`NDFUSE_CPU_FMA=0`) there is no wide path, as `wide::tier` says.
+    let tier = tier.filter(|t| t.available() && crate::vmath::builder::use_fma());
+    let block_plan = tier.and_then(|t| blocks::plan(kernel, t));
 
     let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
     builder.symbols(libcalls::symbols());
@@ -247,7 +249,6 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
         }
     }
     // Row programs may call the wide routines on rows held in their row cache.
-    let tier = tier.filter(|t| t.available());
     if let Some(t) = tier {
         for (name, addr) in wide::symbols(t) {
             builder.symbol(name, addr as *const u8);

@@ -1,14 +1,18 @@
 //! The whole vector unit: routines compiled ahead of time for the host's widest
 //! vectors (AVX-512F, else AVX2 with FMA and F16C), chosen at run time, that the
-//! element-wise kernels call on blocks of a few hundred elements held in L1 (`blocks`).
+//! element-wise kernels call on blocks of a few hundred elements held in L1 (`blocks`)
+//! and row programs call on whole rows (`lower::rows`).
 //!
 //! Cranelift's x86 backend emits 128-bit vectors only and has no F16C conversions, so
 //! the pieces of a kernel that cost the most per element run here instead: the exp
-//! family of the inline math (`math`) and the f16/bf16 <-> f32 conversions of loads and
-//! stores (`convert`). Every routine gives the very bits of the 128-bit inline code
-//! with fused multiply-adds (`vmath`, `lower::convert`): the same algorithm, operation
-//! for operation, on wider registers. So a kernel's results do not depend on the path,
-//! the documented ULP bounds hold unchanged, and the thread count changes nothing.
+//! and log families of the inline math (`math`, `exp`, `log`), the f16/bf16 <-> f32
+//! conversions of loads and stores (`convert`), and a row program's max, shifted exp,
+//! sum and division (`reduce`, `shift`). Every routine but the sum gives the very bits
+//! of the 128-bit code with fused multiply-adds (`vmath`, `lower::convert`): the same
+//! algorithm, operation for operation, on wider registers. The row sum adds in an order
+//! of its own (64 partials, a fixed tree: the same on every tier, from the row length
+//! alone), within the error bound of an n-term f32 sum of the 128-bit loop's. So the
+//! documented ULP bounds hold unchanged, and the thread count changes nothing.
 //!
 //! `NDFUSE_CPU_WIDE` chooses the path, read once per process: `0` (or `off`, `128`)
 //! keeps every kernel on the 128-bit code, `avx2` stops at AVX2 on a host with AVX-512,

@@ -8,80 +8,21 @@
 //! path defines the payload of a NaN that arithmetic makes).
 
 mod builder;
+mod paths;
 
 use builder::{zeroed_outputs, KernelBuilder};
-use ndfuse_codegen_cpu::wide::{self, Tier};
-use ndfuse_codegen_cpu::{compile_with, CompiledKernel};
+use ndfuse_codegen_cpu::compile_with;
+use ndfuse_codegen_cpu::wide;
 use ndfuse_ir::{BinaryOp, DType, HostArray, Kernel, Scalar, Shape, UnaryOp};
+use paths::{bits, run_on, tiers};
 
 /// Enough positions for the wide path (kernels below 2^16 compile whole), and not a
 /// multiple of a block or a register.
 const N: usize = (1 << 17) + 1000 + 7;
 
-fn tiers() -> Vec<Tier> {
-    let t = wide::available();
-    if t.is_empty() {
-        eprintln!("no wide tier on this host: nothing to compare");
-    }
-    t
-}
-
-/// Inputs of `kernel`: values over [-12, 12] with some specials.
+/// Inputs of `kernel` (see `paths::inputs`).
 fn inputs(kernel: &Kernel) -> Vec<HostArray> {
-    let mut s = 0x2545_F491_4F6C_DD1Du64;
-    kernel
-        .inputs
-        .iter()
-        .map(|b| {
-            let vals: Vec<f64> = (0..b.len)
-                .map(|i| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    match i % 997 {
-                        0 => f64::NAN,
-                        1 => f64::INFINITY,
-                        2 => -0.0,
-                        3 => 100.0,
-                        _ => ((s >> 11) as f64 / (1u64 << 53) as f64) * 24.0 - 12.0,
-                    }
-                })
-                .collect();
-            HostArray::from_f64s(b.dtype, Shape::new([b.len]), &vals)
-        })
-        .collect()
-}
-
-fn run_on(
-    ck: &CompiledKernel,
-    kernel: &Kernel,
-    ins: &[HostArray],
-    threads: usize,
-) -> Vec<HostArray> {
-    let mut outs = zeroed_outputs(kernel);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("pool");
-    pool.install(|| {
-        let refs: Vec<&HostArray> = ins.iter().collect();
-        let mut out_refs: Vec<&mut HostArray> = outs.iter_mut().collect();
-        ck.run(&refs, &mut out_refs).expect("runs");
-    });
-    outs
-}
-
-fn bits(a: &HostArray) -> Vec<u64> {
-    (0..a.len())
-        .map(|i| {
-            let v = a.storage().get_f64(i);
-            if v.is_nan() {
-                u64::MAX
-            } else {
-                v.to_bits()
-            }
-        })
-        .collect()
+    paths::inputs(kernel, 0x2545_F491_4F6C_DD1D, 997)
 }
 
 /// `kernel` on the wide path equals it compiled whole, and really took the wide path.

@@ -17,76 +17,17 @@
 //! alignment): IEEE division, and in a kernel the 128-bit bits.
 
 mod builder;
+mod paths;
 
-use builder::{view, zeroed_outputs, KernelBuilder};
-use ndfuse_codegen_cpu::wide::{self, Tier};
-use ndfuse_codegen_cpu::{compile_with, CompiledKernel};
+use builder::{view, KernelBuilder};
+use ndfuse_codegen_cpu::compile_with;
+use ndfuse_codegen_cpu::wide;
 use ndfuse_ir::{Accumulate, BinaryOp, DType, HostArray, Kernel, Shape, UnaryOp};
+use paths::{bits, run_on, tiers};
 
-fn tiers() -> Vec<Tier> {
-    let t = wide::available();
-    if t.is_empty() {
-        eprintln!("no wide tier on this host: nothing to compare");
-    }
-    t
-}
-
-/// Inputs of `kernel`: values over [-12, 12] with a few specials (NaN, inf, -0, 100).
+/// Inputs of `kernel` (see `paths::inputs`).
 fn inputs(kernel: &Kernel) -> Vec<HostArray> {
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
-    kernel
-        .inputs
-        .iter()
-        .map(|b| {
-            let vals: Vec<f64> = (0..b.len)
-                .map(|i| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    match i % 4999 {
-                        0 => f64::NAN,
-                        1 => f64::INFINITY,
-                        2 => -0.0,
-                        3 => 100.0,
-                        _ => ((s >> 11) as f64 / (1u64 << 53) as f64) * 24.0 - 12.0,
-                    }
-                })
-                .collect();
-            HostArray::from_f64s(b.dtype, Shape::new([b.len]), &vals)
-        })
-        .collect()
-}
-
-fn run_on(
-    ck: &CompiledKernel,
-    kernel: &Kernel,
-    ins: &[HostArray],
-    threads: usize,
-) -> Vec<HostArray> {
-    let mut outs = zeroed_outputs(kernel);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("pool");
-    pool.install(|| {
-        let refs: Vec<&HostArray> = ins.iter().collect();
-        let mut out_refs: Vec<&mut HostArray> = outs.iter_mut().collect();
-        ck.run(&refs, &mut out_refs).expect("runs");
-    });
-    outs
-}
-
-fn bits(a: &HostArray) -> Vec<u64> {
-    (0..a.len())
-        .map(|i| {
-            let v = a.storage().get_f64(i);
-            if v.is_nan() {
-                u64::MAX
-            } else {
-                v.to_bits()
-            }
-        })
-        .collect()
+    paths::inputs(kernel, 0x9E37_79B9_7F4A_7C15, 4999)
 }
 
 /// How close the wide path must come to the 128-bit code.
