@@ -33,7 +33,7 @@ use ndfuse_ir::{DType, UnaryOp};
 pub use reduce::{max, sum};
 pub use shift::{div, div_stream, exp_shift};
 pub use tier::{available, tier, Tier};
-pub(crate) use tier::{LoadFn, StoreFn, UnaryFn};
+pub(crate) use tier::{LoadFn, StoreFn, UnaryFn, UNARY_OPS};
 
 /// The routine of `op` on f32 at `tier`, where there is one.
 pub(crate) fn unary_fn(op: UnaryOp, tier: Tier) -> Option<UnaryFn> {
@@ -42,17 +42,6 @@ pub(crate) fn unary_fn(op: UnaryOp, tier: Tier) -> Option<UnaryFn> {
     }
     math::unary_fn(op, tier)
 }
-
-/// The unary ops that have a wide routine (at every tier).
-pub(crate) const UNARY_OPS: [UnaryOp; 7] = [
-    UnaryOp::Exp,
-    UnaryOp::Expm1,
-    UnaryOp::Tanh,
-    UnaryOp::Sigmoid,
-    UnaryOp::Erf,
-    UnaryOp::Log,
-    UnaryOp::Log1p,
-];
 
 /// The symbol JIT code calls the routine of `op` by (`ndfuse_wide_exp`).
 pub(crate) fn symbol(op: UnaryOp) -> String {

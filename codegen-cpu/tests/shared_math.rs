@@ -19,6 +19,7 @@
 //! both paths are tested on every run.
 
 mod builder;
+mod sampling;
 
 use builder::{compiled, KernelBuilder};
 use ndfuse_codegen_cpu::{compile_with, wide};
@@ -53,58 +54,12 @@ fn kernel(op: UnaryOp, n: usize) -> ndfuse_ir::Kernel {
 /// values of magnitude 2^-8..2^8, and the edge cases again at random places (so a
 /// vector holds lanes of every kind).
 fn inputs() -> Vec<f32> {
-    let mut edges = vec![
-        0.0,
-        -0.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        -f32::NAN,
-        f32::from_bits(0x7FA0_0001), // a signalling NaN
-        f32::from_bits(0xFFC1_2345), // a negative NaN with a payload
-        f32::from_bits(1),
-        f32::from_bits(0x007F_FFFF),
-        f32::MIN_POSITIVE,
-        f32::MAX,
-    ];
-    for t in [
-        88.722_83f32, // exp overflows above
-        87.0,         // exp's fast path ends
-        87.336_55,    // exp becomes subnormal below (negated)
-        103.972_08,   // exp rounds to 0 below (negated)
-        104.0,        // exp's clamp
-        89.0,         // the upper clamp
-        88.376_26,    // n = 128 in expm1
-        17.328_68,    // expm1 rounds to -1 (negated)
-        20.0,         // expm1's clamp
-        2.980_232_2e-8,
-        5.960_464_5e-8,
-        9.010_913, // tanh saturates
-        9.1,       // tanh's clamp
-        0.549_306_1,
-        1.0,
-        4.0,
-        0.346_573_6,
-        std::f32::consts::FRAC_1_SQRT_2,
-        std::f32::consts::SQRT_2,
-        0.5,
-    ] {
-        for x in [
-            t,
-            f32::from_bits(t.to_bits() + 1),
-            f32::from_bits(t.to_bits() - 1),
-        ] {
-            edges.extend([x, -x, x - 1.0, -x - 1.0]);
-        }
-    }
-    // xorshift64*, so failures reproduce.
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = || {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as u32
-    };
+    // The math suites' edge cases and thresholds, and each less one.
+    let mut edges = sampling::edge_cases();
+    let shifted: Vec<f32> = edges.iter().map(|&x| x - 1.0).collect();
+    edges.extend(shifted);
+    let mut rng = sampling::Rng(0x9E37_79B9_7F4A_7C15);
+    let mut next = || (rng.next() >> 32) as u32;
     let mut v = edges.clone();
     while v.len() < INLINE {
         let r = next();

@@ -71,15 +71,7 @@ pub(super) fn unary_fn(op: UnaryOp, tier: Tier) -> Option<UnaryFn> {
 mod tests {
     use super::*;
 
-    const OPS: [UnaryOp; 7] = [
-        UnaryOp::Exp,
-        UnaryOp::Expm1,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Erf,
-        UnaryOp::Log,
-        UnaryOp::Log1p,
-    ];
+    const OPS: [UnaryOp; 7] = crate::wide::tier::UNARY_OPS;
 
     /// In place (`src == dst`, which the safe `wide::unary` cannot express) gives the
     /// bits of two buffers, tails included; `tests/wide_math.rs` checks those against

@@ -1,6 +1,7 @@
 //! The tiers of the wide path (which vector width the host has, which one the kernels
 //! use) and the signatures of its routines.
 
+use ndfuse_ir::UnaryOp;
 use std::sync::OnceLock;
 
 /// A width of the wide path.
@@ -89,3 +90,14 @@ pub(crate) type LoadFn = unsafe extern "C" fn(src: *const u8, dst: *mut f32, n: 
 /// A conversion of `n` f32 to the destination dtype: reads `src[0..n]`, writes `n`
 /// elements at `dst`.
 pub(crate) type StoreFn = unsafe extern "C" fn(src: *const f32, dst: *mut u8, n: usize);
+
+/// The unary ops that have a wide routine (at every tier).
+pub(crate) const UNARY_OPS: [UnaryOp; 7] = [
+    UnaryOp::Exp,
+    UnaryOp::Expm1,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Erf,
+    UnaryOp::Log,
+    UnaryOp::Log1p,
+];
