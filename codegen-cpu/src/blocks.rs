@@ -180,7 +180,7 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
     // Who uses each value: instructions (by index) and stores.
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); body.len()];
     for (v, ins) in body.iter().enumerate() {
-        for u in operands(&ins.expr) {
+        for u in Kernel::operands(&ins.expr) {
             users[u.index()].push(v);
         }
     }
@@ -348,17 +348,6 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
         slots,
         inputs: kernel.inputs.len(),
     })
-}
-
-/// The operands of an instruction.
-fn operands(e: &Expr) -> Vec<ValueId> {
-    match *e {
-        Expr::Unary(_, a) | Expr::Cast(a) | Expr::Reduce(_, a) | Expr::ArgReduce(_, a) => vec![a],
-        Expr::Binary(_, a, b) => vec![a, b],
-        Expr::Where(c, a, b) => vec![c, a, b],
-        Expr::Random { key, .. } => vec![key],
-        Expr::Load { .. } | Expr::Const(_) => vec![],
-    }
 }
 
 /// One segment under construction: a 1-d f32 element-wise kernel.
