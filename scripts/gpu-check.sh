@@ -51,7 +51,10 @@ run)
     ln -sf "$lib" /tmp/ndfuse-nvrtc/libnvrtc.so
     export LD_LIBRARY_PATH="/tmp/ndfuse-nvrtc:$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
+  # cuda_fp16.h's directory, and crt/mma.h's (nvidia-cuda-nvcc) for tensor-core kernels.
   inc="$(ls -d "$site"/nvidia/cuda_runtime/include "$site"/nvidia/cu*/include 2>/dev/null | while read -r d; do [ -f "$d/cuda_fp16.h" ] && echo "$d"; done | head -n1 || true)"
+  mma="$(ls -d "$site"/nvidia/cu*/include 2>/dev/null | while read -r d; do [ -f "$d/crt/mma.h" ] && echo "$d"; done | head -n1 || true)"
+  [ -n "$mma" ] && [ "$mma" != "$inc" ] && inc="${inc:+$inc:}$mma"
   [ -n "$inc" ] && export NDFUSE_CUDA_INCLUDE="$inc"
   echo "nvrtc: ${lib:-not found}; headers: ${inc:-not found}" | tee "$OUT/env.txt"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUT/env.txt" || true

@@ -51,6 +51,14 @@
 //! the epilogue on each accumulator and stores the outputs. The product input has no
 //! buffer: the functions take no pointer for it.
 //!
+//! When both operands are f16 and the device is sm_70 or newer, or both bf16 on sm_80
+//! or newer (`CudaOptions::compute_capability`; unknown by default, so the default is
+//! this SIMT path for every dtype), the inner product runs on tensor cores instead
+//! (`gemm_wmma`): `nvcuda::wmma` 16x16x16 fragments with f32 accumulators, 128 x 128
+//! tiles of 8 warps with 4 x 2 fragments each, K in slices of 32 staged as half values;
+//! the epilogue runs on each fragment after it passes through shared memory. wmma
+//! rather than cuBLASLt keeps any epilogue fused and needs no library beyond NVRTC.
+//!
 //! ## Where the code is
 //!
 //! The shared layer, bottom to top: `launch` (the output types), `source` (the emitter's
@@ -58,7 +66,9 @@
 //! expressions, loads, the element body), `row_index`, `group` (strategies, lanes,
 //! accumulators and their combines), `sweep` (a row's loads, values, sweeps and stores)
 //! and `row_program` (the loop over rows). One file per plan on top of it, none using
-//! another: `elementwise`, `rows`, `columns`, `split`, and `gemm` for matrix products.
+//! another: `elementwise`, `rows`, `columns`, `split`, and `gemm` for matrix products
+//! (with `gemm_wmma`, its tensor-core variant, which shares its staging, tile loop and
+//! epilogue body).
 //! This file picks the plan's file.
 
 use crate::CudaError;
@@ -69,6 +79,7 @@ use source::Gen;
 mod columns;
 mod elementwise;
 mod gemm;
+mod gemm_wmma;
 mod group;
 pub(crate) mod launch;
 mod row_index;
@@ -98,8 +109,11 @@ pub fn emit(kernel: &Kernel, opts: &CudaOptions) -> Result<CudaKernel, CudaError
         });
     }
     let mut g = Gen::new(kernel, opts);
-    let (launches, strategy) = if kernel.contraction.is_some() {
-        g.gemm()
+    let (launches, strategy) = if let Some(c) = &kernel.contraction {
+        match gemm_wmma::tensor_core_dtype(c, &kernel.inputs, opts) {
+            Some(half) => g.gemm_wmma(half),
+            None => g.gemm(),
+        }
     } else if kernel.reduce_axes.is_empty() {
         g.elementwise()
     } else if let Plan::Split { splits, .. } = kernel.plan {

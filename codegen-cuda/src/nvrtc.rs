@@ -115,7 +115,9 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
 
 /// Directories holding the CUDA headers half-precision kernels include: each entry of
 /// `NDFUSE_CUDA_INCLUDE` (a path list), then `$CUDA_HOME/include`, `$CUDA_PATH/include`
-/// and `/usr/local/cuda/include`, those that have `cuda_fp16.h`.
+/// and `/usr/local/cuda/include`, those that have `cuda_fp16.h` or `crt/mma.h` (which
+/// tensor-core kernels' `<mma.h>` includes; PyPI ships it apart, in the include
+/// directory of `nvidia-cuda-nvcc-cu12`).
 pub fn include_dirs() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(v) = std::env::var_os("NDFUSE_CUDA_INCLUDE") {
@@ -127,7 +129,7 @@ pub fn include_dirs() -> Vec<PathBuf> {
         }
     }
     dirs.push(PathBuf::from("/usr/local/cuda/include"));
-    dirs.retain(|d| d.join("cuda_fp16.h").is_file());
+    dirs.retain(|d| d.join("cuda_fp16.h").is_file() || d.join("crt").join("mma.h").is_file());
     dirs.dedup();
     dirs
 }

@@ -220,11 +220,13 @@ pub fn device_count() -> Result<usize, RuntimeError> {
         .map_err(|e| driver_err("cuDeviceGetCount", e))
 }
 
-/// The emitter's limits from the configuration.
+/// The emitter's limits from the configuration, for no device in particular (no
+/// tensor cores; [`run`] names its device's compute capability).
 pub fn cuda_options(cfg: &Config) -> CudaOptions {
     CudaOptions {
         max_block_size: cfg.max_block_size(),
         max_grid_size: cfg.max_grid_size(),
+        compute_capability: None,
     }
 }
 
@@ -550,7 +552,19 @@ pub(crate) fn run(
     cfg: &Config,
     debug: u8,
 ) -> Result<CudaRun, RuntimeError> {
-    let opts = cuda_options(cfg);
+    // Tensor-core GEMMs for this device's capability, where NVRTC can find `crt/mma.h`
+    // (`<mma.h>` includes it; PyPI ships it apart, in nvidia-cuda-nvcc): else SIMT ones.
+    static MMA_H: OnceLock<bool> = OnceLock::new();
+    let mma_h = *MMA_H.get_or_init(|| {
+        ndfuse_codegen_cuda::include_dirs()
+            .iter()
+            .any(|d| d.join("crt").join("mma.h").is_file())
+    });
+    let (major, minor) = dev.capability;
+    let opts = CudaOptions {
+        compute_capability: mma_h.then_some((major.max(0) as u32, minor.max(0) as u32)),
+        ..cuda_options(cfg)
+    };
     let mut last_read: HashMap<NodeId, usize> = HashMap::new();
     for (i, s) in schedule.steps.iter().enumerate() {
         for &r in s.reads() {

@@ -1,7 +1,11 @@
 //! The CUDA C of every kernel of the fusion catalogue, and of graphs chosen to reach
 //! every launch strategy (block per row with the row in registers and without, column
 //! tiles, split reductions with one and with several sweeps, arg-reductions, halves):
-//! pinned as snapshots, and compiled with the real NVRTC for an H100 (`sm_90`).
+//! pinned as snapshots, and compiled with the real NVRTC for an H100 (`sm_90`). The
+//! tensor-core GEMMs (f16 and bf16 operands, emitted for a device that has them) are
+//! compiled for `sm_80` and `sm_90` (f16 for `sm_70` too); `<mma.h>` needs `crt/mma.h`,
+//! which the PyPI wheels ship in `nvidia-cuda-nvcc-cu12`'s include directory (list it in
+//! `NDFUSE_CUDA_INCLUDE` beside `nvidia-cuda-runtime-cu12`'s).
 //!
 //! NVRTC is loaded at run time. Without it these tests print why and skip the compile
 //! step, unless `NDFUSE_REQUIRE_NVRTC=1` (CI sets it), which turns a missing NVRTC into
@@ -15,15 +19,27 @@ use ndfuse_codegen_cuda::{
 use ndfuse_passes::TargetDesc;
 use ndfuse_tests::catalogue::CATALOGUE;
 
-/// Kernels of `outs` as the CUDA backend plans them.
+/// Kernels of `outs` as the CUDA backend plans them, for no device in particular.
 fn cuda_kernels(ctx: &Context, outs: &[Tensor]) -> Vec<CudaKernel> {
+    cuda_kernels_for(ctx, outs, &CudaOptions::default())
+}
+
+/// Kernels of `outs` as the CUDA backend plans them, emitted under `opts`.
+fn cuda_kernels_for(ctx: &Context, outs: &[Tensor], opts: &CudaOptions) -> Vec<CudaKernel> {
     let refs: Vec<&Tensor> = outs.iter().collect();
     let g = ctx.graph(&refs).expect("builds");
     let s = ndfuse_passes::schedule_for(&g, &TargetDesc::cuda());
     s.kernels()
-        .map(|k| emit(k, &CudaOptions::default()).unwrap_or_else(|e| panic!("{e}")))
+        .map(|k| emit(k, opts).unwrap_or_else(|e| panic!("{e}")))
         .collect()
 }
+
+/// The options of an sm_80 device (A100): tensor cores for f16 and bf16.
+const SM80: CudaOptions = CudaOptions {
+    max_block_size: 256,
+    max_grid_size: 4096,
+    compute_capability: Some((8, 0)),
+};
 
 fn render(kernels: &[CudaKernel]) -> String {
     let mut s = String::new();
@@ -46,6 +62,18 @@ fn render(kernels: &[CudaKernel]) -> String {
 fn zeros(ctx: &Context, shape: &[usize]) -> Tensor {
     let n = shape.iter().product();
     ctx.from_vec(vec![0.5f32; n], shape).expect("shape matches")
+}
+
+/// A constant input of `dtype` itself (not a cast, which a matmul could absorb).
+fn filled(ctx: &Context, shape: &[usize], dtype: DType) -> Tensor {
+    let n = shape.iter().product();
+    match dtype {
+        DType::F16 => ctx.from_vec(vec![half::f16::from_f32(0.5); n], shape),
+        DType::BF16 => ctx.from_vec(vec![half::bf16::from_f32(0.5); n], shape),
+        DType::F64 => ctx.from_vec(vec![0.5f64; n], shape),
+        _ => ctx.from_vec(vec![0.5f32; n], shape),
+    }
+    .expect("shape matches")
 }
 
 /// Graphs that reach each strategy of the emitter (the catalogue's shapes are small).
@@ -155,6 +183,108 @@ fn every_gemm_compiles_with_nvrtc() {
     }
 }
 
+/// `gelu(x @ w + b)` with half operands, for the tensor-core GEMM (`emit/gemm_wmma.rs`):
+/// the operands' dtype, and whether it needs sm_80 (bf16) rather than sm_70.
+fn wmma_gemms() -> Vec<(&'static str, Vec<Tensor>, Context, bool)> {
+    let ctx = Context::new();
+    let half = |shape: &[usize], dtype: DType| filled(&ctx, shape, dtype);
+    let gelu = |x: &[usize], w: &[usize], dtype: DType| {
+        let b = half(&[w[1]], dtype);
+        (&half(x, dtype).matmul(&half(w, dtype)) + &b).gelu()
+    };
+    vec![
+        // Tiles divide M, N and K: no guards.
+        (
+            "f16_gelu_x_w_plus_b",
+            vec![gelu(&[256, 512], &[512, 128], DType::F16)],
+            ctx.clone(),
+            false,
+        ),
+        // 100 x 72 x 80: guards on M and N, zero-filled K slices.
+        (
+            "bf16_gelu_x_w_plus_b_edges",
+            vec![gelu(&[100, 72], &[72, 80], DType::BF16)],
+            ctx.clone(),
+            true,
+        ),
+    ]
+}
+
+#[test]
+fn every_wmma_gemm_has_its_cuda_c_pinned() {
+    for (name, outs, ctx, _) in wmma_gemms() {
+        let kernels = cuda_kernels_for(&ctx, &outs, &SM80);
+        assert_eq!(kernels.len(), 1, "{name}: one kernel, epilogue fused");
+        assert!(
+            kernels[0]
+                .strategy
+                .starts_with("tiled GEMM on tensor cores"),
+            "{name}: {}",
+            kernels[0].strategy
+        );
+        insta::assert_snapshot!(format!("cuda_gemm_wmma_{name}"), render(&kernels));
+    }
+}
+
+/// Tensor cores only where the device has them for the operands' dtype, never by
+/// default, never for f32.
+#[test]
+fn tensor_cores_are_used_only_where_the_device_has_them() {
+    let ctx = Context::new();
+    let mm = |dtype: DType| filled(&ctx, &[32, 48], dtype).matmul(&filled(&ctx, &[48, 40], dtype));
+    let cases = [
+        (DType::F16, None, false),
+        (DType::F16, Some((6, 1)), false),
+        (DType::F16, Some((7, 0)), true),
+        (DType::F16, Some((9, 0)), true),
+        (DType::BF16, Some((7, 5)), false),
+        (DType::BF16, Some((8, 0)), true),
+        (DType::F32, Some((9, 0)), false),
+        (DType::F64, Some((9, 0)), false),
+    ];
+    for (dtype, cc, wmma) in cases {
+        let opts = CudaOptions {
+            compute_capability: cc,
+            ..CudaOptions::default()
+        };
+        let k = cuda_kernels_for(&ctx, &[mm(dtype)], &opts).remove(0);
+        assert_eq!(
+            k.source.contains("wmma::mma_sync"),
+            wmma,
+            "{dtype} on {cc:?}: {}",
+            k.strategy
+        );
+        assert_eq!(k.strategy.contains("tensor cores"), wmma, "{}", k.strategy);
+    }
+}
+
+#[test]
+fn every_wmma_gemm_compiles_with_nvrtc() {
+    if !nvrtc_or_skip("every_wmma_gemm_compiles_with_nvrtc") {
+        return;
+    }
+    let dirs = ndfuse_codegen_cuda::include_dirs();
+    assert!(
+        dirs.iter().any(|d| d.join("crt").join("mma.h").is_file()),
+        "no crt/mma.h in {dirs:?}: add the include directory of a CUDA toolkit, or of `pip install nvidia-cuda-nvcc-cu12`, to NDFUSE_CUDA_INCLUDE"
+    );
+    for (name, outs, ctx, bf16) in wmma_gemms() {
+        let kernels = cuda_kernels_for(&ctx, &outs, &SM80);
+        let archs: &[(i32, i32)] = if bf16 {
+            &[(8, 0), (9, 0)]
+        } else {
+            &[(7, 0), (8, 0), (9, 0)]
+        };
+        for &(major, minor) in archs {
+            compile_with(
+                &kernels,
+                name,
+                &CompileOptions::for_capability(major, minor),
+            );
+        }
+    }
+}
+
 #[test]
 fn every_catalogue_kernel_has_its_cuda_c_pinned() {
     for case in CATALOGUE {
@@ -200,7 +330,10 @@ fn nvrtc_or_skip(test: &str) -> bool {
 }
 
 fn compile_all(kernels: &[CudaKernel], what: &str) {
-    let opts = CompileOptions::for_capability(9, 0);
+    compile_with(kernels, what, &CompileOptions::for_capability(9, 0));
+}
+
+fn compile_with(kernels: &[CudaKernel], what: &str, opts: &CompileOptions) {
     for k in kernels {
         if k.uses_half && opts.include_dirs.is_empty() {
             panic!(
@@ -208,7 +341,7 @@ fn compile_all(kernels: &[CudaKernel], what: &str) {
                 k.name
             );
         }
-        let c = compile(k, &opts).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let c = compile(k, opts).unwrap_or_else(|e| panic!("{what} ({}): {e}", opts.arch));
         assert!(
             !c.image.is_empty(),
             "{what}: {} compiled to nothing",

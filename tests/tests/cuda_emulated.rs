@@ -313,6 +313,7 @@ fn scratch_dir(name: &str) -> PathBuf {
 const SMALL_GRID: CudaOptions = CudaOptions {
     max_block_size: 256,
     max_grid_size: 7,
+    compute_capability: None,
 };
 
 #[test]
@@ -399,6 +400,7 @@ fn every_strategy_computes_what_the_reference_does() {
             CudaOptions {
                 max_block_size: 64,
                 max_grid_size: 3,
+                compute_capability: None,
             },
         ] {
             for k in kernels_of(&ctx, outs) {
@@ -590,10 +592,12 @@ fn every_gemm_computes_what_the_reference_does() {
         CudaOptions {
             max_block_size: 128,
             max_grid_size: 5,
+            compute_capability: None,
         },
         CudaOptions {
             max_block_size: 32,
             max_grid_size: 3,
+            compute_capability: None,
         },
     ];
     let mut items = Vec::new();

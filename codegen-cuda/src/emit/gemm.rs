@@ -7,8 +7,10 @@
 //!
 //! Operands are read through the contraction's views with constant strides (a transpose
 //! or a broadcast batch axis costs nothing) and converted to the accumulator's type as
-//! they are staged (f16/bf16 to f32). Tensor-core `mma` for half operands is not emitted
-//! yet: every dtype takes this path.
+//! they are staged (f16/bf16 to f32). Every dtype takes this path unless the target has
+//! tensor cores for its half operands: then `gemm_wmma.rs` emits the product, sharing
+//! this file's tile loop (`tile_head`), staging (`stage_operands`) and epilogue body
+//! (`epilogue_element`).
 
 use super::launch::Launch;
 use super::source::Gen;
@@ -76,6 +78,20 @@ impl Tiling {
     }
 }
 
+/// How [`Gen::stage_operands`] copies a K slice of the operands into shared memory.
+pub(super) struct Staging {
+    /// Threads of the block, all of which take part.
+    pub(super) threads: usize,
+    /// `(BM, BN, BK)`: the tiles are `As` BM x BK and `Bs` BK x BN.
+    pub(super) tile: (usize, usize, usize),
+    /// `Some(operands' dtype)`: staged as stored (the tensor cores read half values);
+    /// `None`: converted to the accumulator's type as they are staged.
+    pub(super) half: Option<DType>,
+    /// `As[kk][mm]` (K-major, for the register tiles' broadcasts) rather than
+    /// `As[mm][kk]` (row-major M x K, as a `matrix_a` fragment loads it).
+    pub(super) lhs_k_major: bool,
+}
+
 impl Gen<'_> {
     /// The tiled GEMM with the body as its epilogue.
     pub(super) fn gemm(&mut self) -> (Vec<Launch>, String) {
@@ -109,11 +125,50 @@ impl Gen<'_> {
             "  const int tx = tid % {cols}, ty = tid / {cols};",
             cols = t.cols
         );
+        let batch_axes = self.tile_head(&c, (bm, bn), (tiles_m, tiles_n, nbatch));
+        let ind = "    ";
+        let b = &mut self.body;
+        let _ = writeln!(b, "{ind}{acc} acc[{}][{}];", t.tm, t.tn);
+        let _ = writeln!(b, "{ind}#pragma unroll");
+        let _ = writeln!(b, "{ind}for (int i = 0; i < {}; ++i)", t.tm);
+        let _ = writeln!(b, "{ind}  #pragma unroll");
+        let _ = writeln!(
+            b,
+            "{ind}  for (int j = 0; j < {}; ++j) acc[i][j] = {zero};",
+            t.tn
+        );
+        self.k_loop(&c, t, (m, n, kk));
+        self.epilogue(&c, t, (m, n), &batch_axes);
+        let b = &mut self.body;
+        let _ = writeln!(b, "  }}");
+        b.push_str("}\n");
+        let launch = Launch {
+            function: name,
+            grid: self.grid_for(tiles, 1),
+            block: (t.threads() as u32, 1),
+        };
+        let empty = k.domain.numel() == 0;
+        (if empty { vec![] } else { vec![launch] }, strategy)
+    }
+
+    /// Opens the block-stride loop over the tiles (`t`) of every batch position and
+    /// defines the tile's origin in C (`m0`, `n0`), its batch position (`bz`, and `b{a}`
+    /// along each batch axis that is not 1) and the operands' bases there (`la`, `rb`).
+    /// Returns the batch axes that have an index.
+    pub(super) fn tile_head(
+        &mut self,
+        c: &Contraction,
+        (bm, bn): (usize, usize),
+        (tiles_m, tiles_n, nbatch): (usize, usize, usize),
+    ) -> Vec<usize> {
+        let k = self.k;
+        let tiles = nbatch * tiles_m * tiles_n;
+        let ind = "    ";
+        let b = &mut self.body;
         let _ = writeln!(
             b,
             "  for (nd_idx t = blockIdx.x; t < {tiles}; t += gridDim.x) {{"
         );
-        let ind = "    ";
         // Tile t: n-tiles fastest, then m-tiles, then the batch position.
         let per_matrix = tiles_m * tiles_n;
         let m_tile = match (tiles_m, tiles_n, nbatch) {
@@ -172,97 +227,25 @@ impl Gen<'_> {
             base(&c.lhs_view),
             base(&c.rhs_view)
         );
-        let _ = writeln!(b, "{ind}{acc} acc[{}][{}];", t.tm, t.tn);
-        let _ = writeln!(b, "{ind}#pragma unroll");
-        let _ = writeln!(b, "{ind}for (int i = 0; i < {}; ++i)", t.tm);
-        let _ = writeln!(b, "{ind}  #pragma unroll");
-        let _ = writeln!(
-            b,
-            "{ind}  for (int j = 0; j < {}; ++j) acc[i][j] = {zero};",
-            t.tn
-        );
-        self.k_loop(&c, t, (m, n, kk));
-        self.epilogue(&c, t, (m, n), &batch_axes);
-        let b = &mut self.body;
-        let _ = writeln!(b, "  }}");
-        b.push_str("}\n");
-        let launch = Launch {
-            function: name,
-            grid: self.grid_for(tiles, 1),
-            block: (t.threads() as u32, 1),
-        };
-        let empty = k.domain.numel() == 0;
-        (if empty { vec![] } else { vec![launch] }, strategy)
+        batch_axes
     }
 
     /// The walk over K: stage a slice of each operand, then the rank-BK update of the
     /// accumulators. Bounds checks only on the axes the tiles do not divide.
     fn k_loop(&mut self, c: &Contraction, t: Tiling, (m, n, kk): (usize, usize, usize)) {
-        let (bm, bn, threads) = (t.bm(), t.bn(), t.threads());
         let acc = scalar::compute_type(c.dtype);
-        let zero = scalar::identity(Accumulate::Sum, c.dtype);
-        let rank = c.lhs_view.shape.rank();
-        let (sm, sk) = (c.lhs_view.strides[rank - 2], c.lhs_view.strides[rank - 1]);
-        let (sk2, sn) = (c.rhs_view.strides[rank - 2], c.rhs_view.strides[rank - 1]);
-        let (check_m, check_n, check_k) = (m % bm != 0, n % bn != 0, kk % BK != 0);
         let ind = "    ";
         let _ = writeln!(
             self.body,
             "{ind}for (nd_idx k0 = 0; k0 < {kk}; k0 += {BK}) {{"
         );
-        // Each operand tile is walked along its operand's smaller stride, so that
-        // neighbouring threads read neighbouring addresses (a transposed operand is
-        // read along its rows).
-        let stages = [
-            ("As", "m", bm, sm, sk, check_m, m, "la", c.lhs),
-            ("Bs", "n", bn, sn, sk2, check_n, n, "rb", c.rhs),
-        ];
-        for (tile, ax, extent, s_ax, s_k, check_ax, size, base, input) in stages {
-            let total = extent * BK;
-            let per = total.div_ceil(threads);
-            let k_fast = s_k.abs() <= s_ax.abs();
-            let ind2 = "      ";
-            let _ = writeln!(self.body, "{ind2}#pragma unroll");
-            let _ = writeln!(self.body, "{ind2}for (int r = 0; r < {per}; ++r) {{");
-            let ind3 = "        ";
-            let _ = writeln!(self.body, "{ind3}const int e = tid + r * {threads};");
-            let guard_e = !total.is_multiple_of(threads);
-            if guard_e {
-                let _ = writeln!(self.body, "{ind3}if (e < {total}) {{");
-            }
-            let ind4 = if guard_e { "          " } else { ind3 };
-            let (ka, aa) = if k_fast {
-                (format!("e % {BK}"), format!("e / {BK}"))
-            } else {
-                (format!("e / {extent}"), format!("e % {extent}"))
-            };
-            let _ = writeln!(self.body, "{ind4}const int kk = {ka}, {ax}{ax} = {aa};");
-            let _ = writeln!(
-                self.body,
-                "{ind4}const nd_idx k = k0 + kk, {ax} = {ax}0 + {ax}{ax};"
-            );
-            let mut off = vec![base.to_string()];
-            term(&mut off, ax, s_ax);
-            term(&mut off, "k", s_k);
-            let load = self.load_expr(input, &sum(off));
-            let mut conds = Vec::new();
-            if check_ax {
-                conds.push(format!("{ax} < {size}"));
-            }
-            if check_k {
-                conds.push(format!("k < {kk}"));
-            }
-            let value = if conds.is_empty() {
-                load
-            } else {
-                format!("({}) ? {load} : {zero}", conds.join(" && "))
-            };
-            let _ = writeln!(self.body, "{ind4}{tile}[kk][{ax}{ax}] = {value};");
-            if guard_e {
-                let _ = writeln!(self.body, "{ind3}}}");
-            }
-            let _ = writeln!(self.body, "{ind2}}}");
-        }
+        let staging = Staging {
+            threads: t.threads(),
+            tile: (t.bm(), t.bn(), BK),
+            half: None,
+            lhs_k_major: true,
+        };
+        self.stage_operands(c, &staging, (m, n, kk));
         let ind2 = "      ";
         let b = &mut self.body;
         let _ = writeln!(b, "{ind2}__syncthreads();");
@@ -296,6 +279,89 @@ impl Gen<'_> {
         let _ = writeln!(b, "{ind}}}");
     }
 
+    /// One thread block's copy of a K slice of each operand into shared memory: `As` (BM
+    /// x BK of the left operand) and `Bs` (BK x BN of the right), element `e` of a tile
+    /// by thread `e % threads`, zero where the slice passes the end of M, N or K (bounds
+    /// checks only on the axes the tiles do not divide). Each tile is walked along its
+    /// operand's smaller stride, so that neighbouring threads read neighbouring
+    /// addresses (a transposed operand is read along its rows).
+    pub(super) fn stage_operands(
+        &mut self,
+        c: &Contraction,
+        st: &Staging,
+        (m, n, kk): (usize, usize, usize),
+    ) {
+        let (bm, bn, bk) = st.tile;
+        let threads = st.threads;
+        let zero = match st.half {
+            Some(d) => scalar::store_conv(d, "0.0f"),
+            None => scalar::identity(Accumulate::Sum, c.dtype),
+        };
+        let rank = c.lhs_view.shape.rank();
+        let (sm, sk) = (c.lhs_view.strides[rank - 2], c.lhs_view.strides[rank - 1]);
+        let (sk2, sn) = (c.rhs_view.strides[rank - 2], c.rhs_view.strides[rank - 1]);
+        let (check_m, check_n, check_k) = (m % bm != 0, n % bn != 0, kk % bk != 0);
+        let a_at = if st.lhs_k_major {
+            "As[kk][mm]"
+        } else {
+            "As[mm][kk]"
+        };
+        let stages = [
+            (a_at, "m", bm, sm, sk, check_m, m, "la", c.lhs),
+            ("Bs[kk][nn]", "n", bn, sn, sk2, check_n, n, "rb", c.rhs),
+        ];
+        for (at, ax, extent, s_ax, s_k, check_ax, size, base, input) in stages {
+            let total = extent * bk;
+            let per = total.div_ceil(threads);
+            let k_fast = s_k.abs() <= s_ax.abs();
+            let ind2 = "      ";
+            let _ = writeln!(self.body, "{ind2}#pragma unroll");
+            let _ = writeln!(self.body, "{ind2}for (int r = 0; r < {per}; ++r) {{");
+            let ind3 = "        ";
+            let _ = writeln!(self.body, "{ind3}const int e = tid + r * {threads};");
+            let guard_e = !total.is_multiple_of(threads);
+            if guard_e {
+                let _ = writeln!(self.body, "{ind3}if (e < {total}) {{");
+            }
+            let ind4 = if guard_e { "          " } else { ind3 };
+            let (ka, aa) = if k_fast {
+                (format!("e % {bk}"), format!("e / {bk}"))
+            } else {
+                (format!("e / {extent}"), format!("e % {extent}"))
+            };
+            let _ = writeln!(self.body, "{ind4}const int kk = {ka}, {ax}{ax} = {aa};");
+            let _ = writeln!(
+                self.body,
+                "{ind4}const nd_idx k = k0 + kk, {ax} = {ax}0 + {ax}{ax};"
+            );
+            let mut off = vec![base.to_string()];
+            term(&mut off, ax, s_ax);
+            term(&mut off, "k", s_k);
+            let load = if st.half.is_some() {
+                format!("in{input}[{}]", sum(off))
+            } else {
+                self.load_expr(input, &sum(off))
+            };
+            let mut conds = Vec::new();
+            if check_ax {
+                conds.push(format!("{ax} < {size}"));
+            }
+            if check_k {
+                conds.push(format!("k < {kk}"));
+            }
+            let value = if conds.is_empty() {
+                load
+            } else {
+                format!("({}) ? {load} : {zero}", conds.join(" && "))
+            };
+            let _ = writeln!(self.body, "{ind4}{at} = {value};");
+            if guard_e {
+                let _ = writeln!(self.body, "{ind3}}}");
+            }
+            let _ = writeln!(self.body, "{ind2}}}");
+        }
+    }
+
     /// The body at each element of the thread's register tile inside C, the product's
     /// load being the accumulator, and its stores.
     fn epilogue(
@@ -305,7 +371,6 @@ impl Gen<'_> {
         (m, n): (usize, usize),
         batch_axes: &[usize],
     ) {
-        let k = self.k;
         let ind = "    ";
         let b = &mut self.body;
         let _ = writeln!(b, "{ind}#pragma unroll");
@@ -318,27 +383,64 @@ impl Gen<'_> {
             "{ind3}const nd_idx m = m0 + ty + i * {}, n = n0 + tx + j * {};",
             t.rows, t.cols
         );
+        let checks = (m % t.bm() != 0, n % t.bn() != 0);
+        self.epilogue_element(c, batch_axes, (m, n), checks, "acc[i][j]", ind3);
+        let b = &mut self.body;
+        let _ = writeln!(b, "{ind}  }}");
+        let _ = writeln!(b, "{ind}}}");
+    }
+
+    /// The body at element `(m, n)` of C (defined by the caller, at indent `ind`), the
+    /// product's load being `product`, storing the outputs at `p`; guarded by `m < M`
+    /// and `n < N` where `checks` says the tiles do not divide that axis.
+    pub(super) fn epilogue_element(
+        &mut self,
+        c: &Contraction,
+        batch_axes: &[usize],
+        (m, n): (usize, usize),
+        (check_m, check_n): (bool, bool),
+        product: &str,
+        ind: &str,
+    ) {
         let mut conds = Vec::new();
-        if m % t.bm() != 0 {
+        if check_m {
             conds.push(format!("m < {m}"));
         }
-        if n % t.bn() != 0 {
+        if check_n {
             conds.push(format!("n < {n}"));
         }
-        let ind4 = if conds.is_empty() {
-            ind3
+        let inner = format!("{ind}  ");
+        let ind2 = if conds.is_empty() {
+            ind
         } else {
-            let _ = writeln!(b, "{ind3}if ({}) {{", conds.join(" && "));
-            "          "
+            let _ = writeln!(self.body, "{ind}if ({}) {{", conds.join(" && "));
+            &inner
         };
-        let rank = k.domain.rank();
         let mut p = Vec::new();
         if !batch_axes.is_empty() {
             p.push(format!("bz * {}", m * n));
         }
         term(&mut p, "m", n as isize);
         term(&mut p, "n", 1);
-        let _ = writeln!(b, "{ind4}const nd_idx p = {};", sum(p));
+        let _ = writeln!(self.body, "{ind2}const nd_idx p = {};", sum(p));
+        let src = self.epilogue_sources(c, batch_axes, product);
+        self.element_body(&src, "out{}[p]", ind2);
+        if !conds.is_empty() {
+            let _ = writeln!(self.body, "{ind}}}");
+        }
+    }
+
+    /// Where each load and random op of the body gets its value at element `(m, n)` of
+    /// C (batch position `b{a}`): the product's load is `product`, other loads read
+    /// their buffers through their views. `None` for the other instructions.
+    fn epilogue_sources(
+        &mut self,
+        c: &Contraction,
+        batch_axes: &[usize],
+        product: &str,
+    ) -> Vec<Option<String>> {
+        let k = self.k;
+        let rank = k.domain.rank();
         let mut src: Vec<Option<String>> = vec![None; k.body.len()];
         for (i, ins) in k.body.iter().enumerate() {
             if let Expr::Random { key, view } = &ins.expr {
@@ -356,7 +458,7 @@ impl Gen<'_> {
                 continue;
             };
             if *input == c.product {
-                src[i] = Some("acc[i][j]".to_string());
+                src[i] = Some(product.to_string());
                 continue;
             }
             let mut off = vec![view.offset.to_string()];
@@ -367,13 +469,7 @@ impl Gen<'_> {
             term(&mut off, "n", view.strides[rank - 1]);
             src[i] = Some(self.load_expr(*input, &sum(off)));
         }
-        self.element_body(&src, "out{}[p]", ind4);
-        let b = &mut self.body;
-        if !conds.is_empty() {
-            let _ = writeln!(b, "{ind3}}}");
-        }
-        let _ = writeln!(b, "{ind}  }}");
-        let _ = writeln!(b, "{ind}}}");
+        src
     }
 }
 

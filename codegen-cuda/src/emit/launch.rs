@@ -9,14 +9,20 @@ pub struct CudaOptions {
     pub max_block_size: u32,
     /// Most blocks per launch (grid-stride loops cover the rest).
     pub max_grid_size: u32,
+    /// The target device's compute capability `(major, minor)`, when known. It decides
+    /// whether matrix products of f16 (sm_70 and newer) or bf16 (sm_80 and newer)
+    /// operands use tensor cores (`emit/gemm_wmma.rs`); `None`, the default, emits code
+    /// for any device (no tensor cores).
+    pub compute_capability: Option<(u32, u32)>,
 }
 
 impl Default for CudaOptions {
-    /// ND4J's defaults: 256 threads, 4096 blocks.
+    /// ND4J's defaults: 256 threads, 4096 blocks; no tensor cores.
     fn default() -> CudaOptions {
         CudaOptions {
             max_block_size: 256,
             max_grid_size: 4096,
+            compute_capability: None,
         }
     }
 }
