@@ -1,7 +1,8 @@
 // A CPU emulation of the small part of CUDA that ndfuse's emitted kernels use, so that
 // their *semantics* (indexing, row programs, tree combines, split reductions, half
-// conversions) are tested on machines without a GPU. Force-included (`-include`) before
-// an emitted source; `cuda_fp16.h` / `cuda_bf16.h` in this folder are empty.
+// conversions, tensor-core fragments) are tested on machines without a GPU.
+// Force-included (`-include`) before an emitted source, with `mma.h` after it (the
+// `nvcuda::wmma` subset); `cuda_fp16.h` / `cuda_bf16.h` in this folder are empty.
 //
 // A launch runs its blocks one after another; the threads of a block are real OS
 // threads, so `__syncthreads()` is a barrier over the block and `__shfl_xor_sync` a
@@ -36,6 +37,13 @@ static std::vector<std::unique_ptr<std::barrier<>>> nd_emu_warp_barriers;
 static uint64_t nd_emu_slots[1024];
 
 static inline void __syncthreads() { nd_emu_block_barrier->arrive_and_wait(); }
+
+// The calling thread's warp's barrier (every block size here is a multiple of 32).
+static inline std::barrier<>& nd_emu_warp_barrier() {
+  return *nd_emu_warp_barriers[(threadIdx.x + threadIdx.y * blockDim.x) / 32];
+}
+static inline unsigned nd_emu_lane() { return (threadIdx.x + threadIdx.y * blockDim.x) % 32; }
+static inline void __syncwarp(unsigned = 0xffffffffu) { nd_emu_warp_barrier().arrive_and_wait(); }
 
 template <typename T>
 static inline T __shfl_xor_sync(unsigned, T v, int o) {

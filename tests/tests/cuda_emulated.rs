@@ -180,6 +180,8 @@ fn build(cxx: &str, dir: &Path, cks: &[&CudaKernel]) -> libloading::Library {
         .arg(&emu)
         .arg("-include")
         .arg(emu.join("cuda_emu.h"))
+        .arg("-include")
+        .arg(emu.join("mma.h"))
         .arg(&src)
         .arg("-o")
         .arg(&so)
@@ -256,9 +258,27 @@ fn run_emulated(
         .collect()
 }
 
+/// How far an emulated element may be from the reference: given the kernel, its inputs,
+/// the output's dtype, the element's index and the reference value, the largest
+/// difference allowed.
+type Tolerance = dyn Fn(&Kernel, &[HostArray], DType, usize, f64) -> f64;
+
 /// Emits, builds (in one library) and runs every `(kernel, options, label)`, comparing
-/// each with the reference.
+/// each with the reference within [`tolerance`].
 fn check_kernels(cxx: &str, dir: &Path, items: &[(Kernel, CudaOptions, String)]) {
+    check_kernels_within(cxx, dir, items, &|_, _, dtype, _, want| {
+        let (rtol, atol) = tolerance(dtype);
+        atol + rtol * want.abs()
+    });
+}
+
+/// [`check_kernels`] with the tolerance `tol`.
+fn check_kernels_within(
+    cxx: &str,
+    dir: &Path,
+    items: &[(Kernel, CudaOptions, String)],
+    tol: &Tolerance,
+) {
     let cks: Vec<CudaKernel> = items
         .iter()
         .map(|(k, o, what)| emit(k, o).unwrap_or_else(|e| panic!("{what}: {e}")))
@@ -277,16 +297,16 @@ fn check_kernels(cxx: &str, dir: &Path, items: &[(Kernel, CudaOptions, String)])
             ndfuse_ir::interp::eval_kernel(kernel, &refs).unwrap_or_else(|e| panic!("{what}: {e}"));
         let got = run_emulated(&lib, i, kernel, ck, &inputs);
         for (o, (g, w)) in got.iter().zip(&want).enumerate() {
-            let (rtol, atol) = tolerance(g.dtype());
             let (gv, wv) = (g.to_f64s(), w.to_f64s());
             assert_eq!(gv.len(), wv.len(), "{what}: output {o} length");
             for (e, (a, b)) in gv.iter().zip(&wv).enumerate() {
+                let bound = tol(kernel, &inputs, g.dtype(), e, *b);
                 let ok = (a.is_nan() && b.is_nan())
                     || a == b
-                    || (a.is_finite() && b.is_finite() && (a - b).abs() <= atol + rtol * b.abs());
+                    || (a.is_finite() && b.is_finite() && (a - b).abs() <= bound);
                 assert!(
                     ok,
-                    "{what}: {} output {o} element {e}: emulated CUDA {a:e}, reference {b:e}\n{}",
+                    "{what}: {} output {o} element {e}: emulated CUDA {a:e}, reference {b:e}, allowed {bound:e}\n{}",
                     ck.name, ck.source
                 );
             }
@@ -617,5 +637,167 @@ fn every_gemm_computes_what_the_reference_does() {
         "every case has a contraction kernel"
     );
     check_kernels(&cxx, &dir, &items);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// At element `e` of a contraction kernel's domain (every output is laid out as the
+/// domain): the exact product `P` and `S = sum over k of |a_k * b_k|`, in f64 from the
+/// operand buffers read through the contraction's views.
+fn product_and_magnitude(kernel: &Kernel, inputs: &[HostArray], e: usize) -> (f64, f64) {
+    let c = kernel.contraction.as_ref().expect("a contraction kernel");
+    let (_, _, _, kk) = c.extents();
+    let dims = kernel.domain.dims();
+    let rank = dims.len();
+    let mut index = vec![0usize; rank];
+    let mut rest = e;
+    for a in (0..rank).rev() {
+        index[a] = rest % dims[a];
+        rest /= dims[a];
+    }
+    let (lhs, rhs) = (inputs[c.lhs].to_f64s(), inputs[c.rhs].to_f64s());
+    let (lv, rv) = (&c.lhs_view, &c.rhs_view);
+    let base = |view: &ndfuse_ir::View, fixed: usize, at: usize| {
+        let batch: isize = (view.strides[..rank - 2].iter())
+            .zip(&index)
+            .map(|(&stride, &i)| stride * i as isize)
+            .sum();
+        view.offset + batch + view.strides[fixed] * at as isize
+    };
+    let (la, rb) = (
+        base(lv, rank - 2, index[rank - 2]),
+        base(rv, rank - 1, index[rank - 1]),
+    );
+    let (mut p, mut s) = (0.0, 0.0);
+    for k in 0..kk as isize {
+        let x = lhs[(la + lv.strides[rank - 1] * k) as usize];
+        let y = rhs[(rb + rv.strides[rank - 2] * k) as usize];
+        p += x * y;
+        s += (x * y).abs();
+    }
+    (p, s)
+}
+
+/// Tolerance of the tensor-core GEMM against the reference, from K and the epsilons of
+/// f32 (`u32 = 2^-24`, the accumulators) and of the operands' half type (`u`: 2^-11 for
+/// f16, 2^-8 for bf16; `u_out` the same for the output's dtype):
+/// - the f32 sum of the K exact products (half values multiply exactly in f32), in any
+///   order, is within `K * u32 * S` of the exact sum, and the reference's own rounding
+///   of it to f32 adds `u32 * S` at most: `(K + 1) * u32 * S`;
+/// - each rounding to the half type inside the epilogue (the product's, the bias sum's)
+///   may land one ulp (`2u` relative) away when its input moved: `2u * |P|` and
+///   `2u * (|P| + B)`, `B` the largest other input (the bias);
+/// - both carried through at most gelu's steepest slope (1.13, a bound for every
+///   epilogue here: relu and the identity have 1);
+/// - the output's own rounding, one ulp: `2 * u_out * |want|`, plus f16's smallest
+///   subnormal (2^-24) where the output is f16.
+fn wmma_tolerance(kernel: &Kernel, inputs: &[HostArray], out: DType, e: usize, want: f64) -> f64 {
+    let c = kernel.contraction.as_ref().expect("a contraction kernel");
+    let (_, _, _, kk) = c.extents();
+    let unit = |d: DType| match d {
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        _ => 2f64.powi(-24),
+    };
+    let u = unit(kernel.inputs[c.lhs].dtype);
+    let u32 = 2f64.powi(-24);
+    let others = (0..inputs.len())
+        .filter(|&i| i != c.lhs && i != c.rhs)
+        .flat_map(|i| inputs[i].to_f64s())
+        .fold(0.0f64, |m, x| m.max(x.abs()));
+    let (p, s) = product_and_magnitude(kernel, inputs, e);
+    let subnormal = if out == DType::F16 {
+        2f64.powi(-24)
+    } else {
+        0.0
+    };
+    1.13 * ((kk as f64 + 1.0) * u32 * s + 2.0 * u * p.abs() + 2.0 * u * (p.abs() + others))
+        + 2.0 * unit(out) * want.abs()
+        + subnormal
+}
+
+/// Matrix products of f16 and bf16 operands on tensor cores (`emit/gemm_wmma.rs`, as
+/// emitted for an sm_80 device), through the emulator's `nvcuda::wmma` (`cuda_emu/mma.h`):
+/// sizes 1, 7, 16, 17 and 65 on each of M, N and K (65 is more than the K slice of 32),
+/// several tiles with grids smaller than the tile count, a transposed operand, batches
+/// broadcast from either side, and epilogues (bias + gelu, relu, casts to f32 and to the
+/// other half type), with 8, 2 and 1 warps per block, against the reference's f64
+/// product within [`wmma_tolerance`].
+#[test]
+fn every_wmma_gemm_computes_what_the_reference_does() {
+    let Some(cxx) = compiler() else {
+        eprintln!("skipped: no C++ compiler ($CXX or g++) to build the CUDA emulator");
+        return;
+    };
+    let dir = scratch_dir("wmma");
+    let ctx = Context::new();
+    let mut items = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        let other = if dtype == DType::F16 {
+            DType::BF16
+        } else {
+            DType::F16
+        };
+        let x = |shape: &[usize]| {
+            ctx.rand_normal(shape, 0.5, 2.0, shape.iter().sum::<usize>() as u64)
+                .cast(dtype)
+        };
+        let mm = |m: usize, n: usize, k: usize| x(&[m, k]).matmul(&x(&[k, n]));
+        let cases: Vec<(String, Tensor)> = vec![
+            ("1x7x16".into(), mm(1, 7, 16)),
+            ("7x16x17".into(), mm(7, 16, 17)),
+            ("16x17x65".into(), mm(16, 17, 65)),
+            ("17x65x1".into(), mm(17, 65, 1)),
+            ("65x1x7".into(), mm(65, 1, 7)),
+            ("65x65x65, relu".into(), mm(65, 65, 65).relu()),
+            ("130x40x70, several tiles".into(), mm(130, 40, 70)),
+            (
+                "gelu(x @ w + b), 17x65x65".into(),
+                (&mm(17, 65, 65) + &x(&[65])).gelu(),
+            ),
+            (
+                "gelu(x @ w + b) cast to the other half type".into(),
+                (&mm(16, 33, 17) + &x(&[33])).gelu().cast(other),
+            ),
+            ("x @ w cast to f32".into(), mm(7, 65, 33).cast(DType::F32)),
+            (
+                "rhs transposed".into(),
+                x(&[7, 65]).matmul(&x(&[33, 65]).transpose()),
+            ),
+            (
+                "batch of 3, rhs broadcast".into(),
+                x(&[3, 17, 65]).matmul(&x(&[65, 16])),
+            ),
+            (
+                "batch 2x3 broadcast both ways, lhs transposed".into(),
+                x(&[2, 1, 65, 7])
+                    .permute(&[0, 1, 3, 2])
+                    .matmul(&x(&[3, 65, 17])),
+            ),
+        ];
+        for (name, out) in &cases {
+            for (threads, grid) in [(256, 3), (64, 2), (32, 1)] {
+                let opts = CudaOptions {
+                    max_block_size: threads,
+                    max_grid_size: grid,
+                    compute_capability: Some((8, 0)),
+                };
+                let kernels = kernels_of(&ctx, std::slice::from_ref(out));
+                let products: Vec<Kernel> = kernels
+                    .into_iter()
+                    .filter(|k| k.contraction.is_some())
+                    .collect();
+                assert_eq!(products.len(), 1, "{dtype} {name}: one product kernel");
+                let k = products.into_iter().next().expect("one");
+                let ck = emit(&k, &opts).unwrap_or_else(|e| panic!("{dtype} {name}: {e}"));
+                assert!(
+                    ck.strategy.contains("tensor cores"),
+                    "{dtype} {name}: {}",
+                    ck.strategy
+                );
+                items.push((k, opts, format!("{dtype} {name} ({threads} threads)")));
+            }
+        }
+    }
+    check_kernels_within(&cxx, &dir, &items, &wmma_tolerance);
     let _ = std::fs::remove_dir_all(&dir);
 }
