@@ -717,7 +717,8 @@ fn wmma_tolerance(kernel: &Kernel, inputs: &[HostArray], out: DType, e: usize, w
 
 /// Matrix products of f16 and bf16 operands on tensor cores (`emit/gemm_wmma.rs`, as
 /// emitted for an sm_80 device), through the emulator's `nvcuda::wmma` (`cuda_emu/mma.h`):
-/// sizes 1, 7, 16, 17 and 65 on each of M, N and K (65 is more than the K slice of 32),
+/// sizes 1, 7, 16, 17 and 65 on each of M, N and K (65 is more than the K slice of 32)
+/// and K = 0,
 /// several tiles with grids smaller than the tile count, a transposed operand, batches
 /// broadcast from either side, and epilogues (bias + gelu, relu, casts to f32 and to the
 /// other half type), with 8, 2 and 1 warps per block, against the reference's f64
@@ -750,6 +751,7 @@ fn every_wmma_gemm_computes_what_the_reference_does() {
             ("65x1x7".into(), mm(65, 1, 7)),
             ("65x65x65, relu".into(), mm(65, 65, 65).relu()),
             ("130x40x70, several tiles".into(), mm(130, 40, 70)),
+            ("K = 0, plus 1.5".into(), &mm(5, 6, 0) + 1.5),
             (
                 "gelu(x @ w + b), 17x65x65".into(),
                 (&mm(17, 65, 65) + &x(&[65])).gelu(),
