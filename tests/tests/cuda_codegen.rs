@@ -192,21 +192,25 @@ fn wmma_gemms() -> Vec<(&'static str, Vec<Tensor>, Context, bool)> {
         let b = half(&[w[1]], dtype);
         (&half(x, dtype).matmul(&half(w, dtype)) + &b).gelu()
     };
+    let x = half(&[100, 72], DType::BF16);
+    let w = half(&[80, 72], DType::BF16);
+    let t = (&x.matmul(&w.transpose()) + &half(&[80], DType::BF16)).gelu();
+    let odd = half(&[65, 7], DType::F16)
+        .transpose()
+        .matmul(&half(&[65, 33], DType::F16));
     vec![
-        // Tiles divide M, N and K: no guards.
+        // Tiles divide M, N and K: no guards; both operands in 16-byte copies.
         (
             "f16_gelu_x_w_plus_b",
             vec![gelu(&[256, 512], &[512, 128], DType::F16)],
             ctx.clone(),
             false,
         ),
-        // 100 x 72 x 80: guards on M and N, zero-filled K slices.
-        (
-            "bf16_gelu_x_w_plus_b_edges",
-            vec![gelu(&[100, 72], &[72, 80], DType::BF16)],
-            ctx.clone(),
-            true,
-        ),
+        // x @ w.T, 100 x 72 x 80, as a linear layer stores w: guards on M and N, a zeroed
+        // end of the K slice; b col-major (K inner), both in 16-byte copies.
+        ("bf16_gelu_x_wt_plus_b_edges", vec![t], ctx.clone(), true),
+        // x.T @ w, 7 x 33 x 65: odd sizes staged element by element, a col-major (M inner).
+        ("f16_xt_w_odd_sizes", vec![odd], ctx.clone(), false),
     ]
 }
 

@@ -719,7 +719,8 @@ fn wmma_tolerance(kernel: &Kernel, inputs: &[HostArray], out: DType, e: usize, w
 /// emitted for an sm_80 device), through the emulator's `nvcuda::wmma` (`cuda_emu/mma.h`):
 /// sizes 1, 7, 16, 17 and 65 on each of M, N and K (65 is more than the K slice of 32)
 /// and K = 0,
-/// several tiles with grids smaller than the tile count, a transposed operand, batches
+/// several tiles with grids smaller than the tile count, transposed operands (col-major
+/// fragments), inner axes staged element by element and in 16-byte copies, batches
 /// broadcast from either side, and epilogues (bias + gelu, relu, casts to f32 and to the
 /// other half type), with 8, 2 and 1 warps per block, against the reference's f64
 /// product within [`wmma_tolerance`].
@@ -752,6 +753,20 @@ fn every_wmma_gemm_computes_what_the_reference_does() {
             ("65x65x65, relu".into(), mm(65, 65, 65).relu()),
             ("130x40x70, several tiles".into(), mm(130, 40, 70)),
             ("K = 0, plus 1.5".into(), &mm(5, 6, 0) + 1.5),
+            // Inner axes of multiples of 8: staged in 16-byte copies.
+            ("24x40x72, 16-byte copies".into(), mm(24, 40, 72)),
+            (
+                "x @ w.T, 16-byte copies along K (b col-major)".into(),
+                x(&[7, 64]).matmul(&x(&[40, 64]).transpose()),
+            ),
+            (
+                "x.T @ w, 16-byte copies along M (a col-major)".into(),
+                x(&[64, 24]).transpose().matmul(&x(&[64, 40])),
+            ),
+            (
+                "batch of 3 @ w, 16-byte copies, rhs broadcast".into(),
+                x(&[3, 24, 64]).matmul(&x(&[64, 16])),
+            ),
             (
                 "gelu(x @ w + b), 17x65x65".into(),
                 (&mm(17, 65, 65) + &x(&[65])).gelu(),
@@ -793,6 +808,11 @@ fn every_wmma_gemm_computes_what_the_reference_does() {
                 let ck = emit(&k, &opts).unwrap_or_else(|e| panic!("{dtype} {name}: {e}"));
                 assert!(
                     ck.strategy.contains("tensor cores"),
+                    "{dtype} {name}: {}",
+                    ck.strategy
+                );
+                assert!(
+                    ck.strategy.contains("in 16-byte copies") || !name.contains("16-byte copies"),
                     "{dtype} {name}: {}",
                     ck.strategy
                 );

@@ -9,8 +9,7 @@
 //! or a broadcast batch axis costs nothing) and converted to the accumulator's type as
 //! they are staged (f16/bf16 to f32). Every dtype takes this path unless the target has
 //! tensor cores for its half operands: then `gemm_wmma.rs` emits the product, sharing
-//! this file's tile loop (`tile_head`), staging (`stage_operands`) and epilogue body
-//! (`epilogue_element`).
+//! this file's tile loop (`tile_head`) and epilogue body (`epilogue_element`).
 
 use super::launch::Launch;
 use super::source::Gen;
@@ -76,20 +75,6 @@ impl Tiling {
     fn threads(&self) -> usize {
         self.rows * self.cols
     }
-}
-
-/// How [`Gen::stage_operands`] copies a K slice of the operands into shared memory.
-pub(super) struct Staging {
-    /// Threads of the block, all of which take part.
-    pub(super) threads: usize,
-    /// `(BM, BN, BK)`: the tiles are `As` BM x BK and `Bs` BK x BN.
-    pub(super) tile: (usize, usize, usize),
-    /// `Some(operands' dtype)`: staged as stored (the tensor cores read half values);
-    /// `None`: converted to the accumulator's type as they are staged.
-    pub(super) half: Option<DType>,
-    /// `As[kk][mm]` (K-major, for the register tiles' broadcasts) rather than
-    /// `As[mm][kk]` (row-major M x K, as a `matrix_a` fragment loads it).
-    pub(super) lhs_k_major: bool,
 }
 
 impl Gen<'_> {
@@ -239,13 +224,7 @@ impl Gen<'_> {
             self.body,
             "{ind}for (nd_idx k0 = 0; k0 < {kk}; k0 += {BK}) {{"
         );
-        let staging = Staging {
-            threads: t.threads(),
-            tile: (t.bm(), t.bn(), BK),
-            half: None,
-            lhs_k_major: true,
-        };
-        self.stage_operands(c, &staging, (m, n, kk));
+        self.stage_operands(c, t, (m, n, kk));
         let ind2 = "      ";
         let b = &mut self.body;
         let _ = writeln!(b, "{ind2}__syncthreads();");
@@ -279,38 +258,24 @@ impl Gen<'_> {
         let _ = writeln!(b, "{ind}}}");
     }
 
-    /// One thread block's copy of a K slice of each operand into shared memory: `As` (BM
-    /// x BK of the left operand) and `Bs` (BK x BN of the right), element `e` of a tile
-    /// by thread `e % threads`, zero where the slice passes the end of M, N or K (bounds
-    /// checks only on the axes the tiles do not divide). Each tile is walked along its
-    /// operand's smaller stride, so that neighbouring threads read neighbouring
-    /// addresses (a transposed operand is read along its rows).
-    pub(super) fn stage_operands(
-        &mut self,
-        c: &Contraction,
-        st: &Staging,
-        (m, n, kk): (usize, usize, usize),
-    ) {
-        let (bm, bn, bk) = st.tile;
-        let threads = st.threads;
-        let zero = match st.half {
-            Some(d) => scalar::store_conv(d, "0.0f"),
-            None => scalar::identity(Accumulate::Sum, c.dtype),
-        };
+    /// One thread block's copy of a K slice of each operand into shared memory, converted
+    /// to the accumulator's type: `As` and `Bs`, both K-major (BK x BM and BK x BN),
+    /// element `e` of a tile by thread `e % threads`, zero where the slice passes the end
+    /// of M, N or K (bounds checks only on the axes the tiles do not divide). Each tile is
+    /// walked along its operand's smaller stride, so that neighbouring threads read
+    /// neighbouring addresses (a transposed operand is read along its rows).
+    fn stage_operands(&mut self, c: &Contraction, t: Tiling, (m, n, kk): (usize, usize, usize)) {
+        let (bm, bn, bk, threads) = (t.bm(), t.bn(), BK, t.threads());
+        let zero = scalar::identity(Accumulate::Sum, c.dtype);
         let rank = c.lhs_view.shape.rank();
         let (sm, sk) = (c.lhs_view.strides[rank - 2], c.lhs_view.strides[rank - 1]);
         let (sk2, sn) = (c.rhs_view.strides[rank - 2], c.rhs_view.strides[rank - 1]);
         let (check_m, check_n, check_k) = (m % bm != 0, n % bn != 0, kk % bk != 0);
-        let a_at = if st.lhs_k_major {
-            "As[kk][mm]"
-        } else {
-            "As[mm][kk]"
-        };
         let stages = [
-            (a_at, "m", bm, sm, sk, check_m, m, "la", c.lhs),
-            ("Bs[kk][nn]", "n", bn, sn, sk2, check_n, n, "rb", c.rhs),
+            ("As", "m", bm, sm, sk, check_m, m, "la", c.lhs),
+            ("Bs", "n", bn, sn, sk2, check_n, n, "rb", c.rhs),
         ];
-        for (at, ax, extent, s_ax, s_k, check_ax, size, base, input) in stages {
+        for (tile, ax, extent, s_ax, s_k, check_ax, size, base, input) in stages {
             let total = extent * bk;
             let per = total.div_ceil(threads);
             let k_fast = s_k.abs() <= s_ax.abs();
@@ -337,11 +302,7 @@ impl Gen<'_> {
             let mut off = vec![base.to_string()];
             term(&mut off, ax, s_ax);
             term(&mut off, "k", s_k);
-            let load = if st.half.is_some() {
-                format!("in{input}[{}]", sum(off))
-            } else {
-                self.load_expr(input, &sum(off))
-            };
+            let load = self.load_expr(input, &sum(off));
             let mut conds = Vec::new();
             if check_ax {
                 conds.push(format!("{ax} < {size}"));
@@ -354,7 +315,7 @@ impl Gen<'_> {
             } else {
                 format!("({}) ? {load} : {zero}", conds.join(" && "))
             };
-            let _ = writeln!(self.body, "{ind4}{at} = {value};");
+            let _ = writeln!(self.body, "{ind4}{tile}[kk][{ax}{ax}] = {value};");
             if guard_e {
                 let _ = writeln!(self.body, "{ind3}}}");
             }
@@ -474,7 +435,7 @@ impl Gen<'_> {
 }
 
 /// Adds `index * stride` to `terms` (nothing for stride 0).
-fn term(terms: &mut Vec<String>, index: &str, stride: isize) {
+pub(super) fn term(terms: &mut Vec<String>, index: &str, stride: isize) {
     match stride {
         0 => {}
         1 => terms.push(index.to_string()),
@@ -483,7 +444,7 @@ fn term(terms: &mut Vec<String>, index: &str, stride: isize) {
 }
 
 /// `terms` joined with `+`, without the zero terms ("0" when nothing is left).
-fn sum(terms: Vec<String>) -> String {
+pub(super) fn sum(terms: Vec<String>) -> String {
     let kept: Vec<String> = terms.into_iter().filter(|t| t != "0").collect();
     if kept.is_empty() {
         "0".to_string()

@@ -17,27 +17,33 @@
 //! warps form a `warps_m x warps_n` grid, each owning `fm x fn` 16x16 accumulator
 //! fragments (register blocking: 4 x 2 at 8 warps, a 64 x 32 warp tile of a 128 x 128
 //! block tile; fewer when M or N is small). K is walked in slices of BK (32, or 16 when
-//! K is): the block stages `As` (BM x BK, row-major) and `Bs` (BK x BN, row-major) in the
-//! operands' own half type through `Gen::stage_operands`, zero past the ends of M, N and
-//! K, so edge tiles need no other care; each warp then loads its a and b fragments from
-//! there and issues `fm * fn` `mma_sync`s per 16 of K. For the epilogue each warp stores
+//! K is): the block stages `As` (BM x BK) and `Bs` (BK x BN) in the operands' own half
+//! type, zero past the ends of M, N and K, so edge tiles need no other care. Each tile
+//! keeps its operand's fast axis inner (a transposed operand is a `col_major` fragment,
+//! not a strided copy), and is copied 16 bytes at a time where that axis has unit
+//! stride and sizes and offsets allow aligned copies (`OperandTile`), element by element
+//! otherwise. Each warp then loads its a and b fragments from there and issues
+//! `fm * fn` `mma_sync`s per 16 of K. For the epilogue each warp stores
 //! one accumulator fragment at a time to its own 16x16 f32 slice of shared memory
 //! (`store_matrix_sync`), and its 32 lanes run the kernel body on the 256 elements
 //! (8 each, a half-warp per row of 16), the product's load replaced by the stored value,
 //! storing the outputs under `m < M` / `n < N` guards where the tiles do not divide.
 //! Fragment elements are never indexed: their lane mapping is unspecified.
 
-use super::gemm::Staging;
+use super::gemm::{sum, term};
 use super::launch::{CudaOptions, Launch};
 use super::source::Gen;
-use crate::scalar;
-use ndfuse_ir::{Contraction, DType};
+use crate::scalar::{self, Helper};
+use ndfuse_ir::{Contraction, DType, View};
 use std::fmt::Write as _;
 
 /// Shared-memory row padding of the staged operand tiles, in elements: 16 bytes, which
 /// keeps every fragment's rows 256-bit aligned (as `load_matrix_sync` requires) while
 /// moving consecutive rows to other banks.
 const PAD: usize = 8;
+
+/// Halves per 16-byte copy when staging.
+const VEC: usize = 8;
 
 /// Most accumulator fragments per warp along M and along N: 4 x 2 fragments are 64 f32
 /// registers per lane, the SIMT path's budget.
@@ -109,6 +115,109 @@ impl WarpTiling {
     }
 }
 
+/// One operand's K slice in shared memory: laid out with the operand's fast axis inner,
+/// so that the copy is contiguous on both sides, and loaded into fragments with the
+/// matching layout (`row_major` or `col_major`).
+#[derive(Clone, Copy, Debug)]
+struct OperandTile {
+    /// `As` or `Bs`.
+    tile: &'static str,
+    /// The operand's other axis: `m` or `n`.
+    ax: &'static str,
+    /// BM or BN.
+    extent: usize,
+    /// M or N.
+    size: usize,
+    /// Strides along the other axis and along K.
+    s_ax: isize,
+    s_k: isize,
+    /// The C name of the operand's base at the batch position (`la`, `rb`).
+    base: &'static str,
+    input: usize,
+    /// K is the inner axis: the tile is `[extent][BK + PAD]`; else `[BK][extent + PAD]`.
+    k_inner: bool,
+    /// Copied 8 halves (16 bytes) at a time: the inner axis has unit stride, its size a
+    /// multiple of 8, and every other offset a multiple of 8 elements, so each copy is
+    /// aligned (buffers are, as the element-wise kernels' vectors assume) and lies wholly
+    /// inside or wholly outside the operand.
+    vector: bool,
+}
+
+impl OperandTile {
+    fn new(
+        (tile, ax, base): (&'static str, &'static str, &'static str),
+        view: &View,
+        (ax_axis, k_axis): (usize, usize),
+        input: usize,
+        (extent, size, k): (usize, usize, usize),
+    ) -> OperandTile {
+        let (s_ax, s_k) = (view.strides[ax_axis], view.strides[k_axis]);
+        let k_inner = s_k.abs() <= s_ax.abs();
+        let (s_inner, s_outer, inner_size) = if k_inner {
+            (s_k, s_ax, k)
+        } else {
+            (s_ax, s_k, size)
+        };
+        let rank = view.strides.len();
+        let aligned = |x: isize| x % VEC as isize == 0;
+        let vector = s_inner == 1
+            && inner_size.is_multiple_of(VEC)
+            && aligned(view.offset)
+            && aligned(s_outer)
+            && view.strides[..rank - 2].iter().all(|&s| aligned(s));
+        OperandTile {
+            tile,
+            ax,
+            extent,
+            size,
+            s_ax,
+            s_k,
+            base,
+            input,
+            k_inner,
+            vector,
+        }
+    }
+
+    /// (rows, row length) of the shared tile, padding included.
+    fn shape(&self, bk: usize) -> (usize, usize) {
+        if self.k_inner {
+            (self.extent, bk + PAD)
+        } else {
+            (bk, self.extent + PAD)
+        }
+    }
+
+    /// The tile's element at K index `k` and other-axis index `a` (C expressions).
+    fn at(&self, k: &str, a: &str) -> String {
+        if self.k_inner {
+            format!("{}[{a}][{k}]", self.tile)
+        } else {
+            format!("{}[{k}][{a}]", self.tile)
+        }
+    }
+
+    /// How it was staged, for the strategy line.
+    fn describe(&self) -> String {
+        format!(
+            "{} {}-inner{}",
+            self.tile,
+            if self.k_inner {
+                "K"
+            } else if self.ax == "m" {
+                "M"
+            } else {
+                "N"
+            },
+            if self.vector {
+                " in 16-byte copies"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
 /// The operands' dtype when `c` runs on tensor cores under `opts`: both operand buffers
 /// f16 on sm_70 or newer, or both bf16 on sm_80 or newer, accumulating in f32.
 pub(super) fn tensor_core_dtype(
@@ -140,18 +249,37 @@ impl Gen<'_> {
         let (tiles_m, tiles_n) = (m.div_ceil(bm), n.div_ceil(bn));
         let tiles = nbatch * tiles_m * tiles_n;
         let ht = scalar::storage_type(half);
+        let rank = k.domain.rank();
+        let (ma, ka) = (rank - 2, rank - 1);
+        let ops = [
+            OperandTile::new(("As", "m", "la"), &c.lhs_view, (ma, ka), c.lhs, (bm, m, kk)),
+            OperandTile::new(("Bs", "n", "rb"), &c.rhs_view, (ka, ma), c.rhs, (bn, n, kk)),
+        ];
         let name = k.name.clone();
         let strategy = format!(
-            "tiled GEMM on tensor cores (wmma 16x16x16, {half} in, f32 accumulators): {bm} x {bn} tiles of C, K in slices of {bk} through shared memory, {} x {} warps of {} x {} fragments, {threads} threads per block; epilogue through shared memory",
-            t.warps_m, t.warps_n, t.fm, t.fn_
+            "tiled GEMM on tensor cores (wmma 16x16x16, {half} in, f32 accumulators): {bm} x {bn} tiles of C, K in slices of {bk} through shared memory ({}, {}), {} x {} warps of {} x {} fragments, {threads} threads per block; epilogue through shared memory",
+            ops[0].describe(),
+            ops[1].describe(),
+            t.warps_m,
+            t.warps_n,
+            t.fm,
+            t.fn_
         );
+        if ops.iter().any(|o| o.vector) {
+            self.needs.insert(Helper::Vec4);
+        }
         self.body.push_str("#include <mma.h>\n");
         self.open_function(&name, threads as u32);
-        let (lda, ldb) = (bk + PAD, bn + PAD);
         let b = &mut self.body;
         let _ = writeln!(b, "  namespace wmma = nvcuda::wmma;");
-        let _ = writeln!(b, "  __align__(32) __shared__ {ht} As[{bm}][{lda}];");
-        let _ = writeln!(b, "  __align__(32) __shared__ {ht} Bs[{bk}][{ldb}];");
+        for o in &ops {
+            let (rows, cols) = o.shape(bk);
+            let _ = writeln!(
+                b,
+                "  __align__(32) __shared__ {ht} {}[{rows}][{cols}];",
+                o.tile
+            );
+        }
         let _ = writeln!(
             b,
             "  __align__(32) __shared__ float Cs[{}][256];",
@@ -164,9 +292,10 @@ impl Gen<'_> {
             (_, 1) => format!("warp * {}", t.warp_m()),
             (_, wn) => format!("warp / {wn} * {}", t.warp_m()),
         };
-        let wn = match t.warps_n {
-            1 => "0".to_string(),
-            wn => format!("warp % {wn} * {}", t.warp_n()),
+        let wn = match (t.warps_m, t.warps_n) {
+            (_, 1) => "0".to_string(),
+            (1, _) => format!("warp * {}", t.warp_n()),
+            (_, wn) => format!("warp % {wn} * {}", t.warp_n()),
         };
         let _ = writeln!(b, "  const int wm = {wm}, wn = {wn};");
         let batch_axes = self.tile_head(&c, (bm, bn), (tiles_m, tiles_n, nbatch));
@@ -186,14 +315,10 @@ impl Gen<'_> {
             t.fn_
         );
         let _ = writeln!(b, "{ind}for (nd_idx k0 = 0; k0 < {kk}; k0 += {bk}) {{");
-        let staging = Staging {
-            threads,
-            tile: (bm, bn, bk),
-            half: Some(half),
-            lhs_k_major: false,
-        };
-        self.stage_operands(&c, &staging, (m, n, kk));
-        self.wmma_steps(t, ht, (lda, ldb));
+        for o in &ops {
+            self.stage_halves(o, half, threads, bk, kk);
+        }
+        self.wmma_steps(t, ht, &ops);
         self.wmma_epilogue(&c, t, (m, n), &batch_axes);
         let b = &mut self.body;
         let _ = writeln!(b, "  }}");
@@ -207,9 +332,89 @@ impl Gen<'_> {
         (if empty { vec![] } else { vec![launch] }, strategy)
     }
 
+    /// One thread block's copy of operand `o`'s K slice into its shared tile, as stored
+    /// (half values, which the tensor cores read), zero where the slice passes the end
+    /// of M, N or K: piece `e` (an element, or 8 along the inner axis) by thread
+    /// `e % threads`, neighbouring threads taking neighbouring pieces along the inner
+    /// axis, so that both the reads and the shared-memory writes are contiguous.
+    fn stage_halves(&mut self, o: &OperandTile, half: DType, threads: usize, bk: usize, kk: usize) {
+        let ht = scalar::storage_type(half);
+        let ax = o.ax;
+        let w = if o.vector { VEC } else { 1 };
+        // Pieces along the inner axis of the tile, and in all.
+        let inner = if o.k_inner { bk } else { o.extent } / w;
+        let total = o.extent * bk / w;
+        let per = total.div_ceil(threads);
+        let piece = |along: bool| match (along, inner, w) {
+            (true, 1, _) => "0".to_string(),
+            (true, _, 1) => format!("e % {inner}"),
+            (true, _, _) => format!("e % {inner} * {w}"),
+            (false, 1, _) => "e".to_string(),
+            (false, _, _) => format!("e / {inner}"),
+        };
+        let (k_piece, ax_piece) = (piece(o.k_inner), piece(!o.k_inner));
+        let (ind2, ind3) = ("      ", "        ");
+        let b = &mut self.body;
+        let _ = writeln!(b, "{ind2}#pragma unroll");
+        let _ = writeln!(b, "{ind2}for (int r = 0; r < {per}; ++r) {{");
+        let _ = writeln!(b, "{ind3}const int e = tid + r * {threads};");
+        let guard_e = !total.is_multiple_of(threads);
+        if guard_e {
+            let _ = writeln!(b, "{ind3}if (e < {total}) {{");
+        }
+        let ind4 = if guard_e { "          " } else { ind3 };
+        let _ = writeln!(b, "{ind4}const int kk = {k_piece}, {ax}{ax} = {ax_piece};");
+        let _ = writeln!(
+            b,
+            "{ind4}const nd_idx k = k0 + kk, {ax} = {ax}0 + {ax}{ax};"
+        );
+        let mut off = vec![o.base.to_string()];
+        term(&mut off, ax, o.s_ax);
+        term(&mut off, "k", o.s_k);
+        let off = sum(off);
+        let mut conds = Vec::new();
+        if !o.size.is_multiple_of(o.extent) {
+            conds.push(format!("{ax} < {}", o.size));
+        }
+        if !kk.is_multiple_of(bk) {
+            conds.push(format!("k < {kk}"));
+        }
+        let at = o.at("kk", &format!("{ax}{ax}"));
+        let (target, load, zero) = if o.vector {
+            let v = format!("nd_vec<{ht}, {VEC}>");
+            (
+                format!("*reinterpret_cast<{v}*>(&{at})"),
+                format!("*reinterpret_cast<const {v}*>(in{} + ({off}))", o.input),
+                format!("{v}{{}}"),
+            )
+        } else {
+            (
+                at,
+                format!("in{}[{off}]", o.input),
+                scalar::store_conv(half, "0.0f"),
+            )
+        };
+        let value = if conds.is_empty() {
+            load
+        } else {
+            format!("({}) ? {load} : {zero}", conds.join(" && "))
+        };
+        let _ = writeln!(b, "{ind4}{target} = {value};");
+        if guard_e {
+            let _ = writeln!(b, "{ind3}}}");
+        }
+        let _ = writeln!(b, "{ind2}}}");
+    }
+
     /// After the staging: each warp's fragment loads and `mma_sync`s over the slice,
     /// 16 of K at a time, then the barrier before the next slice overwrites the tiles.
-    fn wmma_steps(&mut self, t: WarpTiling, ht: &str, (lda, ldb): (usize, usize)) {
+    fn wmma_steps(&mut self, t: WarpTiling, ht: &str, [a, b_op]: &[OperandTile; 2]) {
+        let layout = |row: bool| if row { "row_major" } else { "col_major" };
+        // a (M x K) is row-major when K is its tile's inner axis; b (K x N) when N is.
+        let (la, lb) = (layout(a.k_inner), layout(!b_op.k_inner));
+        let (lda, ldb) = (a.shape(t.bk).1, b_op.shape(t.bk).1);
+        let a_at = a.at("kk", "wm + i * 16");
+        let b_at = b_op.at("kk", "wn + j * 16");
         let (ind, ind2, ind3) = ("    ", "      ", "        ");
         let b = &mut self.body;
         let _ = writeln!(b, "{ind2}__syncthreads();");
@@ -217,24 +422,24 @@ impl Gen<'_> {
         let _ = writeln!(b, "{ind2}for (int kk = 0; kk < {}; kk += 16) {{", t.bk);
         let _ = writeln!(
             b,
-            "{ind3}wmma::fragment<wmma::matrix_a, 16, 16, 16, {ht}, wmma::row_major> fa[{}];",
+            "{ind3}wmma::fragment<wmma::matrix_a, 16, 16, 16, {ht}, wmma::{la}> fa[{}];",
             t.fm
         );
         let _ = writeln!(
             b,
-            "{ind3}wmma::fragment<wmma::matrix_b, 16, 16, 16, {ht}, wmma::row_major> fb[{}];",
+            "{ind3}wmma::fragment<wmma::matrix_b, 16, 16, 16, {ht}, wmma::{lb}> fb[{}];",
             t.fn_
         );
         let _ = writeln!(b, "{ind3}#pragma unroll");
         let _ = writeln!(
             b,
-            "{ind3}for (int i = 0; i < {}; ++i) wmma::load_matrix_sync(fa[i], &As[wm + i * 16][kk], {lda});",
+            "{ind3}for (int i = 0; i < {}; ++i) wmma::load_matrix_sync(fa[i], &{a_at}, {lda});",
             t.fm
         );
         let _ = writeln!(b, "{ind3}#pragma unroll");
         let _ = writeln!(
             b,
-            "{ind3}for (int j = 0; j < {}; ++j) wmma::load_matrix_sync(fb[j], &Bs[kk][wn + j * 16], {ldb});",
+            "{ind3}for (int j = 0; j < {}; ++j) wmma::load_matrix_sync(fb[j], &{b_at}, {ldb});",
             t.fn_
         );
         let _ = writeln!(b, "{ind3}#pragma unroll");
