@@ -84,6 +84,8 @@ pub(super) trait Lanes: Copy {
     fn or(self, a: Self::I, b: Self::I) -> Self::I;
     /// Signed minimum (`a > b ? b : a`).
     fn imin(self, a: Self::I, b: Self::I) -> Self::I;
+    /// Signed maximum (`a < b ? b : a`).
+    fn imax(self, a: Self::I, b: Self::I) -> Self::I;
     /// Shift left by `n` (0..32, a constant after inlining).
     fn shl(self, a: Self::I, n: i32) -> Self::I;
     /// Arithmetic shift right by `n`.
@@ -459,6 +461,11 @@ mod x86 {
             unsafe { _mm512_min_epi32(a, b) }
         }
         #[inline(always)]
+        fn imax(self, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: the token proves AVX-512F.
+            unsafe { _mm512_max_epi32(a, b) }
+        }
+        #[inline(always)]
         fn shl(self, a: __m512i, n: i32) -> __m512i {
             // SAFETY: the token proves AVX-512F (SSE2's cvtsi32 comes with it).
             unsafe { _mm512_sll_epi32(a, _mm_cvtsi32_si128(n)) }
@@ -606,6 +613,11 @@ mod x86 {
         fn imin(self, a: __m256i, b: __m256i) -> __m256i {
             // SAFETY: the token proves AVX2.
             unsafe { _mm256_min_epi32(a, b) }
+        }
+        #[inline(always)]
+        fn imax(self, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: the token proves AVX2.
+            unsafe { _mm256_max_epi32(a, b) }
         }
         #[inline(always)]
         fn shl(self, a: __m256i, n: i32) -> __m256i {
@@ -757,6 +769,11 @@ mod x86 {
         fn imin(self, a: __m128i, b: __m128i) -> __m128i {
             // SAFETY: the token proves AVX2 (and so SSE4.1's pminsd).
             unsafe { _mm_min_epi32(a, b) }
+        }
+        #[inline(always)]
+        fn imax(self, a: __m128i, b: __m128i) -> __m128i {
+            // SAFETY: the token proves AVX2 (and so SSE4.1's pmaxsd).
+            unsafe { _mm_max_epi32(a, b) }
         }
         #[inline(always)]
         fn shl(self, a: __m128i, n: i32) -> __m128i {
