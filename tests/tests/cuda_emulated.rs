@@ -7,8 +7,9 @@
 //!
 //! This checks what the snapshots and NVRTC cannot: indexing, the row programs' sweeps,
 //! the tree combines, split reductions through scratch memory, grid-stride loops (grids
-//! are capped at a few blocks here so that every loop takes several turns), and the
-//! half conversions. It says nothing about speed, and the math functions are the host's
+//! are capped at a few blocks here so that every loop takes several turns), the half
+//! conversions, and the tensor-core GEMM's staging, fragment layouts and warp
+//! synchronisation (`tests/cuda_emu/mma.h` emulates the `nvcuda::wmma` it uses). It says nothing about speed, and the math functions are the host's
 //! (glibc), not CUDA's; `cuda_exec.rs` covers those on a real GPU.
 //!
 //! Needs a C++20 compiler (`$CXX`, else `g++`); without one the tests print why and
@@ -17,7 +18,9 @@
 //! Tolerances: ints and bools exact; f64 1e-12; f32 2e-5 relative (sums combine in a
 //! tree, the reference compensates in f64); f16 / bf16 one step of their precision
 //! (values are computed in f32 and rounded once, as in the reference). Matrix products
-//! (f32 accumulation, f64 for f64 operands) are held to the same tolerances.
+//! (f32 accumulation, f64 for f64 operands) are held to the same tolerances; those on
+//! tensor cores to a bound per element derived from K and the dtypes' epsilons
+//! ([`wmma_tolerance`]).
 
 use ndfuse::{Context, DType, Tensor};
 use ndfuse_codegen_cuda::{emit, CudaKernel, CudaOptions};
