@@ -37,9 +37,10 @@ use crate::scalar::{self, Helper};
 use ndfuse_ir::{Contraction, DType, View};
 use std::fmt::Write as _;
 
-/// Shared-memory row padding of the staged operand tiles, in elements: 16 bytes, which
-/// keeps every fragment's rows 256-bit aligned (as `load_matrix_sync` requires) while
-/// moving consecutive rows to other banks.
+/// Shared-memory row padding of the staged operand tiles, in elements: 16 bytes. Rows
+/// stay a multiple of 16 bytes long (`ldm` must be) and a fragment, which starts every 16
+/// rows and 16 columns, at a 256-bit aligned address (as `load_matrix_sync` requires),
+/// while consecutive rows move to other banks.
 const PAD: usize = 8;
 
 /// Halves per 16-byte copy when staging.
@@ -268,6 +269,8 @@ impl Gen<'_> {
         if ops.iter().any(|o| o.vector) {
             self.needs.insert(Helper::Vec4);
         }
+        // After the header's includes and helpers (the translation unit's top is
+        // `source.rs`'s): at file scope, before the only function that uses it.
         self.body.push_str("#include <mma.h>\n");
         self.open_function(&name, threads as u32);
         let b = &mut self.body;
