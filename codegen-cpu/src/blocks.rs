@@ -30,9 +30,11 @@
 //! Which kernels: element-wise ones (matrix products' epilogues included: their
 //! product is an input the runtime fills first) of at least [`BLOCKS_FROM`] positions
 //! whose instructions are loads, constants, unary and binary ops all of one float type
-//! (f32, f16 or bf16), whose half loads are contiguous, whose wide ops read values
-//! held contiguously, and that have some work for the wide routines (a wide op, or a
-//! half type to convert). Anything else, or a kernel that would need more than
+//! (f32, f16 or bf16), except that an f32 kernel may round what it stores into f16 or
+//! bf16 outputs (a cast used by stores alone, done by the store's conversion: the
+//! epilogue of a half matrix product), whose half loads are contiguous, whose wide
+//! ops read values held contiguously, and that have some work for the wide routines
+//! (a wide op, or a half type to convert). Anything else, or a kernel that would need more than
 //! [`MAX_SLOTS`] slots, compiles whole as before.
 
 use crate::shared_math::SHARED_MATH_BELOW;
@@ -132,37 +134,40 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
         || !kernel.reduce_axes.is_empty()
         || kernel.plan != Plan::Elementwise
         || !matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
-        || kernel
-            .outputs
-            .iter()
-            .any(|b| b.dtype != dtype || b.len != n)
+        || kernel.outputs.iter().any(|b| b.len != n)
     {
         return None;
     }
     let half = dtype.is_half();
+    // An f32 kernel may round what it stores into f16 or bf16 outputs (a matrix
+    // product's epilogue `cast(x @ w, f16)`): a cast from f32 used by stores alone,
+    // into outputs of its type. The cast is the store's conversion step.
+    let narrowing = narrowing_casts(kernel, dtype)?;
     let wide_op = |ins: &Instr| match ins.expr {
         Expr::Unary(op, _) => wide::unary_fn(op, tier),
         _ => None,
     };
-    for ins in &kernel.body {
+    for (v, ins) in kernel.body.iter().enumerate() {
         // f32 inputs are read where they are, through any view (segments keep the
         // kernel's domain and views); half ones are widened block by block, so they
         // must be contiguous.
-        let ok = ins.dtype == dtype
-            && match &ins.expr {
-                Expr::Load { input, view } => {
-                    kernel.inputs[*input].dtype == dtype
-                        && view.shape == kernel.domain
-                        && (!half || view.is_contiguous())
-                }
-                Expr::Const(_) | Expr::Unary(..) | Expr::Binary(..) => true,
-                _ => false,
-            };
+        let ok = narrowing[v]
+            || ins.dtype == dtype
+                && match &ins.expr {
+                    Expr::Load { input, view } => {
+                        kernel.inputs[*input].dtype == dtype
+                            && view.shape == kernel.domain
+                            && (!half || view.is_contiguous())
+                    }
+                    Expr::Const(_) | Expr::Unary(..) | Expr::Binary(..) => true,
+                    _ => false,
+                };
         if !ok {
             return None;
         }
     }
-    if !half && !kernel.body.iter().any(|i| wide_op(i).is_some()) {
+    let narrows = narrowing.iter().any(|&c| c);
+    if !half && !narrows && !kernel.body.iter().any(|i| wide_op(i).is_some()) {
         return None;
     }
 
@@ -221,6 +226,11 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
         source.push(match ins.expr {
             Expr::Load { input, .. } => Source::Input(input),
             Expr::Const(_) => Source::Const,
+            // Done by its store's conversion step, after the last segment.
+            _ if narrowing[v] => Source::Cheap {
+                seg: last,
+                slot: None,
+            },
             _ if wide_op(ins).is_some() => {
                 // Straight into an f32 output when that is all the value is for.
                 let direct = !half && users[v].is_empty() && stored[v] == 1;
@@ -245,8 +255,8 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
     }
     // The last segment stores the outputs; half outputs go through slots.
     let mut out_slot: Vec<Option<usize>> = vec![None; kernel.outputs.len()];
-    if half {
-        for s in &kernel.stores {
+    for s in &kernel.stores {
+        if kernel.outputs[s.output].dtype.is_half() {
             out_slot[s.output] = Some(new_slot());
         }
     }
@@ -274,7 +284,7 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
     let mut emit_segment = |seg: usize, steps: &mut Vec<Step>| -> Option<()> {
         let mut b = SegmentBuilder::new(kernel, seg, n);
         for (v, ins) in body.iter().enumerate() {
-            if matches!(source[v], Source::Cheap { seg: s, .. } if s == seg) {
+            if !narrowing[v] && matches!(source[v], Source::Cheap { seg: s, .. } if s == seg) {
                 let local = b.instr(v, ins, &source, &place_of)?;
                 if let Source::Cheap {
                     slot: Some(slot), ..
@@ -286,7 +296,11 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
         }
         if seg == last {
             for s in &kernel.stores {
-                let v = s.value;
+                // A narrowing cast's operand goes to the slot its store converts.
+                let v = match body[s.value.index()].expr {
+                    Expr::Cast(x) if narrowing[s.value.index()] => x,
+                    _ => s.value,
+                };
                 let direct_wide =
                     matches!(source[v.index()], Source::Wide(Place::Output(o)) if o == s.output);
                 if direct_wide {
@@ -332,6 +346,7 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
     emit_segment(last, &mut steps)?;
     for s in &kernel.stores {
         if let Some(slot) = out_slot[s.output] {
+            let dtype = kernel.outputs[s.output].dtype;
             steps.push(Step::Store {
                 slot,
                 output: s.output,
@@ -348,6 +363,46 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
         slots,
         inputs: kernel.inputs.len(),
     })
+}
+
+/// For each instruction of `kernel` (whose values are of `dtype`), whether it is a
+/// narrowing cast the blocks path does as a store's conversion: `dtype` is f32, the
+/// cast rounds an f32 value to f16 or bf16, and its only users are stores into outputs
+/// of that type. `None` when an output is of another type than `dtype` and not fed
+/// by such casts alone (the kernel compiles whole).
+fn narrowing_casts(kernel: &Kernel, dtype: DType) -> Option<Vec<bool>> {
+    let body = &kernel.body;
+    let mut narrowing: Vec<bool> = body
+        .iter()
+        .map(|ins| {
+            dtype == DType::F32
+                && ins.dtype.is_half()
+                && matches!(ins.expr, Expr::Cast(x) if body[x.index()].dtype == DType::F32)
+        })
+        .collect();
+    for ins in body {
+        for u in Kernel::operands(&ins.expr) {
+            narrowing[u.index()] = false;
+        }
+    }
+    for s in &kernel.stores {
+        let out = kernel.outputs[s.output].dtype;
+        let v = s.value.index();
+        if narrowing[v] && body[v].dtype != out {
+            narrowing[v] = false;
+        }
+    }
+    // Every output of another type than the kernel's is fed by narrowing casts only.
+    let ok = kernel
+        .stores
+        .iter()
+        .all(|s| kernel.outputs[s.output].dtype == dtype || narrowing[s.value.index()])
+        && kernel
+            .outputs
+            .iter()
+            .enumerate()
+            .all(|(o, b)| b.dtype == dtype || kernel.stores.iter().any(|s| s.output == o));
+    ok.then_some(narrowing)
 }
 
 /// One segment under construction: a 1-d f32 element-wise kernel.

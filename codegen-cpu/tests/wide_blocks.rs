@@ -2,7 +2,8 @@
 //! L1 blocks) against the same kernels compiled whole on the 128-bit code: the same
 //! bits for every output, on f32, f16 and bf16, for kernels shaped like gelu, like an
 //! exp chain, with values stored from the middle of the kernel, with several outputs,
-//! with a wide op read straight from an input and stored straight to an output, and at
+//! with a wide op read straight from an input and stored straight to an output, with
+//! f32 values rounded into f16 and bf16 outputs (a half product's epilogue), and at
 //! lengths that end in a partial block and a partial register; on 1, 2 and 4 threads.
 //! Tolerance: the same bits (two NaNs count as equal whatever their payload: neither
 //! path defines the payload of a NaN that arithmetic makes).
@@ -142,6 +143,41 @@ fn broadcast_f32_loads_are_read_through_their_views() {
     let y = k.binary(BinaryOp::Mul, s, b);
     k.store(y);
     check(&k.build(), !wide::available().is_empty());
+}
+
+#[test]
+fn f32_kernels_rounding_their_stores_to_halves_match() {
+    // A half matrix product's epilogues: cast(p, f16) alone (nothing but the
+    // conversion for the wide routines), and a gelu-like f32 chain stored rounded to
+    // bf16 and to f16 and also whole in f32; both read a 2-d f32 input with a
+    // broadcast bias, as the product's epilogue does.
+    let (r, c) = (131, 1000);
+    for (name, with_math) in [("k_cast_only", false), ("k_sigmoid_cast", true)] {
+        let mut k = KernelBuilder::new(name, &[r, c]);
+        let p = k.load(DType::F32);
+        let b = k.load_view(DType::F32, c, builder::view(&[r, c], &[0, 1], 0));
+        if with_math {
+            let z = k.binary(BinaryOp::Add, p, b);
+            let s = k.unary(UnaryOp::Sigmoid, z);
+            let y = k.binary(BinaryOp::Mul, z, s);
+            let h = k.cast(y, DType::BF16);
+            k.store(h);
+            let h = k.cast(y, DType::F16);
+            k.store(h);
+            k.store(y);
+        } else {
+            let h = k.cast(p, DType::F16);
+            k.store(h);
+        }
+        check(&k.build(), !wide::available().is_empty());
+    }
+    // A cast another instruction reads is not a store's conversion: compiled whole.
+    let mut k = KernelBuilder::new("k_cast_used", &[N]);
+    let x = k.load(DType::F32);
+    let h = k.cast(x, DType::F16);
+    let e = k.unary(UnaryOp::Exp, h);
+    k.store(e);
+    check(&k.build(), false);
 }
 
 #[test]
