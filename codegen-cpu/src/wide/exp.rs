@@ -97,24 +97,48 @@ fn exp_general<L: Lanes>(l: L, x: L::F) -> L::F {
     // e^-104 rounds to 0 and e^89 overflows: clamping changes no result.
     let xc = l.max_c(x, -104.0);
     let xc = l.min_c(xc, 89.0);
+    let (y, m, p, ni) = exp_subnormal(l, xc);
+    let sub = l.lt(y, l.c(TWO_23));
+    // The normal lanes: p·2^n1·2^n2 (n ≥ -126 there). The subnormal ones compute
+    // 1·2^-126 instead, which cannot underflow, and take m.
+    let pn = l.sel(sub, l.splat(1.0), p);
+    let nn = l.imax(ni, l.isplat(-126));
+    let n1 = l.sra(nn, 1);
+    let n2 = l.isub(nn, n1);
+    let v = l.mul(l.mul(pn, l.pow2(n1)), l.pow2(n2));
+    l.sel(sub, l.float(m), v)
+}
+
+/// e^x for x ≤ 0 (or NaN) on `exp_general`'s terms, cheaper: no result overflows, so
+/// a normal one is 2^n put into the exponent bits of p, exactly, as on the fast path.
+#[inline(always)]
+fn exp_general_nonpositive<L: Lanes>(l: L, x: L::F) -> L::F {
+    let xc = l.max_c(x, -104.0);
+    let (y, m, p, ni) = exp_subnormal(l, xc);
+    let v = l.float(l.iadd(l.bits(p), l.shl(ni, 23)));
+    // A NaN lane is neither subnormal nor normal: it keeps p, a NaN.
+    let normal = l.ge(y, l.c(TWO_23));
+    let sub = l.lt(y, l.c(TWO_23));
+    l.sel(normal, v, l.sel(sub, l.float(m), p))
+}
+
+/// 2^23: where y = p·2^(n+149) starts to be a normal result (see `exp_general`).
+const TWO_23: f64 = 8_388_608.0;
+
+/// The reduction of x in [-104, 89] (or NaN) and its subnormal case (see
+/// `exp_general`): `(y, m, p, n)`, e^x = p·2^n, subnormal where y < 2^23 (normal
+/// where y ≥ 2^23; neither for NaN), and then of bit pattern m.
+#[inline(always)]
+fn exp_subnormal<L: Lanes>(l: L, xc: L::F) -> (L::F, L::I, L::F, L::I) {
     let (ni, em) = exp_reduce(l, xc);
     let p = l.add(l.splat(1.0), em);
     // y = p·2^min(n + 149, 24): below 2^23 exactly where p·2^n is subnormal (n ≤ -127;
     // n = -126 with p < 1); from 2^23 on for every normal result.
     let k = l.imin(l.iadd(ni, l.isplat(149)), l.isplat(24));
     let y = l.mul(p, l.pow2(k));
-    let two23 = l.splat(8_388_608.0);
-    let sub = l.lt(y, two23);
+    let two23 = l.c(TWO_23);
     let m = l.isub(l.bits(l.add(y, two23)), l.bits(two23));
-    // The normal lanes: p·2^n1·2^n2 (n ≥ -126 there). The subnormal ones compute
-    // 1·2^-126 instead, which cannot underflow, and take m.
-    let one = l.splat(1.0);
-    let pn = l.sel(sub, one, p);
-    let nn = l.imax(ni, l.isplat(-126));
-    let n1 = l.sra(nn, 1);
-    let n2 = l.isub(nn, n1);
-    let v = l.mul(l.mul(pn, l.pow2(n1)), l.pow2(n2));
-    l.sel(sub, l.float(m), v)
+    (y, m, p, ni)
 }
 
 /// e^x - 1 for x in [-20, 89] or NaN (`Math::expm1_core`).
@@ -179,7 +203,7 @@ pub(super) fn sigmoid<L: Lanes>(l: L, x: L::F) -> L::F {
         let e = exp_normal(l, nx);
         return l.div(l.sel(nonneg, one, e), l.add(one, e));
     }
-    let e = exp_general(l, nx);
+    let e = exp_general_nonpositive(l, nx);
     let den = l.add(one, e);
     let num = l.sel(nonneg, one, e);
     // Where e is below 2^-24, den is 1 and the quotient is num itself. A subnormal
