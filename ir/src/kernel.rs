@@ -263,6 +263,59 @@ pub struct Contraction {
     pub dtype: DType,
     /// Rows of M filled before the epilogue runs over them.
     pub block_rows: usize,
+    /// Element-wise steps applied to each left operand element as it is read, in order
+    /// (see [`Prologue`]); empty for most products.
+    pub lhs_prologue: Vec<Prologue>,
+    /// The same for the right operand.
+    pub rhs_prologue: Vec<Prologue>,
+}
+
+/// One element-wise step a contraction applies to an operand element as it reads it:
+/// what the graph computed on the operand before the product (`(q * 0.125) @ k`,
+/// `cast(x, f16) @ w`), folded into the read so that no kernel writes it to memory
+/// first. Each step gives the bits the graph's own op gives: its result is rounded to
+/// its dtype, the value's dtype after the step before it (the operand buffer's at the
+/// start). Only products accumulating in f32 (f32, f16, bf16 operands) take steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Prologue {
+    /// A cast to a float type (f16, bf16 or f32): a rounding, or a widening.
+    Cast(DType),
+    /// Multiplied by a constant (already a value of the step's dtype).
+    Mul(Scalar),
+    /// Divided by a constant (already a value of the step's dtype).
+    Div(Scalar),
+}
+
+impl Prologue {
+    /// `v` (a value of `dtype`) after the step, and the dtype of the result, in the
+    /// reference's arithmetic: f64, rounded once to the result dtype (which gives the
+    /// bits of the f32 arithmetic the backends use: a product or quotient of two
+    /// values of f32 or narrower, rounded to f16 or bf16 through f32 first, rounds
+    /// the same, since f32 has at least 2p + 2 bits for those types).
+    pub fn apply(self, v: f64, dtype: DType) -> (f64, DType) {
+        match self {
+            Prologue::Cast(to) => (crate::round::round_f64(v, to), to),
+            Prologue::Mul(c) => (crate::round::round_f64(v * c.to_f64(), dtype), dtype),
+            Prologue::Div(c) => (crate::round::round_f64(v / c.to_f64(), dtype), dtype),
+        }
+    }
+
+    /// The dtype of the value after the steps `steps`, from one of `dtype`.
+    pub fn result_dtype(steps: &[Prologue], dtype: DType) -> DType {
+        steps.iter().fold(dtype, |d, s| match s {
+            Prologue::Cast(to) => *to,
+            _ => d,
+        })
+    }
+
+    /// The step as the kernel text prints it (`cast f16`, `mul 0.125`).
+    pub fn text(self, dtype: DType) -> String {
+        match self {
+            Prologue::Cast(to) => format!("cast {to}"),
+            Prologue::Mul(c) => format!("mul {}", crate::print::const_text(c, dtype)),
+            Prologue::Div(c) => format!("div {}", crate::print::const_text(c, dtype)),
+        }
+    }
 }
 
 impl Contraction {
@@ -705,6 +758,27 @@ impl Kernel {
         if c.block_rows == 0 {
             errs.push("a contraction's block has no rows".to_string());
         }
+        for (what, input, steps) in [
+            ("lhs", c.lhs, &c.lhs_prologue),
+            ("rhs", c.rhs, &c.rhs_prologue),
+        ] {
+            if steps.is_empty() {
+                continue;
+            }
+            let floats = [DType::F16, DType::BF16, DType::F32];
+            let start = self.inputs.get(input).map(|b| b.dtype);
+            let casts_ok = steps.iter().all(|s| match s {
+                Prologue::Cast(to) => floats.contains(to),
+                Prologue::Mul(k) | Prologue::Div(k) => matches!(k, Scalar::F(_)),
+            });
+            if c.dtype != DType::F32 || !start.is_some_and(|d| floats.contains(&d)) || !casts_ok {
+                errs.push(format!(
+                    "the {what} prologue of a product accumulating in {} from a {} operand: steps are float casts and scalings of f16, bf16 or f32 operands of f32 products",
+                    c.dtype,
+                    start.map_or("missing".to_string(), |d| d.to_string())
+                ));
+            }
+        }
         if c.product + 1 != self.inputs.len() {
             errs.push(format!("the product in{} is not the last input", c.product));
         } else if self.inputs[c.product]
@@ -767,10 +841,27 @@ impl fmt::Display for Kernel {
             writeln!(f, "  in{i}: {}[{}]", b.dtype, b.len)?;
         }
         if let Some(c) = &self.contraction {
+            let prologue = |input: usize, steps: &[Prologue]| -> String {
+                let mut d = self.inputs.get(input).map_or(c.dtype, |b| b.dtype);
+                let mut out = String::new();
+                for s in steps {
+                    out.push_str(&format!(" |> {}", s.text(d)));
+                    d = Prologue::result_dtype(std::slice::from_ref(s), d);
+                }
+                out
+            };
             writeln!(
                 f,
-                "  in{} = matmul in{} {}, in{} {} : {}  ; blocks of {} rows",
-                c.product, c.lhs, c.lhs_view, c.rhs, c.rhs_view, c.dtype, c.block_rows
+                "  in{} = matmul in{} {}{}, in{} {}{} : {}  ; blocks of {} rows",
+                c.product,
+                c.lhs,
+                c.lhs_view,
+                prologue(c.lhs, &c.lhs_prologue),
+                c.rhs,
+                c.rhs_view,
+                prologue(c.rhs, &c.rhs_prologue),
+                c.dtype,
+                c.block_rows
             )?;
         }
         let levels = self.levels();

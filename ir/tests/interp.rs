@@ -2193,6 +2193,8 @@ fn eval_kernel_fills_a_contraction_through_strided_views_then_runs_its_epilogue(
         product: 3,
         dtype: F32,
         block_rows: 1,
+        lhs_prologue: Vec::new(),
+        rhs_prologue: Vec::new(),
     });
     k.check().expect("a well-formed contraction kernel");
     let lt = floats(F32, &[6], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
@@ -2221,6 +2223,51 @@ fn eval_kernel_fills_a_contraction_through_strided_views_then_runs_its_epilogue(
     let errs = transposed.check().expect_err("product read transposed");
     assert!(
         errs.iter().any(|e| e.contains("loads the product in3 through a view other than its own position")),
+        "{errs:?}"
+    );
+    // Operand prologues: L scaled by 0.3 (in f32) then rounded to f16, R divided by 3
+    // (in f32), each element as the graph's ops round it, before the product.
+    let mut pro = k.clone();
+    if let Some(c) = &mut pro.contraction {
+        c.lhs_prologue = vec![
+            ndfuse_ir::Prologue::Mul(Scalar::F(f64::from(0.3f32))),
+            ndfuse_ir::Prologue::Cast(F16),
+        ];
+        c.rhs_prologue = vec![ndfuse_ir::Prologue::Div(Scalar::F(3.0))];
+    }
+    pro.check().expect("prologues of an f32 product");
+    assert!(pro.to_string().contains("|> mul 0.3 |> cast f16"), "{pro}");
+    assert!(pro.to_string().contains("|> div 3.0"), "{pro}");
+    let out = eval_kernel(&pro, &[&lt, &r, &bias]).expect("kernel runs");
+    let l: Vec<f64> = [1.0f32, 3.0, 5.0, 2.0, 4.0, 6.0]
+        .iter()
+        .map(|&v| f64::from(half::f16::from_f32(v * 0.3f32).to_f32()))
+        .collect();
+    let rv: Vec<f64> = [
+        1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, -1.0, -1.0,
+    ]
+    .iter()
+    .map(|&v| f64::from(v / 3.0f32))
+    .collect();
+    let mut want = Vec::new();
+    for b in 0..2 {
+        for i in 0..2 {
+            for j in 0..2 {
+                let s: f64 = (0..3).map(|q| l[i * 3 + q] * rv[b * 6 + q * 2 + j]).sum();
+                want.push(f64::from(s as f32 + [0.5f32, 1.0][j]));
+            }
+        }
+    }
+    assert_floats(&out[0], &want, "prologued product + bias");
+    // Prologues belong to f32 products only.
+    let mut f64k = pro.clone();
+    if let Some(c) = &mut f64k.contraction {
+        c.dtype = F64;
+    }
+    let errs = f64k.check().expect_err("a prologue on an f64 product");
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("the lhs prologue of a product accumulating in f64")),
         "{errs:?}"
     );
 }

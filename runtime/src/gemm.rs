@@ -20,7 +20,10 @@
 //!
 //! Operands: f32 and f64 are read in place through their views' strides (transposes,
 //! slices, broadcast batch axes: no copy). f16 and bf16 are widened once into contiguous
-//! f32 copies (O(MK + KN) work against the product's O(MNK)), then multiplied in f32. The
+//! f32 copies (O(MK + KN) work against the product's O(MNK)), then multiplied in f32;
+//! an operand with prologue steps (`ndfuse_ir::Prologue`: `(q * 0.125) @ k`, `cast(x,
+//! f16) @ w`) is copied the same way, each element through its steps, so no kernel
+//! writes the scaled or rounded operand first. The
 //! copies are buffers of the host cache, so a steady loop of evaluations reuses them (no
 //! fresh pages after the first), and are filled in parallel in chunks of rows fixed by
 //! the shapes alone (exact conversions: the bits depend on nothing else anyway).
@@ -31,7 +34,7 @@ use crate::error::RuntimeError;
 use gemm::Parallelism;
 use half::slice::HalfFloatSliceExt;
 use ndfuse_codegen_cpu::{CodegenError, CompiledKernel};
-use ndfuse_ir::{Contraction, DType, Expr, HostArray, Kernel, Shape, Storage, View};
+use ndfuse_ir::{Contraction, DType, Expr, HostArray, Kernel, Prologue, Shape, Storage, View};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -59,8 +62,8 @@ pub(crate) fn run_contraction(
     }
     // Owned here, so the copies go back to the host cache when the run returns.
     let widened = (
-        Widened::of(args[c.lhs], &c.lhs_view)?,
-        Widened::of(args[c.rhs], &c.rhs_view)?,
+        Widened::of(args[c.lhs], &c.lhs_view, &c.lhs_prologue)?,
+        Widened::of(args[c.rhs], &c.rhs_view, &c.rhs_prologue)?,
     );
     let ops = Operands::of(
         c,
@@ -332,22 +335,76 @@ struct Widened {
 const WIDEN_CHUNK: usize = 1 << 16;
 
 impl Widened {
-    /// The f32 copy of `a` read through `view` when `a` is f16 or bf16, else `None` (the
-    /// operand is read in place).
-    fn of(a: &HostArray, view: &View) -> Result<Option<Widened>, AllocError> {
+    /// The f32 copy of `a` read through `view`, each element through the prologue
+    /// `steps`, when `a` is f16 or bf16 or there are steps; else `None` (the operand is
+    /// read in place).
+    fn of(a: &HostArray, view: &View, steps: &[Prologue]) -> Result<Option<Widened>, AllocError> {
         Ok(match a.storage() {
-            Storage::F16(v) => Some(widen(v, view)?),
-            Storage::BF16(v) => Some(widen(v, view)?),
+            Storage::F16(v) => Some(widen(v, view, (steps, DType::F16))?),
+            Storage::BF16(v) => Some(widen(v, view, (steps, DType::BF16))?),
+            Storage::F32(v) if !steps.is_empty() => Some(widen(v, view, (steps, DType::F32))?),
             _ => None,
         })
     }
 }
 
-/// The half types widened to f32, one element or a contiguous run at a time (the
-/// latter through `half`'s slice conversion, vectorised where the CPU can: F16C).
+/// The types an operand copy reads, widened to f32 one element or a contiguous run at a
+/// time (the latter through `half`'s slice conversion, vectorised where the CPU can:
+/// F16C).
 trait Half: Copy + Send + Sync {
     fn to_f32(self) -> f32;
     fn to_f32s(src: &[Self], dst: &mut [f32]);
+}
+
+impl Half for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn to_f32s(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+/// Applies prologue `steps` to `row` (values of `dtype`, held in f32), in place: each
+/// step's result rounded to its dtype, as the graph's own op rounds it (see
+/// `ndfuse_ir::Prologue`: f32 arithmetic, then a rounding to f16 or bf16, gives the
+/// reference's bits). Runs of 256 go through `half`'s slice conversions.
+fn apply_prologue(row: &mut [f32], (steps, mut dtype): (&[Prologue], DType)) {
+    fn round(row: &mut [f32], dtype: DType) {
+        for run in row.chunks_mut(256) {
+            match dtype {
+                DType::F16 => {
+                    let mut h = [half::f16::ZERO; 256];
+                    h[..run.len()].convert_from_f32_slice(run);
+                    h[..run.len()].convert_to_f32_slice(run);
+                }
+                DType::BF16 => {
+                    let mut h = [half::bf16::ZERO; 256];
+                    h[..run.len()].convert_from_f32_slice(run);
+                    h[..run.len()].convert_to_f32_slice(run);
+                }
+                _ => {}
+            }
+        }
+    }
+    for step in steps {
+        match *step {
+            Prologue::Cast(to) => {
+                dtype = to;
+                round(row, dtype);
+            }
+            Prologue::Mul(c) => {
+                let c = c.to_f64() as f32;
+                row.iter_mut().for_each(|v| *v *= c);
+                round(row, dtype);
+            }
+            Prologue::Div(c) => {
+                let c = c.to_f64() as f32;
+                row.iter_mut().for_each(|v| *v /= c);
+                round(row, dtype);
+            }
+        }
+    }
 }
 
 impl Half for half::f16 {
@@ -375,7 +432,11 @@ impl Half for half::bf16 {
 /// for it is an error, not an abort. Its rows (of the last axis' kept extent) are filled
 /// in parallel, in chunks of whole rows fixed by the shape ([`WIDEN_CHUNK`]); every
 /// element is written, so a recycled buffer's old contents never show.
-fn widen<H: Half>(src: &[H], view: &View) -> Result<Widened, AllocError> {
+fn widen<H: Half>(
+    src: &[H],
+    view: &View,
+    prologue: (&[Prologue], DType),
+) -> Result<Widened, AllocError> {
     let dims = view.shape.dims();
     let r = dims.len();
     let kept: Vec<usize> = dims
@@ -419,6 +480,9 @@ fn widen<H: Half>(src: &[H], view: &View) -> Result<Widened, AllocError> {
                         for (j, d) in dst.iter_mut().enumerate() {
                             *d = src[(off + j as isize * col_stride) as usize].to_f32();
                         }
+                    }
+                    if !prologue.0.is_empty() {
+                        apply_prologue(dst, prologue);
                     }
                 }
             });

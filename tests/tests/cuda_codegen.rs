@@ -155,6 +155,14 @@ fn gemms() -> Vec<(&'static str, Vec<Tensor>, Context)> {
             "matmul_f16_batched_broadcast_transposed",
             vec![h(&[4, 100, 64]).matmul(&h(&[80, 64]).transpose())],
         ),
+        // Operand prologues staged as they are read: an f32 lhs scaled then rounded to
+        // bf16, a bf16 rhs divided by 3 (in bf16), for a bf16 product.
+        (
+            "matmul_prologues_scale_round_divide",
+            vec![(&filled(&ctx, &[64, 96], DType::F32) * 0.125)
+                .cast(DType::BF16)
+                .matmul(&(&filled(&ctx, &[96, 48], DType::BF16) / 3.0))],
+        ),
     ];
     v.into_iter().map(|(n, t)| (n, t, ctx.clone())).collect()
 }
@@ -198,6 +206,9 @@ fn wmma_gemms() -> Vec<(&'static str, Vec<Tensor>, Context, bool)> {
     let odd = half(&[65, 7], DType::F16)
         .transpose()
         .matmul(&half(&[65, 33], DType::F16));
+    let rounded = half(&[64, 96], DType::F32)
+        .cast(DType::F16)
+        .matmul(&half(&[96, 48], DType::F32).cast(DType::F16));
     vec![
         // Tiles divide M, N and K: no guards; both operands in 16-byte copies.
         (
@@ -211,6 +222,9 @@ fn wmma_gemms() -> Vec<(&'static str, Vec<Tensor>, Context, bool)> {
         ("bf16_gelu_x_wt_plus_b_edges", vec![t], ctx.clone(), true),
         // x.T @ w, 7 x 33 x 65: odd sizes staged element by element, a col-major (M inner).
         ("f16_xt_w_odd_sizes", vec![odd], ctx.clone(), false),
+        // f32 operands rounded to f16 as they are staged (their prologue), element by
+        // element; 64 x 48 x 96.
+        ("f16_rounded_from_f32", vec![rounded], ctx.clone(), false),
     ]
 }
 

@@ -596,6 +596,16 @@ fn every_gemm_computes_what_the_reference_does() {
                 "f32 K = 0".into(),
                 vec![&ctx.zeros(&[5, 0]).matmul(&ctx.zeros(&[0, 6])) + 1.5],
             ),
+            (
+                "f32 prologues (x * 0.125) @ (w.T / 3), 7x65x33".into(),
+                vec![(&x(&[7, 65]) * 0.125).matmul(&(&x(&[33, 65]).transpose() / 3.0))],
+            ),
+            (
+                "f32 operands rounded to bf16 for a bf16 product, 7x65x33".into(),
+                vec![x(&[7, 65])
+                    .cast(DType::BF16)
+                    .matmul(&x(&[65, 33]).cast(DType::BF16))],
+            ),
         ];
         for dtype in [DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64] {
             let scale = if dtype.is_float() { 1.0 } else { 100.0 };
@@ -742,12 +752,30 @@ fn every_wmma_gemm_computes_what_the_reference_does() {
         } else {
             DType::F16
         };
+        // f32 values, and `dtype` buffers of them (inputs of the product's kernel: a
+        // cast computed in the graph would be the product's prologue, staged element by
+        // element; those are the cases at the end).
+        let xf =
+            |shape: &[usize]| ctx.rand_normal(shape, 0.5, 2.0, shape.iter().sum::<usize>() as u64);
         let x = |shape: &[usize]| {
-            ctx.rand_normal(shape, 0.5, 2.0, shape.iter().sum::<usize>() as u64)
-                .cast(dtype)
+            ctx.from_array(&xf(shape).cast(dtype).eval().expect("a half operand"))
         };
         let mm = |m: usize, n: usize, k: usize| x(&[m, k]).matmul(&x(&[k, n]));
         let cases: Vec<(String, Tensor)> = vec![
+            (
+                "prologue: f32 operands rounded to the half type, 24x40x72".into(),
+                xf(&[24, 72]).cast(dtype).matmul(&xf(&[72, 40]).cast(dtype)),
+            ),
+            (
+                "prologue: a scale then a rounding, transposed rhs, 17x33x65".into(),
+                (&xf(&[17, 65]) * 0.5)
+                    .cast(dtype)
+                    .matmul(&x(&[33, 65]).transpose()),
+            ),
+            (
+                "prologue: a scale of a half operand, 16x17x65".into(),
+                (&x(&[16, 65]) * 0.125).matmul(&x(&[65, 17])),
+            ),
             ("1x7x16".into(), mm(1, 7, 16)),
             ("7x16x17".into(), mm(7, 16, 17)),
             ("16x17x65".into(), mm(16, 17, 65)),

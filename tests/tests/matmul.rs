@@ -437,3 +437,102 @@ fn widening_casts_of_operands_fold_into_the_product() {
         );
     }
 }
+
+/// Scalings by a constant and float casts of an operand, read only by products, are the
+/// product's operand prologue (`ndfuse_ir::Prologue`): applied as the GEMM reads the
+/// operand, so no kernel writes the scaled or rounded operand first. Each step rounds as
+/// the graph's own op does, so the fused product has the bits of the product of the
+/// operand computed on its own (same GEMM, same values: compared bit for bit).
+#[test]
+fn scalings_and_rounding_casts_of_operands_fold_into_the_product() {
+    let ctx = Context::new();
+    let (x, w, b) = xwb(&ctx);
+    let fused_and_apart = |ctx: &Context, y: &Tensor, apart: &Tensor, what: &str| {
+        ctx.set_backend(BackendKind::Cpu);
+        let got = y.eval().unwrap_or_else(|e| panic!("{what}: {e}"));
+        let want = apart
+            .eval()
+            .unwrap_or_else(|e| panic!("{what}: apart: {e}"));
+        assert_matches(&got, &want, 0, &format!("{what}: fused against apart"));
+    };
+    // A scale of the left operand (attention's q / sqrt(d)), with an epilogue.
+    let y = (&x * 0.125).matmul(&w) + &b;
+    let report = check(&ctx, &[&y], 1, product(16, 1.0), "(x * 0.125) @ w + b");
+    let text = report.kernels_text();
+    assert!(text.contains("|> mul 0.125"), "{text}");
+    let report = fusion_report(&ctx, &[&y]);
+    assert!(!line_of(&report, "= mul").contains("stored"), "{report}");
+    let xs = ctx.from_array(&(&x * 0.125).eval().expect("x * 0.125"));
+    fused_and_apart(&ctx, &y, &(xs.matmul(&w) + &b), "(x * 0.125) @ w + b");
+    // A quotient on the right, a scale from the left side of the product, a chain.
+    let y = x.matmul(&(&w / 3.0));
+    check(&ctx, &[&y], 1, product(16, 1.0), "x @ (w / 3)");
+    let wd = ctx.from_array(&(&w / 3.0).eval().expect("w / 3"));
+    fused_and_apart(&ctx, &y, &x.matmul(&wd), "x @ (w / 3)");
+    let y = (&x * 3.0 * 0.5).matmul(&w);
+    check(&ctx, &[&y], 1, product(16, 1.5), "(x * 3 * 0.5) @ w");
+    // A transpose below the scale is read through (x.T * 2); a transpose above it is a
+    // view of a computed value, stored first.
+    let xt = x.transpose();
+    let y = (&xt * 2.0).matmul(&x);
+    check(&ctx, &[&y], 1, product(32, 2.0), "(x.T * 2) @ x");
+    let y = (&x * 2.0).transpose().matmul(&x);
+    check(&ctx, &[&y], 2, product(32, 2.0), "(x * 2).T @ x");
+    // Rounding casts: f32 operands rounded to a half type for a half product, alone
+    // and after a scale.
+    for half in [DType::F16, DType::BF16] {
+        let wh = ctx.from_array(&w.cast(half).eval().expect("w"));
+        let y = x.cast(half).matmul(&wh);
+        let report = check(
+            &ctx,
+            &[&y],
+            1,
+            (1e-2, 1e-2),
+            &format!("cast(x, {half}) @ w"),
+        );
+        assert!(
+            report.kernels_text().contains(&format!("|> cast {half}")),
+            "{}",
+            report.kernels_text()
+        );
+        let xh = ctx.from_array(&x.cast(half).eval().expect("x"));
+        fused_and_apart(&ctx, &y, &xh.matmul(&wh), &format!("cast(x, {half}) @ w"));
+        let y = (&x * 3.0).cast(half).matmul(&wh);
+        check(
+            &ctx,
+            &[&y],
+            1,
+            (3e-2, 3e-2),
+            &format!("cast(x * 3, {half}) @ w"),
+        );
+        let xh = ctx.from_array(&(&x * 3.0).cast(half).eval().expect("x"));
+        fused_and_apart(
+            &ctx,
+            &y,
+            &xh.matmul(&wh),
+            &format!("cast(x * 3, {half}) @ w"),
+        );
+    }
+    // A scaled operand that another op reads too is a value of its own (computed once,
+    // stored); an f64 product takes no prologue.
+    let xs = &x * 0.5;
+    let y = xs.matmul(&w);
+    let s = xs.sum(1);
+    check(&ctx, &[&y, &s], 2, product(16, 1.0), "x * 0.5 shared");
+    let (x64, w64) = (x.cast(DType::F64), w.cast(DType::F64));
+    let x64 = ctx.from_array(&x64.eval().expect("x64"));
+    let w64 = ctx.from_array(&w64.eval().expect("w64"));
+    let y = (&x64 * 2.0).matmul(&w64);
+    check(&ctx, &[&y], 2, (1e-12, 1e-12), "(x64 * 2) @ w64");
+    // Batched, with a broadcast batch operand and a transposed right one.
+    let q = uniform(&ctx, &[3, 5, 8], 71);
+    let k = uniform(&ctx, &[5, 8], 72);
+    let y = (&q * 0.125).matmul(&k.transpose());
+    check(
+        &ctx,
+        &[&y],
+        1,
+        product(8, 1.0),
+        "(q * 0.125) @ k.T, batched",
+    );
+}

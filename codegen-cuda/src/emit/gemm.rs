@@ -14,8 +14,31 @@
 use super::launch::Launch;
 use super::source::Gen;
 use crate::scalar;
-use ndfuse_ir::{Accumulate, Contraction, DType, Expr, View};
+use ndfuse_ir::{Accumulate, Contraction, DType, Expr, Prologue, View};
 use std::fmt::Write as _;
+
+/// `v` (a float value of `dtype`, held in f32) through the prologue `steps` (see
+/// `ndfuse_ir::Prologue`): f32 arithmetic, each result rounded to its dtype.
+pub(super) fn prologue(mut v: String, steps: &[Prologue], mut dtype: DType) -> String {
+    let round = |v: String, d: DType| {
+        if scalar::is_half(d) {
+            scalar::load_conv(d, &scalar::store_conv(d, &v))
+        } else {
+            v
+        }
+    };
+    for step in steps {
+        v = match *step {
+            Prologue::Cast(to) => {
+                dtype = to;
+                round(v, dtype)
+            }
+            Prologue::Mul(c) => round(format!("({v} * {})", scalar::literal(c, DType::F32)), dtype),
+            Prologue::Div(c) => round(format!("({v} / {})", scalar::literal(c, DType::F32)), dtype),
+        };
+    }
+    v
+}
 
 /// K slice staged per step. 8 keeps the two staged tiles at 8.3 KiB for f32 (16.5 KiB
 /// for 8-byte types): several blocks fit an SM, and each thread loads
@@ -272,10 +295,32 @@ impl Gen<'_> {
         let (sk2, sn) = (c.rhs_view.strides[rank - 2], c.rhs_view.strides[rank - 1]);
         let (check_m, check_n, check_k) = (m % bm != 0, n % bn != 0, kk % bk != 0);
         let stages = [
-            ("As", "m", bm, sm, sk, check_m, m, "la", c.lhs),
-            ("Bs", "n", bn, sn, sk2, check_n, n, "rb", c.rhs),
+            (
+                "As",
+                "m",
+                bm,
+                sm,
+                sk,
+                check_m,
+                m,
+                "la",
+                c.lhs,
+                &c.lhs_prologue,
+            ),
+            (
+                "Bs",
+                "n",
+                bn,
+                sn,
+                sk2,
+                check_n,
+                n,
+                "rb",
+                c.rhs,
+                &c.rhs_prologue,
+            ),
         ];
-        for (tile, ax, extent, s_ax, s_k, check_ax, size, base, input) in stages {
+        for (tile, ax, extent, s_ax, s_k, check_ax, size, base, input, steps) in stages {
             let total = extent * bk;
             let per = total.div_ceil(threads);
             let k_fast = s_k.abs() <= s_ax.abs();
@@ -302,7 +347,11 @@ impl Gen<'_> {
             let mut off = vec![base.to_string()];
             term(&mut off, ax, s_ax);
             term(&mut off, "k", s_k);
-            let load = self.load_expr(input, &sum(off));
+            let load = prologue(
+                self.load_expr(input, &sum(off)),
+                steps,
+                self.k.inputs[input].dtype,
+            );
             let mut conds = Vec::new();
             if check_ax {
                 conds.push(format!("{ax} < {size}"));

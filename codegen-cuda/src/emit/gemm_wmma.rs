@@ -30,11 +30,11 @@
 //! storing the outputs under `m < M` / `n < N` guards where the tiles do not divide.
 //! Fragment elements are never indexed: their lane mapping is unspecified.
 
-use super::gemm::{sum, term};
+use super::gemm::{prologue, sum, term};
 use super::launch::{CudaOptions, Launch};
 use super::source::Gen;
 use crate::scalar::{self, Helper};
-use ndfuse_ir::{Contraction, DType, View};
+use ndfuse_ir::{Contraction, DType, Prologue, View};
 use std::fmt::Write as _;
 
 /// Shared-memory row padding of the staged operand tiles, in elements: 16 bytes. Rows
@@ -119,7 +119,7 @@ impl WarpTiling {
 /// One operand's K slice in shared memory: laid out with the operand's fast axis inner,
 /// so that the copy is contiguous on both sides, and loaded into fragments with the
 /// matching layout (`row_major` or `col_major`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct OperandTile {
     /// `As` or `Bs`.
     tile: &'static str,
@@ -142,6 +142,10 @@ struct OperandTile {
     /// aligned (buffers are, as the element-wise kernels' vectors assume) and lies wholly
     /// inside or wholly outside the operand.
     vector: bool,
+    /// The operand's prologue (`ndfuse_ir::Prologue`) and its buffer's dtype: staged
+    /// element by element, through the steps, then rounded to the half type (which the
+    /// steps end in).
+    prologue: (Vec<Prologue>, DType),
 }
 
 impl OperandTile {
@@ -149,7 +153,7 @@ impl OperandTile {
         (tile, ax, base): (&'static str, &'static str, &'static str),
         view: &View,
         (ax_axis, k_axis): (usize, usize),
-        input: usize,
+        (input, prologue): (usize, (Vec<Prologue>, DType)),
         (extent, size, k): (usize, usize, usize),
     ) -> OperandTile {
         let (s_ax, s_k) = (view.strides[ax_axis], view.strides[k_axis]);
@@ -161,7 +165,8 @@ impl OperandTile {
         };
         let rank = view.strides.len();
         let aligned = |x: isize| x % VEC as isize == 0;
-        let vector = s_inner == 1
+        let vector = prologue.0.is_empty()
+            && s_inner == 1
             && inner_size.is_multiple_of(VEC)
             && aligned(view.offset)
             && aligned(s_outer)
@@ -177,6 +182,7 @@ impl OperandTile {
             input,
             k_inner,
             vector,
+            prologue,
         }
     }
 
@@ -219,15 +225,21 @@ impl OperandTile {
     }
 }
 
-/// The operands' dtype when `c` runs on tensor cores under `opts`: both operand buffers
-/// f16 on sm_70 or newer, or both bf16 on sm_80 or newer, accumulating in f32.
+/// The operands' dtype when `c` runs on tensor cores under `opts`: both operands f16 (as
+/// the product reads them: buffers of f16, or rounded to f16 by their prologues) on
+/// sm_70 or newer, or both bf16 on sm_80 or newer, accumulating in f32.
 pub(super) fn tensor_core_dtype(
     c: &Contraction,
     inputs: &[ndfuse_ir::Buffer],
     opts: &CudaOptions,
 ) -> Option<DType> {
     let (major, _) = opts.compute_capability?;
-    let (l, r) = (inputs[c.lhs].dtype, inputs[c.rhs].dtype);
+    // The operands' dtypes as the product reads them: after their prologues (a rounding
+    // cast of an f32 operand to a half type is applied as the tile is staged).
+    let (l, r) = (
+        Prologue::result_dtype(&c.lhs_prologue, inputs[c.lhs].dtype),
+        Prologue::result_dtype(&c.rhs_prologue, inputs[c.rhs].dtype),
+    );
     let since = match l {
         DType::F16 => 7,
         DType::BF16 => 8,
@@ -253,8 +265,20 @@ impl Gen<'_> {
         let rank = k.domain.rank();
         let (ma, ka) = (rank - 2, rank - 1);
         let ops = [
-            OperandTile::new(("As", "m", "la"), &c.lhs_view, (ma, ka), c.lhs, (bm, m, kk)),
-            OperandTile::new(("Bs", "n", "rb"), &c.rhs_view, (ka, ma), c.rhs, (bn, n, kk)),
+            OperandTile::new(
+                ("As", "m", "la"),
+                &c.lhs_view,
+                (ma, ka),
+                (c.lhs, (c.lhs_prologue.clone(), k.inputs[c.lhs].dtype)),
+                (bm, m, kk),
+            ),
+            OperandTile::new(
+                ("Bs", "n", "rb"),
+                &c.rhs_view,
+                (ka, ma),
+                (c.rhs, (c.rhs_prologue.clone(), k.inputs[c.rhs].dtype)),
+                (bn, n, kk),
+            ),
         ];
         let name = k.name.clone();
         let strategy = format!(
@@ -390,10 +414,23 @@ impl Gen<'_> {
                 format!("*reinterpret_cast<const {v}*>(in{} + ({off}))", o.input),
                 format!("{v}{{}}"),
             )
-        } else {
+        } else if o.prologue.0.is_empty() {
             (
                 at,
                 format!("in{}[{off}]", o.input),
+                scalar::store_conv(half, "0.0f"),
+            )
+        } else {
+            let (steps, dtype) = &o.prologue;
+            let v = scalar::load_conv(*dtype, &format!("in{}[{off}]", o.input));
+            // A last step that rounds to `half` is the store's own rounding.
+            let steps = match steps.split_last() {
+                Some((Prologue::Cast(to), rest)) if *to == half => rest,
+                _ => &steps[..],
+            };
+            (
+                at,
+                scalar::store_conv(half, &prologue(v, steps, *dtype)),
                 scalar::store_conv(half, "0.0f"),
             )
         };

@@ -59,6 +59,15 @@ impl<'k> Gen<'k> {
             .chain(&k.outputs)
             .map(|b| b.dtype)
             .chain(k.body.iter().map(|i| i.dtype))
+            .chain(k.contraction.iter().flat_map(|c| {
+                c.lhs_prologue
+                    .iter()
+                    .chain(&c.rhs_prologue)
+                    .filter_map(|s| match s {
+                        ndfuse_ir::Prologue::Cast(to) => Some(*to),
+                        _ => None,
+                    })
+            }))
             .any(scalar::is_half);
         let mut src = String::new();
         let _ = writeln!(

@@ -4,7 +4,7 @@
 use super::vals::{Tensor, Vals};
 use super::views::Offsets;
 use crate::dtype::DType;
-use crate::kernel::Contraction;
+use crate::kernel::{Contraction, Prologue};
 use crate::round::{round_f64, wrap_int};
 use crate::shape::{Shape, View};
 
@@ -37,10 +37,28 @@ pub(super) fn matmul(a: &Tensor, b: &Tensor, out: &Shape, dtype: DType) -> Vals 
 
 /// The product buffer of a kernel's contraction from its operand buffers, read through
 /// the contraction's views, row-major over `[batch..., M, N]` in the product's dtype.
-pub(super) fn product(c: &Contraction, bufs: &[Vals]) -> Vals {
+/// Each operand element goes through its prologue steps first (`dtypes`: the dtype of
+/// each buffer).
+pub(super) fn product(c: &Contraction, bufs: &[Vals], dtypes: &[DType]) -> Vals {
     let (nbatch, m, n, k) = c.extents();
-    let lhs = bufs[c.lhs].gather(Offsets::of_view(&c.lhs_view));
-    let rhs = bufs[c.rhs].gather(Offsets::of_view(&c.rhs_view));
+    let operand = |input: usize, view: &View, steps: &[Prologue]| {
+        let vals = bufs[input].gather(Offsets::of_view(view));
+        match (vals, steps.is_empty()) {
+            (Vals::F(v), false) => Vals::F(
+                v.into_iter()
+                    .map(|x| {
+                        steps
+                            .iter()
+                            .fold((x, dtypes[input]), |(x, d), s| s.apply(x, d))
+                            .0
+                    })
+                    .collect(),
+            ),
+            (vals, _) => vals,
+        }
+    };
+    let lhs = operand(c.lhs, &c.lhs_view, &c.lhs_prologue);
+    let rhs = operand(c.rhs, &c.rhs_view, &c.rhs_prologue);
     product_of(&lhs, &rhs, nbatch, (m, n, k), c.dtype)
 }
 

@@ -7,7 +7,7 @@ use super::reduce::{arg_f64, arg_i64, reduce_f64, reduce_i64};
 use super::vals::{Tensor, Vals};
 use super::views::Offsets;
 use crate::array::HostArray;
-use crate::dtype::Scalar;
+use crate::dtype::{DType, Scalar};
 use crate::kernel::{Expr, Kernel};
 use crate::op::ReduceOp;
 use crate::round::{round_f64, wrap_int};
@@ -68,7 +68,8 @@ pub fn eval_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<Vec<HostArr
         .map(|a| Vals::from_storage(a.storage()))
         .collect();
     if let Some(c) = &kernel.contraction {
-        bufs.push(super::contract::product(c, &bufs));
+        let dtypes: Vec<DType> = kernel.inputs.iter().map(|b| b.dtype).collect();
+        bufs.push(super::contract::product(c, &bufs, &dtypes));
     }
     if !kernel.reduce_axes.is_empty() {
         return Ok(eval_row_program(kernel, &bufs));

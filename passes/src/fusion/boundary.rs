@@ -207,6 +207,14 @@ impl Fuser<'_> {
                 // The product reads the half buffer itself (only products read a
                 // widened cast).
                 (Op::Cast { .. }, Role::Widened) => m = self.g.operands(m)[0],
+                // A prologue step: the product reads the chain's first operand and
+                // applies the steps (`Fuser::prologue_of`) as it reads.
+                (_, Role::Prologue) => {
+                    m = self
+                        .prologue_step(m)
+                        .expect("a node marked as a prologue step is one")
+                        .1
+                }
                 (Op::View(_), role) if role == Role::View || self.copies.contains(&m) => {
                     views.push(m);
                     m = self.g.operands(m)[0];

@@ -3,7 +3,10 @@
 //! merging groups, dropping the emptied ones.
 
 use crate::plan::TargetDesc;
-use ndfuse_ir::{reduced_shape, DType, Graph, Level, NodeId, Op, Shape};
+use ndfuse_ir::round::round_f64;
+use ndfuse_ir::{
+    reduced_shape, BinaryOp, DType, Graph, Level, NodeId, Op, Prologue, Scalar, Shape,
+};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// What role a live node plays before lowering.
@@ -23,6 +26,11 @@ pub(super) enum Role {
     /// a prologue the GEMM applies as it reads its operand (exact), never computed on
     /// its own.
     Widened,
+    /// A step of a matrix product's operand prologue (`ndfuse_ir::Prologue`): a float
+    /// cast, or a product or quotient by a constant, read only by products or by
+    /// further such steps: the GEMM applies it as it reads its operand, never computed
+    /// on its own.
+    Prologue,
 }
 
 /// A fusion group under construction.
@@ -133,6 +141,101 @@ impl<'g> Fuser<'g> {
                 self.role.insert(n, Role::Widened);
             }
         }
+    }
+
+    /// Marks the operand prologues of matrix products (see [`Role::Prologue`]), from
+    /// the products down: a node is a step when [`Fuser::prologue_step`] takes it and
+    /// every user is a product or a step already marked, and it is no graph output.
+    /// Only products accumulating in f32 take steps, and a chain's first operand must
+    /// live in memory (not a constant or random op, which a GEMM cannot read).
+    pub(super) fn mark_prologues(&mut self) {
+        for n in self.order.clone().into_iter().rev() {
+            if self.role[&n] != Role::Member(usize::MAX)
+                || self.g.outputs().contains(&n)
+                || self.prologue_step(n).is_none()
+            {
+                continue;
+            }
+            let users = self.g.users(n);
+            let ok = !users.is_empty()
+                && users.iter().all(|&u| {
+                    let node = self.g.node(u);
+                    (node.op.is_contraction()
+                        && node.dtype.is_float()
+                        && self.product_takes_steps(u))
+                        || self.role[&u] == Role::Prologue
+                });
+            let below = self.prologue_step(n).map(|(_, o)| o);
+            let readable = below.is_some_and(|o| {
+                let mut m = o;
+                loop {
+                    match &self.g.node(m).op {
+                        Op::Const { .. } | Op::RandomUniform { .. } => break false,
+                        Op::View(_) => m = self.g.operands(m)[0],
+                        _ => break true,
+                    }
+                }
+            });
+            if ok && readable {
+                self.role.insert(n, Role::Prologue);
+            }
+        }
+    }
+
+    /// Whether product `p` (a matmul node) accumulates in f32: f32, f16 or bf16
+    /// operands.
+    fn product_takes_steps(&self, p: NodeId) -> bool {
+        let o = self.g.operands(p)[0];
+        matches!(self.g.node(o).dtype, DType::F32 | DType::F16 | DType::BF16)
+    }
+
+    /// `n` as a prologue step, with the operand it reads: a cast between f16, bf16 and
+    /// f32, or a product by (either side) or quotient by a constant, of one of those
+    /// types and of the other operand's shape. `None` for anything else.
+    pub(super) fn prologue_step(&self, n: NodeId) -> Option<(Prologue, NodeId)> {
+        let node = self.g.node(n);
+        let floats = [DType::F16, DType::BF16, DType::F32];
+        if !floats.contains(&node.dtype) {
+            return None;
+        }
+        let ops = self.g.operands(n);
+        let constant = |o: NodeId| match &self.g.node(o).op {
+            Op::Const { value } => Some(Scalar::F(round_f64(value.to_f64(), node.dtype))),
+            _ => None,
+        };
+        let same_shape = |o: NodeId| self.g.node(o).shape == node.shape;
+        match &node.op {
+            Op::Cast { to } => {
+                let o = ops[0];
+                (floats.contains(&self.g.node(o).dtype) && same_shape(o))
+                    .then_some((Prologue::Cast(*to), o))
+            }
+            Op::Binary(BinaryOp::Mul) => match (constant(ops[0]), constant(ops[1])) {
+                (None, Some(c)) if same_shape(ops[0]) => Some((Prologue::Mul(c), ops[0])),
+                (Some(c), None) if same_shape(ops[1]) => Some((Prologue::Mul(c), ops[1])),
+                _ => None,
+            },
+            Op::Binary(BinaryOp::Div) => match (constant(ops[0]), constant(ops[1])) {
+                (None, Some(c)) if same_shape(ops[0]) => Some((Prologue::Div(c), ops[0])),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// The prologue of product operand `o`: the steps from the buffer the product reads
+    /// up to `o`, in the order they apply (empty when `o` is no step).
+    pub(super) fn prologue_of(&self, mut o: NodeId) -> Vec<Prologue> {
+        let mut steps = Vec::new();
+        while self.role[&o] == Role::Prologue {
+            let (step, below) = self
+                .prologue_step(o)
+                .expect("a node marked as a prologue step is one");
+            steps.push(step);
+            o = below;
+        }
+        steps.reverse();
+        steps
     }
 
     pub(super) fn group_of(&self, n: NodeId) -> Option<usize> {

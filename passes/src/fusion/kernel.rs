@@ -8,7 +8,7 @@ use crate::plan::{self, TargetDesc};
 use crate::schedule::Step;
 use ndfuse_ir::{
     reduced_shape, Accumulate, ArgReduceOp, BinaryOp, Buffer, Contraction, DType, Expr, Graph,
-    Instr, Kernel, Level, NodeId, ReduceOp, Scalar, Shape, Store, UnaryOp, ValueId, View,
+    Instr, Kernel, Level, NodeId, Prologue, ReduceOp, Scalar, Shape, Store, UnaryOp, ValueId, View,
 };
 
 /// The product's input index until [`KernelBuilder::finish`] knows it (the last input).
@@ -159,14 +159,16 @@ impl KernelBuilder {
 
     /// The kernel's matrix product of buffers `lhs` and `rhs` (each read in its own
     /// dtype) through views of shapes `[batch..., M, K]` and `[batch..., K, N]`,
-    /// accumulated in `acc`: the value of the product at each domain position (a load of
-    /// the product buffer).
+    /// accumulated in `acc`, each operand element going through its prologue steps
+    /// first: the value of the product at each domain position (a load of the product
+    /// buffer).
     pub(super) fn contraction(
         &mut self,
         lhs: (NodeId, View),
         rhs: (NodeId, View),
         acc: DType,
         block_rows: usize,
+        (lhs_prologue, rhs_prologue): (Vec<Prologue>, Vec<Prologue>),
         g: &Graph,
     ) -> ValueId {
         let l = self.input(lhs.0, g.node(lhs.0).dtype, g);
@@ -179,6 +181,8 @@ impl KernelBuilder {
             product: PRODUCT,
             dtype: acc,
             block_rows,
+            lhs_prologue,
+            rhs_prologue,
         });
         let view = View::contiguous(self.domain.clone());
         self.push(

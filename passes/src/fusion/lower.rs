@@ -30,7 +30,8 @@ impl Fuser<'_> {
             let p = match self.role[&n] {
                 Role::Input => Placement::Input,
                 Role::Const | Role::Random | Role::View | Role::Widened => Placement::Folded,
-                Role::Member(_) => continue,
+                // Placed with the product that reads it, below.
+                Role::Member(_) | Role::Prologue => continue,
             };
             placement.insert(n, p);
         }
@@ -66,6 +67,26 @@ impl Fuser<'_> {
                         },
                     );
                 }
+            }
+        }
+        // A prologue step is computed by the kernel of the product that reads it (the
+        // first product up its chain of users).
+        for &n in &self.order {
+            if self.role[&n] != Role::Prologue {
+                continue;
+            }
+            let mut m = n;
+            while self.role[&m] == Role::Prologue {
+                m = self.g.users(m)[0];
+            }
+            if let Some(&si) = self.group_of(m).and_then(|gi| group_step.get(&gi)) {
+                placement.insert(
+                    n,
+                    Placement::InKernel {
+                        step: si,
+                        stored: None,
+                    },
+                );
             }
         }
         // Kernel names carry their final position.
@@ -190,7 +211,9 @@ impl Fuser<'_> {
         let (rows, _) = gemm_block_rows(&node.shape, acc.size_bytes(), &self.target);
         let rhs = operands.pop().expect("matmul has two operands");
         let lhs = operands.pop().expect("matmul has two operands");
-        let p = kb.contraction(lhs, rhs, acc, rows, self.g);
+        let [lo, ro] = [0, 1].map(|i| self.g.operands(m)[i]);
+        let prologues = (self.prologue_of(lo), self.prologue_of(ro));
+        let p = kb.contraction(lhs, rhs, acc, rows, prologues, self.g);
         if node.dtype == acc {
             p
         } else {

@@ -85,8 +85,10 @@ pub fn schedule_with(g: &Graph, target: &TargetDesc, fuse: bool) -> Schedule {
     let mut f = Fuser::new(g, target.clone());
     f.fuse = fuse;
     if fuse {
-        // Before grouping: a widened operand is never a group member.
+        // Before grouping: a widened operand or a prologue step is never a group
+        // member.
         f.mark_widened();
+        f.mark_prologues();
     }
     f.form_groups();
     if fuse {

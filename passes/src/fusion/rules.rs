@@ -9,7 +9,7 @@ impl Fuser<'_> {
     pub(super) fn form_groups(&mut self) {
         for n in self.order.clone() {
             let node = self.g.node(n);
-            if self.role[&n] == Role::Widened {
+            if matches!(self.role[&n], Role::Widened | Role::Prologue) {
                 continue; // read through by the product that uses it
             }
             match &node.op {
@@ -115,11 +115,15 @@ impl Fuser<'_> {
             [] => true,
             [p] => {
                 let mut read = self.g.operands(*p);
-                // A widened half operand is read through: the product reads its operand.
-                for o in read.clone() {
-                    if self.role[&o] == Role::Widened {
+                // A widened half operand or a prologue step is read through: the product
+                // reads its operand (a chain of steps, down to the buffer).
+                let mut i = 0;
+                while i < read.len() {
+                    let o = read[i];
+                    if matches!(self.role[&o], Role::Widened | Role::Prologue) {
                         read.extend(self.g.operands(o));
                     }
+                    i += 1;
                 }
                 gs.iter().all(|&gi| {
                     let grp = &self.groups[gi];
