@@ -1,8 +1,11 @@
 //! Property test of the matrix product with its epilogues: random M, N, K in 0..=9,
 //! batch shapes that broadcast (each operand a right-aligned part of a common batch of
-//! rank 0..=2 and extents 1..=3, with 1s), operands given transposed or not, and a random
-//! chain of element-wise epilogue ops, in f32 and f64; the `cpu` backend must agree with
-//! the `interp` backend (the reference, node by node in f64 rounded per node).
+//! rank 0..=2 and extents 1..=3, with 1s), operands given transposed or not, each with a
+//! random prologue (a scale, an f16 round trip, both), and a random chain of
+//! element-wise epilogue ops, in f32 and f64; the `cpu` backend must agree with the
+//! `interp` backend (the reference, node by node in f64 rounded per node). The
+//! prologues round the same values the same way on both backends, so only their
+//! magnitude (up to 3) scales the product's bound.
 //!
 //! Tolerance: an error bound carried through the chain ([`Bound`]), never a constant.
 //! With inputs in [-1, 1] the product is at most K in magnitude and a GEMM's sum of K
@@ -101,11 +104,44 @@ fn operand(ctx: &Context, batch: &[usize], rows: usize, cols: usize, t: bool, se
     }
 }
 
+/// An operand prologue: what the graph computes on an operand before the product (a
+/// step the product applies as it reads the operand, `ndfuse_ir::Prologue`).
+#[derive(Clone, Copy, Debug)]
+enum Pro {
+    None,
+    /// `x * s`.
+    Scale(f64),
+    /// `cast(cast(x, f16), dtype)`: a rounding, then the widening back.
+    F16,
+    /// `cast(x * 3, f16)` then back: a chain.
+    ScaleF16,
+}
+
+fn pro() -> impl Strategy<Value = Pro> {
+    prop_oneof![
+        Just(Pro::None),
+        prop::sample::select(vec![0.5, 3.0, -0.125]).prop_map(Pro::Scale),
+        Just(Pro::F16),
+        Just(Pro::ScaleF16),
+    ]
+}
+
+/// `x` through prologue `p`, and the largest magnitude of the result (`x` in [-1, 1]).
+fn prologue(x: Tensor, p: Pro, dtype: DType) -> (Tensor, f64) {
+    match p {
+        Pro::None => (x, 1.0),
+        Pro::Scale(s) => (x * s, s.abs()),
+        Pro::F16 => (x.cast(DType::F16).cast(dtype), 1.0),
+        Pro::ScaleF16 => ((x * 3.0).cast(DType::F16).cast(dtype), 3.0),
+    }
+}
+
 fn build(
     dtype: DType,
     (m, n, k): (usize, usize, usize),
     batch: &Batch,
     (ta, tb): (bool, bool),
+    pro: [Pro; 2],
     chain: &[Epi],
     seed: u64,
 ) -> (Context, Tensor, f64) {
@@ -120,11 +156,15 @@ fn build(
     };
     let a = operand(&ctx, &batch.of(0), m, k, ta, seed);
     let b = operand(&ctx, &batch.of(1), k, n, tb, seed.wrapping_add(1));
+    // Operand prologues: the same rounded values on both backends, so only their
+    // magnitude enters the bound.
+    let (a, sa) = prologue(a, pro[0], dtype);
+    let (b, sb) = prologue(b, pro[1], dtype);
     let mut v = a.matmul(&b);
     let kf = k as f64;
     let mut bd = Bound {
-        m: kf,
-        e: (kf * kf + 1.0) * u,
+        m: kf * sa * sb,
+        e: (kf * kf + 1.0) * u * sa * sb,
     };
     let ulps = |x: f64| 3.0 * 2.0 * u * x;
     for (i, op) in chain.iter().enumerate() {
@@ -194,11 +234,13 @@ proptest! {
         batch in batch(),
         ta in any::<bool>(),
         tb in any::<bool>(),
+        pa in pro(),
+        pb in pro(),
         chain in prop::collection::vec(epi(), 0..=4),
         seed in any::<u64>(),
     ) {
         let dtype = if f64_ { DType::F64 } else { DType::F32 };
-        let (ctx, y, tol) = build(dtype, (m, n, k), &batch, (ta, tb), &chain, seed);
+        let (ctx, y, tol) = build(dtype, (m, n, k), &batch, (ta, tb), [pa, pb], &chain, seed);
         let mut want_shape = batch.common.clone();
         for (i, d) in want_shape.iter_mut().enumerate() {
             // A common axis every operand holds at 1 (or lacks) is 1 in the result.

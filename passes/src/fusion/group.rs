@@ -145,7 +145,8 @@ impl<'g> Fuser<'g> {
 
     /// Marks the operand prologues of matrix products (see [`Role::Prologue`]), from
     /// the products down: a node is a step when [`Fuser::prologue_step`] takes it and
-    /// every user is a product or a step already marked, and it is no graph output.
+    /// every user is a product, a step already marked or a widened cast (which only
+    /// products read), and it is no graph output.
     /// Only products accumulating in f32 take steps, and a chain's first operand must
     /// live in memory (not a constant or random op, which a GEMM cannot read).
     pub(super) fn mark_prologues(&mut self) {
@@ -163,7 +164,7 @@ impl<'g> Fuser<'g> {
                     (node.op.is_contraction()
                         && node.dtype.is_float()
                         && self.product_takes_steps(u))
-                        || self.role[&u] == Role::Prologue
+                        || matches!(self.role[&u], Role::Prologue | Role::Widened)
                 });
             let below = self.prologue_step(n).map(|(_, o)| o);
             let readable = below.is_some_and(|o| {
@@ -226,6 +227,11 @@ impl<'g> Fuser<'g> {
     /// The prologue of product operand `o`: the steps from the buffer the product reads
     /// up to `o`, in the order they apply (empty when `o` is no step).
     pub(super) fn prologue_of(&self, mut o: NodeId) -> Vec<Prologue> {
+        // A widened half value (the product widens it anyway) may be a step's result:
+        // `cast(cast(x, f16), f32) @ w`.
+        if self.role[&o] == Role::Widened {
+            o = self.g.operands(o)[0];
+        }
         let mut steps = Vec::new();
         while self.role[&o] == Role::Prologue {
             let (step, below) = self
