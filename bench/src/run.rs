@@ -428,39 +428,68 @@ struct Runs {
 }
 
 fn time_runs(ctx: &Context, output: &dyn Fn() -> Tensor, opts: &BenchOptions) -> Result<Runs> {
+    let [runs] = time_interleaved(ctx, [output], opts)?;
+    Ok(runs)
+}
+
+/// Times each of `outputs` as [`time_runs`] does, taking turns (one run of each, then
+/// again): what slows the machine for a while slows them alike, so the ratio of their
+/// medians is steadier than that of two series timed one after the other. The budget
+/// is per output.
+fn time_interleaved<const N: usize>(
+    ctx: &Context,
+    outputs: [&dyn Fn() -> Tensor; N],
+    opts: &BenchOptions,
+) -> Result<[Runs; N]> {
     // Warm-up: compiles the kernels (and, for the compile case, initialises whatever
     // the first JIT of the process initialises), so compile time stays out of the
     // timed runs of the others.
-    let warmup_faults = timed_eval(ctx, &output())?.faults;
-    let (mut walls, mut runs, mut compiles) = (Vec::new(), Vec::new(), Vec::new());
-    let mut faults = Vec::new();
-    let mut last: Option<Report> = None;
+    let mut warmup_faults = [None; N];
+    for (w, output) in warmup_faults.iter_mut().zip(&outputs) {
+        *w = timed_eval(ctx, &output())?.faults;
+    }
+    let mut walls: [Vec<f64>; N] = std::array::from_fn(|_| Vec::new());
+    let mut runs: [Vec<f64>; N] = std::array::from_fn(|_| Vec::new());
+    let mut compiles: [Vec<f64>; N] = std::array::from_fn(|_| Vec::new());
+    let mut faults: [Vec<f64>; N] = std::array::from_fn(|_| Vec::new());
+    let mut last: [Option<Report>; N] = std::array::from_fn(|_| None);
     let started = Instant::now();
+    let budget = opts.time_budget * N as u32;
     let max_runs = opts.max_runs.max(1);
     let min_runs = opts.min_runs.clamp(1, max_runs);
-    while walls.len() < max_runs && (walls.len() < min_runs || started.elapsed() < opts.time_budget)
-    {
-        let out = output();
-        let Timed {
-            wall,
-            faults: f,
-            report,
-        } = timed_eval(ctx, &out)?;
-        walls.push(wall);
-        faults.extend(f.map(|f| f as f64));
-        runs.push(ms(report.evaluation().run_time));
-        compiles.push(ms(report.evaluation().compile_time));
-        last = Some(report);
+    while walls[0].len() < max_runs && (walls[0].len() < min_runs || started.elapsed() < budget) {
+        for (i, output) in outputs.iter().enumerate() {
+            let out = output();
+            let Timed {
+                wall,
+                faults: f,
+                report,
+            } = timed_eval(ctx, &out)?;
+            walls[i].push(wall);
+            faults[i].extend(f.map(|f| f as f64));
+            runs[i].push(ms(report.evaluation().run_time));
+            compiles[i].push(ms(report.evaluation().compile_time));
+            last[i] = Some(report);
+        }
     }
-    let report = last.expect("at least one timed run (min_runs >= 1)");
-    Ok(Runs {
-        warmup_faults,
-        walls,
-        runs,
-        compiles,
-        faults,
-        report,
-    })
+    let mut parts = walls
+        .into_iter()
+        .zip(runs)
+        .zip(compiles)
+        .zip(faults)
+        .zip(last);
+    Ok(std::array::from_fn(|i| {
+        let ((((walls, runs), compiles), faults), report) =
+            parts.next().expect("one of each per output");
+        Runs {
+            warmup_faults: warmup_faults[i],
+            walls,
+            runs,
+            compiles,
+            faults,
+            report: report.expect("at least one timed run (min_runs >= 1)"),
+        }
+    }))
 }
 
 fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> Result<Row> {
@@ -474,6 +503,18 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> R
         Kind::CompileNew => case.build(&inputs, fresh_salt()),
         Kind::Throughput | Kind::Cached => fixed.clone(),
     };
+    // A case compared with another build of the same inputs takes turns with it.
+    let other = match case.versus {
+        Some(Versus::Build(what, build)) => Some((what, build(&inputs, 1.0))),
+        _ => None,
+    };
+    let (mine, theirs) = match &other {
+        Some((_, t)) => {
+            let [mine, theirs] = time_interleaved(ctx, [&output, &|| t.clone()], opts)?;
+            (mine, Some(theirs))
+        }
+        None => (time_runs(ctx, &output, opts)?, None),
+    };
     let Runs {
         warmup_faults,
         walls,
@@ -481,18 +522,17 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> R
         compiles,
         faults,
         report,
-    } = time_runs(ctx, &output, opts)?;
+    } = mine;
     let ev = report.evaluation();
     let median_ms = median(&walls);
     // On a GPU the wall time is mostly the inputs' upload and the output's download
     // over PCIe; the kernels' own device time (CUDA events) is what meets the floor.
     let on_device = ev.backend == BackendKind::Cuda;
     let timed_ms = if on_device { median(&runs) } else { median_ms };
-    // The other output of the same inputs, timed right after this one.
-    let versus = match case.versus {
-        Some(Versus::Build(what, build)) => {
-            let other = build(&inputs, 1.0);
-            let r = time_runs(ctx, &|| other.clone(), opts)?;
+    // The other output of the same inputs, timed in turns with this one; rows are
+    // filled in by `run_suite_with`.
+    let versus = match (other, theirs) {
+        (Some((what, _)), Some(r)) => {
             let base = if on_device {
                 median(&r.runs)
             } else {
@@ -504,7 +544,7 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> R
                 ratio: timed_ms / base,
             })
         }
-        Some(Versus::Row(_)) | None => None, // rows: filled in by `run_suite_with`
+        _ => None,
     };
     let flops = case.flops.map(|f| f as f64);
     let gflops = flops

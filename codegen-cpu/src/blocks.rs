@@ -38,8 +38,11 @@
 //! [`MAX_SLOTS`] slots, compiles whole as before.
 
 use crate::shared_math::SHARED_MATH_BELOW;
+use crate::wide::exp::GeluFn;
 use crate::wide::{self, LoadFn, StoreFn, Tier, UnaryFn};
-use ndfuse_ir::{Buffer, DType, Expr, Instr, Kernel, Plan, Store, UnaryOp, ValueId, View};
+use ndfuse_ir::{
+    BinaryOp, Buffer, DType, Expr, Instr, Kernel, Plan, Store, UnaryOp, ValueId, View,
+};
 
 /// Positions per block: 2 KiB per f32 slot, so a block's slots stay in L1.
 pub(crate) const BLOCK: usize = 512;
@@ -83,6 +86,15 @@ pub(crate) enum Step {
         src: Place,
         dst: Place,
         f: UnaryFn,
+    },
+    /// gelu's tail, `x · sigmoid(c2 · (x + c1 · x³))`, from one place to another (see
+    /// [`gelu_tails`]).
+    Gelu {
+        src: Place,
+        dst: Place,
+        c1: f32,
+        c2: f32,
+        f: GeluFn,
     },
     /// A slot rounded into output `output` (f16 or bf16).
     Store {
@@ -143,9 +155,19 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
     // product's epilogue `cast(x @ w, f16)`): a cast from f32 used by stores alone,
     // into outputs of its type. The cast is the store's conversion step.
     let narrowing = narrowing_casts(kernel, dtype)?;
-    let wide_op = |ins: &Instr| match ins.expr {
-        Expr::Unary(op, _) => wide::unary_fn(op, tier),
-        _ => None,
+    // gelu's tail in f32 kernels: one wide step for the seven instructions.
+    let (gelu, absorbed) = match (dtype, wide::gelu_fn(tier)) {
+        (DType::F32, Some(f)) => gelu_tails(kernel, f),
+        _ => (
+            vec![None; kernel.body.len()],
+            vec![false; kernel.body.len()],
+        ),
+    };
+    let wide_op = |v: usize| match kernel.body[v].expr {
+        _ if absorbed[v] => false,
+        _ if gelu[v].is_some() => true,
+        Expr::Unary(op, _) => wide::unary_fn(op, tier).is_some(),
+        _ => false,
     };
     for (v, ins) in kernel.body.iter().enumerate() {
         // f32 inputs are read where they are, through any view (segments keep the
@@ -167,7 +189,7 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
         }
     }
     let narrows = narrowing.iter().any(|&c| c);
-    if !half && !narrows && !kernel.body.iter().any(|i| wide_op(i).is_some()) {
+    if !half && !narrows && !(0..kernel.body.len()).any(wide_op) {
         return None;
     }
 
@@ -175,9 +197,9 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
     // The segment of each cheap instruction: the wide ops before it.
     let mut seg_of = vec![0usize; body.len()];
     let mut wides = 0;
-    for (v, ins) in body.iter().enumerate() {
-        seg_of[v] = wides;
-        if wide_op(ins).is_some() {
+    for (v, seg) in seg_of.iter_mut().enumerate() {
+        *seg = wides;
+        if wide_op(v) {
             wides += 1;
         }
     }
@@ -231,7 +253,12 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
                 seg: last,
                 slot: None,
             },
-            _ if wide_op(ins).is_some() => {
+            // Computed inside gelu's wide step, never held anywhere.
+            _ if absorbed[v] => Source::Cheap {
+                seg: seg_of[v],
+                slot: None,
+            },
+            _ if wide_op(v) => {
                 // Straight into an f32 output when that is all the value is for.
                 let direct = !half && users[v].is_empty() && stored[v] == 1;
                 let place = match kernel.stores.iter().find(|s| s.value.index() == v) {
@@ -242,9 +269,7 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
             }
             _ => {
                 let seg = seg_of[v];
-                let later = users[v]
-                    .iter()
-                    .any(|&u| wide_op(&body[u]).is_some() || seg_of[u] != seg)
+                let later = users[v].iter().any(|&u| wide_op(u) || seg_of[u] != seg)
                     || (stored[v] > 0 && seg != last);
                 Source::Cheap {
                     seg,
@@ -284,7 +309,10 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
     let mut emit_segment = |seg: usize, steps: &mut Vec<Step>| -> Option<()> {
         let mut b = SegmentBuilder::new(kernel, seg, n);
         for (v, ins) in body.iter().enumerate() {
-            if !narrowing[v] && matches!(source[v], Source::Cheap { seg: s, .. } if s == seg) {
+            if !narrowing[v]
+                && !absorbed[v]
+                && matches!(source[v], Source::Cheap { seg: s, .. } if s == seg)
+            {
                 let local = b.instr(v, ins, &source, &place_of)?;
                 if let Source::Cheap {
                     slot: Some(slot), ..
@@ -327,20 +355,27 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
         Some(())
     };
     for (v, ins) in body.iter().enumerate() {
-        if let (Some(f), Expr::Unary(op, x)) = (wide_op(ins), &ins.expr) {
-            emit_segment(wide_seen, &mut steps)?;
-            wide_seen += 1;
-            let Source::Wide(dst) = source[v] else {
-                unreachable!("a wide op's value is Wide")
-            };
-            // A constant operand has no place: compile whole (folding removes these).
-            let src = place_of(*x)?;
-            steps.push(Step::Unary {
-                op: *op,
-                src,
+        if !wide_op(v) {
+            continue;
+        }
+        emit_segment(wide_seen, &mut steps)?;
+        wide_seen += 1;
+        let Source::Wide(dst) = source[v] else {
+            unreachable!("a wide op's value is Wide")
+        };
+        if let Some(g) = gelu[v] {
+            steps.push(Step::Gelu {
+                src: place_of(g.x)?,
                 dst,
-                f,
+                c1: g.c1,
+                c2: g.c2,
+                f: g.f,
             });
+        } else if let Expr::Unary(op, x) = ins.expr {
+            // A constant operand has no place: compile whole (folding removes these).
+            let src = place_of(x)?;
+            let f = wide::unary_fn(op, tier)?;
+            steps.push(Step::Unary { op, src, dst, f });
         }
     }
     emit_segment(last, &mut steps)?;
@@ -363,6 +398,105 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
         slots,
         inputs: kernel.inputs.len(),
     })
+}
+
+/// gelu's tail in an f32 kernel: the final product `y`, with its operand `x` and
+/// constants, of `y = x · sigmoid(c2 · (x + c1 · (x · square(x))))` as the passes
+/// expand gelu (tanh's form).
+#[derive(Clone, Copy, Debug)]
+struct GeluTail {
+    x: ValueId,
+    c1: f32,
+    c2: f32,
+    f: GeluFn,
+}
+
+/// The gelu tails of `kernel` (at each final product) and the instructions they
+/// absorb: the square, the cube, the two products by constants, the sum and the
+/// sigmoid, each read only by the next (operands in either order) and none stored.
+/// The wide step computes them in registers, each operation as the kernel's own
+/// instruction does (IEEE products and sums are commutative, bit for bit).
+fn gelu_tails(kernel: &Kernel, f: GeluFn) -> (Vec<Option<GeluTail>>, Vec<bool>) {
+    let body = &kernel.body;
+    let n = body.len();
+    let mut users = vec![0usize; n];
+    for ins in body {
+        for u in Kernel::operands(&ins.expr) {
+            users[u.index()] += 1;
+        }
+    }
+    for s in &kernel.stores {
+        users[s.value.index()] += usize::MAX / 4; // stored: never absorbed
+    }
+    let only = |v: ValueId| users[v.index()] == 1 && body[v.index()].dtype == DType::F32;
+    let constant = |v: ValueId| match body[v.index()].expr {
+        Expr::Const(ndfuse_ir::Scalar::F(c)) => Some(c as f32),
+        _ => None,
+    };
+    // `a op b` with one side `want` (or a constant when `want` is None): the other.
+    let other = |a: ValueId, b: ValueId, want: ValueId| {
+        if a == want {
+            Some(b)
+        } else if b == want {
+            Some(a)
+        } else {
+            None
+        }
+    };
+    let by_const = |a: ValueId, b: ValueId| match (constant(a), constant(b)) {
+        (None, Some(c)) => Some((a, c)),
+        (Some(c), None) => Some((b, c)),
+        _ => None,
+    };
+    let mut tails = vec![None; n];
+    let mut absorbed = vec![false; n];
+    for (y, ins) in body.iter().enumerate() {
+        let Expr::Binary(BinaryOp::Mul, a, b) = ins.expr else {
+            continue;
+        };
+        let found = (|| {
+            // y = x · s, s = sigmoid(z)
+            let (x, s) = [(a, b), (b, a)].into_iter().find(|&(_, s)| {
+                matches!(body[s.index()].expr, Expr::Unary(UnaryOp::Sigmoid, _)) && only(s)
+            })?;
+            let Expr::Unary(_, z) = body[s.index()].expr else {
+                return None;
+            };
+            // z = inner · c2
+            let Expr::Binary(BinaryOp::Mul, za, zb) = body[z.index()].expr else {
+                return None;
+            };
+            let (inner, c2) = by_const(za, zb).filter(|_| only(z))?;
+            // inner = x + t
+            let Expr::Binary(BinaryOp::Add, ia, ib) = body[inner.index()].expr else {
+                return None;
+            };
+            let t = other(ia, ib, x).filter(|_| only(inner))?;
+            // t = cube · c1
+            let Expr::Binary(BinaryOp::Mul, ta, tb) = body[t.index()].expr else {
+                return None;
+            };
+            let (cube, c1) = by_const(ta, tb).filter(|_| only(t))?;
+            // cube = x · sq, sq = square(x)
+            let Expr::Binary(BinaryOp::Mul, ca, cb) = body[cube.index()].expr else {
+                return None;
+            };
+            let sq = other(ca, cb, x).filter(|_| only(cube))?;
+            let ok = only(sq)
+                && matches!(body[sq.index()].expr, Expr::Unary(UnaryOp::Square, o) if o == x);
+            ok.then_some((x, c1, c2, [sq, cube, t, inner, z, s]))
+        })();
+        if let Some((x, c1, c2, parts)) = found {
+            if parts.iter().any(|p| absorbed[p.index()]) || body[x.index()].dtype != DType::F32 {
+                continue;
+            }
+            for p in parts {
+                absorbed[p.index()] = true;
+            }
+            tails[y] = Some(GeluTail { x, c1, c2, f });
+        }
+    }
+    (tails, absorbed)
 }
 
 /// For each instruction of `kernel` (whose values are of `dtype`), whether it is a
@@ -617,6 +751,17 @@ pub(crate) unsafe fn run(
                     // same place.
                     unsafe { f(at(src), at(dst), len) };
                 }
+                Step::Gelu {
+                    src,
+                    dst,
+                    c1,
+                    c2,
+                    f,
+                } => {
+                    // SAFETY: as for `Step::Unary`: `len` f32 at each place, `dst` the
+                    // source's memory only when the same place.
+                    unsafe { f(at(src), at(dst), len, c1, c2) };
+                }
                 Step::Segment { index } => {
                     let places = &plan.places[index];
                     let mut seg_ptrs = [std::ptr::null_mut::<u8>(); MAX_SEGMENT_PTRS];
@@ -673,6 +818,13 @@ impl BlockPlan {
                 Step::Unary { op, src, dst, .. } => {
                     format!("{} {} -> {}", op.name(), place(src), place(dst))
                 }
+                Step::Gelu {
+                    src, dst, c1, c2, ..
+                } => format!(
+                    "gelu x * sigmoid({c2:e} * (x + {c1:e} * x^3)) {} -> {}",
+                    place(src),
+                    place(dst)
+                ),
                 Step::Store {
                     slot,
                     output,

@@ -326,11 +326,14 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
         ids.push(id);
     }
     if let Some(plan) = &block_plan {
+        // A plan of wide steps alone (gelu from an input to an output) has no segment.
+        cost.ops.get_or_insert(0.0);
         cost.narrow = plan
             .steps
             .iter()
             .filter_map(|step| match *step {
                 blocks::Step::Unary { op, .. } => Some(Narrow::Unary(op)),
+                blocks::Step::Gelu { .. } => Some(Narrow::Gelu),
                 blocks::Step::Load { dtype, .. } => Some(Narrow::Load(dtype)),
                 blocks::Step::Store { dtype, .. } => Some(Narrow::Store(dtype)),
                 blocks::Step::Segment { .. } => None,
@@ -436,6 +439,8 @@ impl Cost {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Narrow {
     Unary(ndfuse_ir::UnaryOp),
+    /// gelu's tail (`blocks::Step::Gelu`): its seven instructions.
+    Gelu,
     Load(ndfuse_ir::DType),
     Store(ndfuse_ir::DType),
 }
@@ -500,7 +505,31 @@ fn narrow_ops(step: Narrow) -> Option<f64> {
     // What a half load costs beyond an f32 load: (2 loads + add + store) - (1 load +
     // store), in the half type less in f32.
     let load = |d: DType| Some((add(d)? - copy(d)?) - (add(DType::F32)? - copy(DType::F32)?));
+    // gelu's tail whole: x · sigmoid(1.5 · (x + 0.5 · x·x²)), less the copy.
+    let gelu = || {
+        use ndfuse_ir::{BinaryOp, Scalar, UnaryOp};
+        let mut k = kernel(DType::F32, None, false);
+        let ins = |expr| Instr {
+            dtype: DType::F32,
+            expr,
+        };
+        let v = ValueId;
+        k.body.extend([
+            ins(Expr::Unary(UnaryOp::Square, v(0))),
+            ins(Expr::Binary(BinaryOp::Mul, v(0), v(1))),
+            ins(Expr::Const(Scalar::F(0.5))),
+            ins(Expr::Binary(BinaryOp::Mul, v(2), v(3))),
+            ins(Expr::Binary(BinaryOp::Add, v(0), v(4))),
+            ins(Expr::Const(Scalar::F(1.5))),
+            ins(Expr::Binary(BinaryOp::Mul, v(5), v(6))),
+            ins(Expr::Unary(UnaryOp::Sigmoid, v(7))),
+            ins(Expr::Binary(BinaryOp::Mul, v(0), v(8))),
+        ]);
+        k.stores[0].value = v(9);
+        Some(count(k)? - copy(DType::F32)?)
+    };
     let ops = match step {
+        Narrow::Gelu => gelu(),
         Narrow::Unary(op) => {
             (|| Some(count(kernel(DType::F32, Some(op), false))? - copy(DType::F32)?))()
         }

@@ -3,7 +3,8 @@
 //! bits for every output, on f32, f16 and bf16, for kernels shaped like gelu, like an
 //! exp chain, with values stored from the middle of the kernel, with several outputs,
 //! with a wide op read straight from an input and stored straight to an output, with
-//! f32 values rounded into f16 and bf16 outputs (a half product's epilogue), and at
+//! f32 values rounded into f16 and bf16 outputs (a half product's epilogue), with
+//! gelu's tail as one wide step, and at
 //! lengths that end in a partial block and a partial register; on 1, 2 and 4 threads.
 //! Tolerance: the same bits (two NaNs count as equal whatever their payload: neither
 //! path defines the payload of a NaN that arithmetic makes).
@@ -84,6 +85,77 @@ fn gelu_on_every_float_type_matches_the_whole_kernel() {
             .first()
             .is_some_and(|&t| wide::unary(UnaryOp::Sigmoid, t, &[0.0], &mut [0.0]));
         check(&gelu(dtype), dtype != DType::F32 || f32_wide);
+    }
+}
+
+/// gelu's tail in an f32 kernel is one wide step (`blocks::Step::Gelu`): in the order
+/// the passes emit it and with every operand pair swapped, from an input straight to
+/// the output or between segments (a bias added first, a scale after); the same bits
+/// as the kernel compiled whole. A stored intermediate keeps the instructions apart.
+#[test]
+fn gelu_tails_are_one_wide_step_with_the_same_bits() {
+    if wide::available().is_empty() {
+        println!("skipped: no wide tier on this host");
+        return;
+    }
+    let build = |swapped: bool, bias: bool, store_cube: bool| {
+        let mut k = KernelBuilder::new(
+            &format!("k_gelu_tail_{swapped}_{bias}_{store_cube}"),
+            &[131, 1000],
+        );
+        let p = k.load(DType::F32);
+        let x = if bias {
+            let b = k.load_view(DType::F32, 1000, builder::view(&[131, 1000], &[0, 1], 0));
+            k.binary(BinaryOp::Add, p, b)
+        } else {
+            p
+        };
+        let pair = |a, b| if swapped { (b, a) } else { (a, b) };
+        let sq = k.unary(UnaryOp::Square, x);
+        let (a, b) = pair(x, sq);
+        let cube = k.binary(BinaryOp::Mul, a, b);
+        let c1 = k.constant(DType::F32, Scalar::F(f64::from(0.044_715f32)));
+        let (a, b) = pair(cube, c1);
+        let t = k.binary(BinaryOp::Mul, a, b);
+        let (a, b) = pair(x, t);
+        let inner = k.binary(BinaryOp::Add, a, b);
+        let c2 = k.constant(DType::F32, Scalar::F(f64::from(1.595_769_2f32)));
+        let (a, b) = pair(inner, c2);
+        let z = k.binary(BinaryOp::Mul, a, b);
+        let s = k.unary(UnaryOp::Sigmoid, z);
+        let (a, b) = pair(x, s);
+        let y = k.binary(BinaryOp::Mul, a, b);
+        let y = if bias {
+            let h = k.constant(DType::F32, Scalar::F(0.5));
+            k.binary(BinaryOp::Mul, y, h)
+        } else {
+            y
+        };
+        k.store(y);
+        if store_cube {
+            k.store(cube);
+        }
+        k.build()
+    };
+    for swapped in [false, true] {
+        for bias in [false, true] {
+            for store_cube in [false, true] {
+                let kernel = build(swapped, bias, store_cube);
+                check(&kernel, true);
+                for tier in tiers() {
+                    let ck = compile_with(&kernel, Some(tier)).expect("compiles");
+                    let clif = ck.clif();
+                    assert_eq!(
+                        clif.contains("gelu x * sigmoid"),
+                        !store_cube,
+                        "{} on {}:\n{}",
+                        kernel.name,
+                        tier.name(),
+                        clif.lines().take(8).collect::<Vec<_>>().join("\n")
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -232,3 +232,87 @@ pub(super) fn erf<L: Lanes>(l: L, x: L::F) -> L::F {
     let r = l.sel(is_small, small, large);
     l.with_sign_of(r, x)
 }
+
+/// gelu's tail on f32, `x · sigmoid(c2 · (x + c1 · x·x·x))` (tanh's form, as the
+/// passes expand it: `x·(x·x)` rounded at each step, then the constant, the sum, the
+/// constant, the logistic function, the product), for `n` elements of `src` into
+/// `dst`: each operation the instruction of the kernel compiled whole would do, in
+/// its order, so the same bits. `blocks` calls it in place of the two segments and the
+/// sigmoid a gelu epilogue would take, its intermediate values never leaving
+/// registers.
+pub(crate) type GeluFn =
+    unsafe extern "C" fn(src: *const f32, dst: *mut f32, n: usize, c1: f32, c2: f32);
+
+/// One register of [`GeluFn`]'s function.
+#[inline(always)]
+fn gelu_tanh<L: Lanes>(l: L, x: L::F, c1: L::F, c2: L::F) -> L::F {
+    let sq = l.mul(x, x);
+    let cube = l.mul(x, sq);
+    let t = l.mul(cube, c1);
+    let inner = l.add(x, t);
+    let z = l.mul(inner, c2);
+    l.mul(x, sigmoid(l, z))
+}
+
+/// [`GeluFn`]'s loop on `L`'s registers, the tail through a buffer of one register.
+///
+/// # Safety
+/// `src` must be valid for reading and `dst` for writing `n` f32; they may be the same
+/// pointer, and must not overlap otherwise.
+#[inline(always)]
+unsafe fn gelu_map<L: Lanes>(l: L, src: *const f32, dst: *mut f32, n: usize, c1: f32, c2: f32) {
+    use super::lanes::MAX_LANES;
+    const { assert!(L::LANES <= MAX_LANES) };
+    let (c1, c2) = (l.splat(c1), l.splat(c2));
+    let full = n - n % L::LANES;
+    let mut i = 0;
+    while i < full {
+        // SAFETY: i + LANES <= full <= n: both registers lie inside the caller's
+        // ranges; the register is read whole before it is written, so in place works.
+        unsafe { l.store(dst.add(i), gelu_tanh(l, l.load(src.add(i)), c1, c2)) };
+        i += L::LANES;
+    }
+    let rest = n - full;
+    if rest > 0 {
+        let mut buf = [0.0f32; MAX_LANES];
+        // SAFETY: `src[full..n]` lies in the caller's range; `buf` (a local) holds
+        // MAX_LANES >= rest elements and cannot overlap the caller's memory.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(full), buf.as_mut_ptr(), rest) };
+        // SAFETY: `buf` holds MAX_LANES >= LANES f32.
+        let y = gelu_tanh(l, unsafe { l.load(buf.as_ptr()) }, c1, c2);
+        // SAFETY: as above.
+        unsafe { l.store(buf.as_mut_ptr(), y) };
+        // SAFETY: `dst[full..n]` lies in the caller's range; `buf` is a local.
+        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), dst.add(full), rest) };
+    }
+}
+
+/// [`GeluFn`] on AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma,f16c")]
+pub(super) unsafe extern "C" fn gelu_tanh_avx512(
+    src: *const f32,
+    dst: *mut f32,
+    n: usize,
+    c1: f32,
+    c2: f32,
+) {
+    // SAFETY: a `GeluFn`'s contract: the caller checked that the host has this
+    // routine's features (the token's requirement) and that `src` and `dst` are valid
+    // for `n` f32, equal or not overlapping (`gelu_map`'s).
+    unsafe { gelu_map(super::lanes::Avx512::assume(), src, dst, n, c1, c2) }
+}
+
+/// [`GeluFn`] on AVX2 with FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe extern "C" fn gelu_tanh_avx2(
+    src: *const f32,
+    dst: *mut f32,
+    n: usize,
+    c1: f32,
+    c2: f32,
+) {
+    // SAFETY: as for the AVX-512 routine, with AVX2's features.
+    unsafe { gelu_map(super::lanes::Avx2::assume(), src, dst, n, c1, c2) }
+}

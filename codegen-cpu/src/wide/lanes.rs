@@ -23,7 +23,7 @@
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 /// The widest register of any tier, in f32 lanes (the tail buffer of [`map`]).
-const MAX_LANES: usize = 16;
+pub(super) const MAX_LANES: usize = 16;
 
 /// The operations of one tier's f32 registers (`F`), i32 registers of the same width
 /// (`I`) and compare masks (`M`).
