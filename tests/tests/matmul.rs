@@ -515,9 +515,20 @@ fn scalings_and_rounding_casts_of_operands_fold_into_the_product() {
     }
     // A rounding widened back for an f32 product: both casts are the prologue.
     let y = x.cast(DType::F16).cast(DType::F32).matmul(&w);
-    check(&ctx, &[&y], 1, product(16, 1.0), "cast(cast(x, f16), f32) @ w");
+    check(
+        &ctx,
+        &[&y],
+        1,
+        product(16, 1.0),
+        "cast(cast(x, f16), f32) @ w",
+    );
     let xh = ctx.from_array(&x.cast(DType::F16).eval().expect("x"));
-    fused_and_apart(&ctx, &y, &xh.cast(DType::F32).matmul(&w), "f16 round trip @ w");
+    fused_and_apart(
+        &ctx,
+        &y,
+        &xh.cast(DType::F32).matmul(&w),
+        "f16 round trip @ w",
+    );
     // A scaled operand that another op reads too is a value of its own (computed once,
     // stored); an f64 product takes no prologue.
     let xs = &x * 0.5;
