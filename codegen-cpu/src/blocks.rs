@@ -694,9 +694,11 @@ struct Scratch([f32; BLOCK * MAX_SLOTS]);
 ///
 /// # Safety
 /// `ptrs` must point to the kernel's buffers, each of the domain's length and its
-/// dtype (inputs readable, outputs writable, outputs distinct from everything else,
-/// positions `start..end` of the outputs not touched by anyone else during the
-/// call); `start <= end <= numel`; `entries` must be the compiled segments of `plan`
+/// dtype (inputs readable, outputs writable, outputs distinct from everything else
+/// but an input that the body loads only at each position's own offset, when the
+/// kernel has that one output: every step reading it, a segment, runs on a block
+/// before the step that writes the block of the output, the last of the plan;
+/// positions `start..end` of the outputs not touched by anyone else during the call); `start <= end <= numel`; `entries` must be the compiled segments of `plan`
 /// (JIT code of 1-d f32 element-wise kernels over contiguous buffers, which touch only
 /// positions `lo..hi` of each buffer for a call over `lo..hi`).
 pub(crate) unsafe fn run(

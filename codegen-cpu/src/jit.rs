@@ -123,6 +123,9 @@ pub struct CompiledKernel {
     /// 8-byte slots of scratch memory a run needs (0 but for split kernels): passed
     /// after the buffers in the pointer array.
     scratch_slots: usize,
+    /// For each input, whether the body loads it only at each position's own offset
+    /// (the contiguous view of the domain): what [`Self::run_units_in_place`] needs.
+    read_in_place: Vec<bool>,
     /// Instructions of the element loops per element ([`Self::ops_per_element`]).
     cost: Cost,
     /// Executable memory the module maps ([`Self::code_bytes`]).
@@ -400,6 +403,17 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
         extent,
         stages,
         scratch_slots,
+        read_in_place: {
+            let own = ndfuse_ir::View::contiguous(kernel.domain.clone());
+            (0..kernel.inputs.len())
+                .map(|k| {
+                    kernel.body.iter().all(|ins| match &ins.expr {
+                        ndfuse_ir::Expr::Load { input, view } => *input != k || *view == own,
+                        _ => true,
+                    })
+                })
+                .collect()
+        },
         cost,
         code_bytes,
         _code: Mutex::new(code),
@@ -840,6 +854,53 @@ impl CompiledKernel {
 }
 
 impl CompiledKernel {
+    /// The pointers of a call where input `input` is read from output `output`'s array
+    /// (see [`Self::run_units_in_place`]), after the checks `checked_pointers` makes
+    /// and those the aliasing needs.
+    fn aliased_pointers(
+        &self,
+        inputs: &[&HostArray],
+        outputs: &mut [&mut HostArray],
+        (input, output): (usize, usize),
+    ) -> Result<Vec<*mut u8>, CodegenError> {
+        let bad = |detail: String| CodegenError::Args {
+            kernel: self.name.clone(),
+            detail,
+        };
+        let reads_in_place = self.read_in_place.get(input).copied().unwrap_or(false);
+        if self.outputs.len() != 1
+            || output != 0
+            || input >= self.inputs.len()
+            || self.inputs[input] != self.outputs[output]
+            || !reads_in_place
+            || inputs.len() + 1 != self.inputs.len()
+        {
+            return Err(bad(format!(
+                "input {input} cannot be read in place from output {output} ({} inputs given for {}, {} outputs)",
+                inputs.len(),
+                self.inputs.len(),
+                self.outputs.len()
+            )));
+        }
+        let [out] = outputs else {
+            return Err(bad(format!("expected 1 output, got {}", outputs.len())));
+        };
+        check_array("output", 0, out, &self.outputs[0]).map_err(bad)?;
+        let mut ptrs: Vec<*mut u8> = Vec::with_capacity(self.inputs.len() + 1);
+        let mut given = inputs.iter();
+        for (k, buffer) in self.inputs.iter().enumerate() {
+            if k == input {
+                ptrs.push(out.storage_mut().as_mut_ptr());
+            } else {
+                let a = given.next().ok_or_else(|| bad("too few inputs".into()))?;
+                check_array("input", k, a, buffer).map_err(bad)?;
+                ptrs.push(a.storage().as_ptr().cast_mut());
+            }
+        }
+        ptrs.push(out.storage_mut().as_mut_ptr());
+        Ok(ptrs)
+    }
+
     /// Runs the kernel over several disjoint ranges of positions of its domain at once,
     /// one rayon task per range on the current pool: task `u` first calls `before(u)` on
     /// its worker, then runs the code over `ranges[u]` on that same worker (so what
@@ -858,6 +919,44 @@ impl CompiledKernel {
         &self,
         inputs: &[&HostArray],
         outputs: &mut [&mut HostArray],
+        ranges: &[std::ops::Range<usize>],
+        before: impl Fn(usize) -> Result<(), E> + Sync,
+    ) -> Result<(), E>
+    where
+        E: From<CodegenError> + Send,
+    {
+        self.units(inputs, outputs, None, ranges, before)
+    }
+
+    /// [`Self::run_units`] with input `input` read from output `output`'s array, in
+    /// place: `inputs` holds every input but that one. For a matrix product's
+    /// epilogue whose one output has the product's dtype and length, so the GEMM fills
+    /// the output itself and the epilogue rewrites each element where it is (no scratch
+    /// the size of the output, and no second stream of it through memory).
+    ///
+    /// Refused ([`CodegenError::Args`]) unless the kernel has one output, of the same
+    /// dtype and length as input `input`, and loads that input only at each position's
+    /// own offset (the contiguous view of the domain), so that the code of a position
+    /// reads its element before it writes it and touches no other position's.
+    pub fn run_units_in_place<E>(
+        &self,
+        inputs: &[&HostArray],
+        outputs: &mut [&mut HostArray],
+        (input, output): (usize, usize),
+        ranges: &[std::ops::Range<usize>],
+        before: impl Fn(usize) -> Result<(), E> + Sync,
+    ) -> Result<(), E>
+    where
+        E: From<CodegenError> + Send,
+    {
+        self.units(inputs, outputs, Some((input, output)), ranges, before)
+    }
+
+    fn units<E>(
+        &self,
+        inputs: &[&HostArray],
+        outputs: &mut [&mut HostArray],
+        aliased: Option<(usize, usize)>,
         ranges: &[std::ops::Range<usize>],
         before: impl Fn(usize) -> Result<(), E> + Sync,
     ) -> Result<(), E>
@@ -894,9 +993,11 @@ impl CompiledKernel {
             }
             prev_end = r.end;
         }
-        let ptrs = self
-            .checked_pointers(inputs, outputs, &mut [], 0, self.extent)
-            .map_err(E::from)?;
+        let ptrs = match aliased {
+            None => self.checked_pointers(inputs, outputs, &mut [], 0, self.extent),
+            Some((input, output)) => self.aliased_pointers(inputs, outputs, (input, output)),
+        }
+        .map_err(E::from)?;
         let entry = &stage.entry;
 
         /// The pointer array shared by the tasks of one `run_units` call (only it
@@ -914,7 +1015,12 @@ impl CompiledKernel {
         // output elements at those positions, and the ranges are disjoint (checked
         // above); the code only reads inputs (never writes through an input pointer),
         // and outputs are distinct from inputs and from each other (borrowed `&mut`
-        // here for the whole call). The arrays stay borrowed until `try_for_each`
+        // here for the whole call), but for `run_units_in_place`'s one input read
+        // where the one output is: the code loads that input only at each position's
+        // own offset (`aliased_pointers` checked `read_in_place`), and every value of a
+        // position is computed from its loads before the store of that position, so a
+        // task reads an element of that array before it writes it, and only within
+        // its own range. The arrays stay borrowed until `try_for_each`
         // returns, which is after every task has finished, so no pointer outlives them.
         unsafe impl Sync for UnitPtrs<'_> {}
 
@@ -924,9 +1030,10 @@ impl CompiledKernel {
             before(u)?;
             let r = &ranges[u];
             if r.start < r.end {
-                // SAFETY: `checked_pointers` checked, before building the pointers, one
-                // pointer per kernel buffer (inputs, then outputs), each to an array of
-                // the buffer's dtype and exact length, outputs distinct (`&mut`); the
+                // SAFETY: `checked_pointers` (or `aliased_pointers`, for an input read
+                // in place from the output: see `UnitPtrs`) checked, before building the
+                // pointers, one pointer per kernel buffer (inputs, then outputs), each to
+                // an array of the buffer's dtype and exact length, outputs distinct; the
                 // kernel has no scratch (checked above). `0 <= start < end <= numel`
                 // (checked above), and `supports` proved every load of every domain
                 // position inside its buffer; stores go to positions `< numel` of

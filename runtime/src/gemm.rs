@@ -40,7 +40,9 @@ use std::ops::Range;
 
 /// Runs contraction kernel `kernel` (whose contraction is `c`) with `compiled`, its
 /// epilogue, into `outs`; `args` are the kernel's other inputs, in order. Runs on the
-/// current rayon pool.
+/// current rayon pool. An epilogue with one output of the product's dtype and length
+/// (`gelu(x @ w + b)`) has the GEMM fill that output and rewrites it in place:
+/// `product` is left untouched, as for an identity epilogue.
 ///
 /// An identity epilogue (the body stores the product unchanged, see [`is_identity`]) has
 /// the GEMM write straight into the one output: `product` is left untouched (a fresh
@@ -91,6 +93,31 @@ pub(crate) fn run_contraction(
         };
     }
     check_loads(kernel, c)?;
+    // One output of the product's dtype and length: the GEMM fills it and the
+    // epilogue rewrites it in place (no scratch the size of the output).
+    if let [out] = outs {
+        if out.dtype() == c.dtype && out.len() == kernel.domain.numel() {
+            check_product(kernel, c, out, "output 0")?;
+            return match &ops {
+                Operands::F32(l, r) => {
+                    let base = f32::base(out).ok_or_else(bad)?;
+                    units.run((l, r), base, Dest::InPlace, args, outs)
+                }
+                Operands::F64(l, r) => {
+                    let base = f64::base(out).ok_or_else(bad)?;
+                    units.run((l, r), base, Dest::InPlace, args, outs)
+                }
+                Operands::I32(l, r) => {
+                    let base = i32::base(out).ok_or_else(bad)?;
+                    units.run((l, r), base, Dest::InPlace, args, outs)
+                }
+                Operands::I64(l, r) => {
+                    let base = i64::base(out).ok_or_else(bad)?;
+                    units.run((l, r), base, Dest::InPlace, args, outs)
+                }
+            };
+        }
+    }
     check_product(kernel, c, product, "the product scratch")?;
     // The product's storage pointer is taken before `product` is reborrowed shared for
     // the epilogue: `Vec::as_mut_ptr` and `Vec::as_ptr` (which the epilogue's argument
@@ -99,19 +126,19 @@ pub(crate) fn run_contraction(
     match &ops {
         Operands::F32(l, r) => {
             let base = f32::base(product).ok_or_else(bad)?;
-            units.run((l, r), base, product, args, outs)
+            units.run((l, r), base, Dest::Scratch(product), args, outs)
         }
         Operands::F64(l, r) => {
             let base = f64::base(product).ok_or_else(bad)?;
-            units.run((l, r), base, product, args, outs)
+            units.run((l, r), base, Dest::Scratch(product), args, outs)
         }
         Operands::I32(l, r) => {
             let base = i32::base(product).ok_or_else(bad)?;
-            units.run((l, r), base, product, args, outs)
+            units.run((l, r), base, Dest::Scratch(product), args, outs)
         }
         Operands::I64(l, r) => {
             let base = i64::base(product).ok_or_else(bad)?;
-            units.run((l, r), base, product, args, outs)
+            units.run((l, r), base, Dest::Scratch(product), args, outs)
         }
     }
 }
@@ -655,6 +682,15 @@ macro_rules! int_accum {
 int_accum!(i32, I32);
 int_accum!(i64, I64);
 
+/// Where the GEMM puts the product for the epilogue: the product scratch (the kernel's
+/// last input), or the one output, which the epilogue then rewrites in place
+/// ([`CompiledKernel::run_units_in_place`]).
+#[derive(Clone, Copy)]
+enum Dest<'a> {
+    Scratch(&'a HostArray),
+    InPlace,
+}
+
 /// The storage the GEMM fills (the product scratch, or an identity epilogue's output),
 /// shared by the units that fill disjoint ranges of it.
 struct ProductPtr<T>(*mut T);
@@ -672,7 +708,8 @@ impl<T> ProductPtr<T> {
 // (`Units::fill`: units are disjoint ranges of rows, see `Units::block`) and drops it
 // before its epilogue runs; the epilogue over a unit's range, run by `run_units` on the
 // same worker after that unit's fill, reads only that range of the product (its loads of
-// the product are the contiguous view, checked by `check_loads`), and in the
+// the product are the contiguous view, checked by `check_loads`; in place, it also
+// writes only that range, each element after reading it), and in the
 // GEMM-parallel order the epilogue of a unit starts only once its GEMM has returned. So
 // no element is accessed by two threads at once. The storage outlives the parallel
 // loops, which return only when every unit has finished.
@@ -805,19 +842,36 @@ impl<'k> Units<'k> {
         &self,
         ops: (&Mat<'_, T>, &Mat<'_, T>),
         base: ProductPtr<T>,
-        product: &HostArray,
+        dest: Dest<'_>,
         args: &[&HostArray],
         outs: &mut [&mut HostArray],
     ) -> Result<(), RuntimeError> {
         let mut inputs: Vec<&HostArray> = args.to_vec();
-        inputs.push(product);
+        if let Dest::Scratch(product) = dest {
+            inputs.push(product);
+        }
+        // The epilogue over `ranges`, each after `before` on the same worker.
+        let epilogue =
+            |outs: &mut [&mut HostArray],
+             ranges: &[Range<usize>],
+             before: &(dyn Fn(usize) -> Result<(), RuntimeError> + Sync)| {
+                match dest {
+                    Dest::Scratch(_) => self.compiled.run_units(&inputs, outs, ranges, before),
+                    Dest::InPlace => self.compiled.run_units_in_place(
+                        &inputs,
+                        outs,
+                        (self.c.product, 0),
+                        ranges,
+                        before,
+                    ),
+                }
+            };
         if self.batch_parallel() {
             let ranges: Vec<Range<usize>> = (0..self.units).map(|u| self.block(u).1).collect();
-            self.compiled
-                .run_units(&inputs, outs, &ranges, |u| -> Result<(), RuntimeError> {
-                    self.fill(ops, &base, u, Parallelism::None);
-                    Ok(())
-                })
+            epilogue(outs, &ranges, &|u| -> Result<(), RuntimeError> {
+                self.fill(ops, &base, u, Parallelism::None);
+                Ok(())
+            })
         } else {
             let par = Self::gemm_threads();
             let (_, _, n, _) = self.c.extents();
@@ -841,8 +895,7 @@ impl<'k> Units<'k> {
                             .map(move |p| p..(p + piece).min(end))
                     })
                     .collect();
-                self.compiled
-                    .run_units(&inputs, outs, &blocks, |_| Ok::<(), RuntimeError>(()))?;
+                epilogue(outs, &blocks, &|_| Ok(()))?;
             }
             Ok(())
         }

@@ -466,7 +466,9 @@ fn product_read_through_a_view() {
 /// `CompiledKernel::run_units` (the runtime's batch-parallel epilogues): over disjoint
 /// ranges it writes what `run` writes there, after `before(u)` on each range; ranges
 /// that are unsorted, overlapping or past the domain, and kernels with reduce axes, are
-/// refused before anything runs; an error of `before` is returned.
+/// refused before anything runs; an error of `before` is returned. In place
+/// (`run_units_in_place`) it writes the same, and refuses an input read elsewhere than
+/// at each position's own offset.
 #[test]
 fn run_units_checks_its_ranges() {
     use ndfuse_ir::{Buffer, Expr, HostArray, Instr, Kernel, Plan, Shape, Store, ValueId, View};
@@ -555,6 +557,50 @@ fn run_units_checks_its_ranges() {
         })
         .expect_err("before fails");
     assert!(e.to_string().contains("before failed"), "{e}");
+    // In place (`run_units_in_place`, the runtime's epilogue that rewrites the output
+    // the GEMM filled): the input read from the output's array, the same bits; on 1
+    // thread and on 4 (ranges running at once).
+    for threads in [1, 4] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a pool");
+        let mut inplace = HostArray::from_f64s(DType::F32, domain.clone(), &vals);
+        pool.install(|| ck.run_units_in_place(&[], &mut [&mut inplace], (0, 0), &ranges, ok))
+            .expect("runs in place");
+        let (w, got) = (whole.to_f64s(), inplace.to_f64s());
+        for i in 0..n {
+            // Outside the ranges the input is left as it was.
+            let want = if (300..512).contains(&i) {
+                vals[i] as f32 as f64
+            } else {
+                w[i]
+            };
+            assert_eq!(got[i].to_bits(), want.to_bits(), "in place, position {i}");
+        }
+    }
+    // An input the body reads at other positions than its own is refused in place
+    // (reversed: position i reads element n - 1 - i, which another range may have
+    // rewritten already), and so is a second input given where none is expected.
+    let mut reversed = kernel.clone();
+    reversed.body[0].expr = Expr::Load {
+        input: 0,
+        view: View {
+            shape: domain.clone(),
+            strides: vec![-1],
+            offset: n as isize - 1,
+        },
+    };
+    let rk = ndfuse_codegen_cpu::compile(&reversed).expect("compiles");
+    let mut out = HostArray::from_f64s(DType::F32, domain.clone(), &vals);
+    let e = rk
+        .run_units_in_place(&[], &mut [&mut out], (0, 0), &ranges, ok)
+        .expect_err("not in place");
+    assert!(e.to_string().contains("cannot be read in place"), "{e}");
+    let e = ck
+        .run_units_in_place(&[&x], &mut [&mut out], (0, 0), &ranges, ok)
+        .expect_err("an input too many");
+    assert!(e.to_string().contains("cannot be read in place"), "{e}");
     // A kernel with reduce axes is refused.
     kernel.name = "k1_sum".to_string();
     kernel.domain = Shape::new([10, 100]);
