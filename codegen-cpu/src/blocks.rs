@@ -425,10 +425,13 @@ fn gelu_tails(kernel: &Kernel, f: GeluFn) -> (Vec<Option<GeluTail>>, Vec<bool>) 
             users[u.index()] += 1;
         }
     }
+    let mut stored = vec![false; n];
     for s in &kernel.stores {
-        users[s.value.index()] += usize::MAX / 4; // stored: never absorbed
+        stored[s.value.index()] = true; // never absorbed
     }
-    let only = |v: ValueId| users[v.index()] == 1 && body[v.index()].dtype == DType::F32;
+    let only = |v: ValueId| {
+        users[v.index()] == 1 && !stored[v.index()] && body[v.index()].dtype == DType::F32
+    };
     let constant = |v: ValueId| match body[v.index()].expr {
         Expr::Const(ndfuse_ir::Scalar::F(c)) => Some(c as f32),
         _ => None,
