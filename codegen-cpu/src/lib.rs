@@ -69,6 +69,7 @@ mod libcalls;
 mod lower;
 mod shared_math;
 mod support;
+mod units;
 mod vmath;
 pub mod wide;
 
