@@ -34,7 +34,11 @@
 //! 7. A matrix product starts a group of its own whose element-wise consumers join it as
 //!    its epilogue (rule 1, one consumer at a time); a reduction or a view of the product
 //!    is a boundary. A widening cast of a half operand read only by products is no node
-//!    of its own: the product reads the half buffer and widens it (exact).
+//!    of its own: the product reads the half buffer and widens it (exact). Nor are the
+//!    steps of an operand's prologue (`ndfuse_ir::Prologue`): float casts and products or
+//!    quotients by constants, read only by products (or by further steps), down to an
+//!    operand in memory; the product applies them as it reads, each rounded as the op
+//!    rounds.
 //! 8. A value is stored (a kernel boundary) when it is an output of the graph, when a
 //!    node outside its kernel reads it, or when it is read through a view (the view
 //!    reads memory, not the registers of the kernel computing it). Each stored value
