@@ -240,50 +240,28 @@ pub(super) fn erf<L: Lanes>(l: L, x: L::F) -> L::F {
 /// its order, so the same bits. `blocks` calls it in place of the two segments and the
 /// sigmoid a gelu epilogue would take, its intermediate values never leaving
 /// registers.
+///
+/// Safety contract (as `UnaryFn`'s): the host has the routine's tier, and `src` and
+/// `dst` are valid for `n` f32, the same pointer or not overlapping.
 pub(crate) type GeluFn =
     unsafe extern "C" fn(src: *const f32, dst: *mut f32, n: usize, c1: f32, c2: f32);
 
-/// One register of [`GeluFn`]'s function.
-#[inline(always)]
-fn gelu_tanh<L: Lanes>(l: L, x: L::F, c1: L::F, c2: L::F) -> L::F {
-    let sq = l.mul(x, x);
-    let cube = l.mul(x, sq);
-    let t = l.mul(cube, c1);
-    let inner = l.add(x, t);
-    let z = l.mul(inner, c2);
-    l.mul(x, sigmoid(l, z))
+/// [`GeluFn`]'s function of one register, with its two constants.
+#[derive(Debug)]
+struct GeluTanh {
+    c1: f32,
+    c2: f32,
 }
 
-/// [`GeluFn`]'s loop on `L`'s registers, the tail through a buffer of one register.
-///
-/// # Safety
-/// `src` must be valid for reading and `dst` for writing `n` f32; they may be the same
-/// pointer, and must not overlap otherwise.
-#[inline(always)]
-unsafe fn gelu_map<L: Lanes>(l: L, src: *const f32, dst: *mut f32, n: usize, c1: f32, c2: f32) {
-    use super::lanes::MAX_LANES;
-    const { assert!(L::LANES <= MAX_LANES) };
-    let (c1, c2) = (l.splat(c1), l.splat(c2));
-    let full = n - n % L::LANES;
-    let mut i = 0;
-    while i < full {
-        // SAFETY: i + LANES <= full <= n: both registers lie inside the caller's
-        // ranges; the register is read whole before it is written, so in place works.
-        unsafe { l.store(dst.add(i), gelu_tanh(l, l.load(src.add(i)), c1, c2)) };
-        i += L::LANES;
-    }
-    let rest = n - full;
-    if rest > 0 {
-        let mut buf = [0.0f32; MAX_LANES];
-        // SAFETY: `src[full..n]` lies in the caller's range; `buf` (a local) holds
-        // MAX_LANES >= rest elements and cannot overlap the caller's memory.
-        unsafe { std::ptr::copy_nonoverlapping(src.add(full), buf.as_mut_ptr(), rest) };
-        // SAFETY: `buf` holds MAX_LANES >= LANES f32.
-        let y = gelu_tanh(l, unsafe { l.load(buf.as_ptr()) }, c1, c2);
-        // SAFETY: as above.
-        unsafe { l.store(buf.as_mut_ptr(), y) };
-        // SAFETY: `dst[full..n]` lies in the caller's range; `buf` is a local.
-        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), dst.add(full), rest) };
+impl super::lanes::Op for GeluTanh {
+    #[inline(always)]
+    fn apply<L: Lanes>(&self, l: L, x: L::F) -> L::F {
+        let sq = l.mul(x, x);
+        let cube = l.mul(x, sq);
+        let t = l.mul(cube, l.splat(self.c1));
+        let inner = l.add(x, t);
+        let z = l.mul(inner, l.splat(self.c2));
+        l.mul(x, sigmoid(l, z))
     }
 }
 
@@ -299,8 +277,10 @@ pub(super) unsafe extern "C" fn gelu_tanh_avx512(
 ) {
     // SAFETY: a `GeluFn`'s contract: the caller checked that the host has this
     // routine's features (the token's requirement) and that `src` and `dst` are valid
-    // for `n` f32, equal or not overlapping (`gelu_map`'s).
-    unsafe { gelu_map(super::lanes::Avx512::assume(), src, dst, n, c1, c2) }
+    // for `n` f32, equal or not overlapping (`map`'s).
+    let l = unsafe { super::lanes::Avx512::assume() };
+    // SAFETY: as above.
+    unsafe { super::lanes::map(l, &GeluTanh { c1, c2 }, src, dst, n) }
 }
 
 /// [`GeluFn`] on AVX2 with FMA.
@@ -314,5 +294,7 @@ pub(super) unsafe extern "C" fn gelu_tanh_avx2(
     c2: f32,
 ) {
     // SAFETY: as for the AVX-512 routine, with AVX2's features.
-    unsafe { gelu_map(super::lanes::Avx2::assume(), src, dst, n, c1, c2) }
+    let l = unsafe { super::lanes::Avx2::assume() };
+    // SAFETY: as above.
+    unsafe { super::lanes::map(l, &GeluTanh { c1, c2 }, src, dst, n) }
 }

@@ -23,7 +23,7 @@
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 /// The widest register of any tier, in f32 lanes (the tail buffer of [`map`]).
-pub(super) const MAX_LANES: usize = 16;
+const MAX_LANES: usize = 16;
 
 /// The operations of one tier's f32 registers (`F`), i32 registers of the same width
 /// (`I`) and compare masks (`M`).
@@ -143,12 +143,13 @@ pub(super) trait Lanes: Copy {
 
 /// A function of one register, as a type (so that [`map`] calls it directly and
 /// `#[inline(always)]` holds all the way into the routine: a function pointer or
-/// `Fn` shim would be compiled apart, without the tier's features).
+/// `Fn` shim would be compiled apart, without the tier's features). Its value holds
+/// the function's constants, if any (gelu's).
 pub(super) trait Op {
-    fn apply<L: Lanes>(l: L, x: L::F) -> L::F;
+    fn apply<L: Lanes>(&self, l: L, x: L::F) -> L::F;
 }
 
-/// `O` over `src[0..n]` into `dst[0..n]`, a register at a time; the last partial
+/// `op` over `src[0..n]` into `dst[0..n]`, a register at a time; the last partial
 /// register goes through a stack buffer of one register (its unused lanes 0.0), so it
 /// gets the bits a full one would.
 ///
@@ -156,14 +157,14 @@ pub(super) trait Op {
 /// `src` must be valid for reading and `dst` for writing `n` f32; they may be the same
 /// pointer, and must not overlap otherwise.
 #[inline(always)]
-pub(super) unsafe fn map<L: Lanes, O: Op>(l: L, src: *const f32, dst: *mut f32, n: usize) {
+pub(super) unsafe fn map<L: Lanes, O: Op>(l: L, op: &O, src: *const f32, dst: *mut f32, n: usize) {
     const { assert!(L::LANES <= MAX_LANES) };
     let full = n - n % L::LANES;
     let mut i = 0;
     while i < full {
         // SAFETY: i + LANES <= full <= n, so both registers lie inside the caller's
         // ranges; register i is read whole before it is written, so in place works.
-        unsafe { l.store(dst.add(i), O::apply(l, l.load(src.add(i)))) };
+        unsafe { l.store(dst.add(i), op.apply(l, l.load(src.add(i)))) };
         i += L::LANES;
     }
     let rest = n - full;
@@ -173,7 +174,7 @@ pub(super) unsafe fn map<L: Lanes, O: Op>(l: L, src: *const f32, dst: *mut f32, 
         // MAX_LANES >= rest elements; a local cannot overlap the caller's memory.
         unsafe { std::ptr::copy_nonoverlapping(src.add(full), buf.as_mut_ptr(), rest) };
         // SAFETY: `buf` holds MAX_LANES >= LANES f32.
-        let y = O::apply(l, unsafe { l.load(buf.as_ptr()) });
+        let y = op.apply(l, unsafe { l.load(buf.as_ptr()) });
         // SAFETY: as above.
         unsafe { l.store(buf.as_mut_ptr(), y) };
         // SAFETY: `dst[full..n]` lies in the caller's range; `buf` is a local.
@@ -195,7 +196,7 @@ macro_rules! routines {
 
         impl super::lanes::Op for $op {
             #[inline(always)]
-            fn apply<L: super::lanes::Lanes>(l: L, x: L::F) -> L::F {
+            fn apply<L: super::lanes::Lanes>(&self, l: L, x: L::F) -> L::F {
                 $f(l, x)
             }
         }
@@ -206,14 +207,14 @@ macro_rules! routines {
             // SAFETY: a `UnaryFn`'s contract: the caller checked that the host has this
             // routine's features (the token's requirement) and that `src` and `dst`
             // are valid for `n` f32, equal or not overlapping (`map`'s).
-            unsafe { super::lanes::map::<_, $op>(super::lanes::Avx512::assume(), src, dst, n) }
+            unsafe { super::lanes::map(super::lanes::Avx512::assume(), &$op, src, dst, n) }
         }
 
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2,fma,f16c")]
         pub(super) unsafe extern "C" fn $avx2(src: *const f32, dst: *mut f32, n: usize) {
             // SAFETY: as for the AVX-512 routine, with AVX2's features.
-            unsafe { super::lanes::map::<_, $op>(super::lanes::Avx2::assume(), src, dst, n) }
+            unsafe { super::lanes::map(super::lanes::Avx2::assume(), &$op, src, dst, n) }
         }
 
         // `__m128` is C's type of the same name: System V passes it in `xmm0` both
