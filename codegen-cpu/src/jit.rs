@@ -403,17 +403,9 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
         extent,
         stages,
         scratch_slots,
-        read_in_place: {
-            let own = ndfuse_ir::View::contiguous(kernel.domain.clone());
-            (0..kernel.inputs.len())
-                .map(|k| {
-                    kernel.body.iter().all(|ins| match &ins.expr {
-                        ndfuse_ir::Expr::Load { input, view } => *input != k || *view == own,
-                        _ => true,
-                    })
-                })
-                .collect()
-        },
+        read_in_place: (0..kernel.inputs.len())
+            .map(|k| kernel.reads_in_place(k))
+            .collect(),
         cost,
         code_bytes,
         _code: Mutex::new(code),

@@ -318,16 +318,22 @@ impl Prologue {
     }
 }
 
+/// Whether `body` (over `domain`) loads input `input` only at each position's own
+/// offset: every load of it is the contiguous view of `domain`.
+fn loads_in_place(domain: &Shape, body: &[Instr], input: usize) -> bool {
+    let identity = View::contiguous(domain.clone());
+    body.iter().all(|ins| match &ins.expr {
+        Expr::Load { input: i, view } if *i == input => *view == identity,
+        _ => true,
+    })
+}
+
 impl Contraction {
     /// Whether `body` reads the product only at its own position (every load of input
     /// `product` is the contiguous view of `domain`): what lets a backend fill the
     /// product block by block and run the body on each block, or keep it in registers.
     pub fn read_in_place(&self, domain: &Shape, body: &[Instr]) -> bool {
-        let identity = View::contiguous(domain.clone());
-        body.iter().all(|ins| match &ins.expr {
-            Expr::Load { input, view } if *input == self.product => *view == identity,
-            _ => true,
-        })
+        loads_in_place(domain, body, self.product)
     }
 
     /// The extents `(batch, m, n, k)`: batch positions, then the matrix sizes.
@@ -513,6 +519,13 @@ impl Kernel {
             Expr::Binary(_, a, b) => vec![*a, *b],
             Expr::Where(c, a, b) => vec![*c, *a, *b],
         }
+    }
+
+    /// Whether the body loads input `input` only at each position's own offset (the
+    /// contiguous view of the domain), so that the code of a position could read it
+    /// from the very element it writes.
+    pub fn reads_in_place(&self, input: usize) -> bool {
+        loads_in_place(&self.domain, &self.body, input)
     }
 
     /// Checks every invariant a codegen relies on, memory safety included, and returns

@@ -95,51 +95,18 @@ pub(crate) fn run_contraction(
     check_loads(kernel, c)?;
     // One output of the product's dtype and length: the GEMM fills it and the
     // epilogue rewrites it in place (no scratch the size of the output).
-    if let [out] = outs {
-        if out.dtype() == c.dtype && out.len() == kernel.domain.numel() {
-            check_product(kernel, c, out, "output 0")?;
-            return match &ops {
-                Operands::F32(l, r) => {
-                    let base = f32::base(out).ok_or_else(bad)?;
-                    units.run((l, r), base, Dest::InPlace, args, outs)
-                }
-                Operands::F64(l, r) => {
-                    let base = f64::base(out).ok_or_else(bad)?;
-                    units.run((l, r), base, Dest::InPlace, args, outs)
-                }
-                Operands::I32(l, r) => {
-                    let base = i32::base(out).ok_or_else(bad)?;
-                    units.run((l, r), base, Dest::InPlace, args, outs)
-                }
-                Operands::I64(l, r) => {
-                    let base = i64::base(out).ok_or_else(bad)?;
-                    units.run((l, r), base, Dest::InPlace, args, outs)
-                }
-            };
-        }
+    let in_place = matches!(outs, [out] if out.dtype() == c.dtype
+        && out.len() == kernel.domain.numel());
+    if let (true, [out]) = (in_place, &*outs) {
+        check_product(kernel, c, out, "output 0")?;
+    } else {
+        check_product(kernel, c, product, "the product scratch")?;
     }
-    check_product(kernel, c, product, "the product scratch")?;
-    // The product's storage pointer is taken before `product` is reborrowed shared for
-    // the epilogue: `Vec::as_mut_ptr` and `Vec::as_ptr` (which the epilogue's argument
-    // check uses) never create a reference to the elements, so the GEMM's writes through
-    // this pointer and the epilogue's reads of other units do not invalidate each other.
     match &ops {
-        Operands::F32(l, r) => {
-            let base = f32::base(product).ok_or_else(bad)?;
-            units.run((l, r), base, Dest::Scratch(product), args, outs)
-        }
-        Operands::F64(l, r) => {
-            let base = f64::base(product).ok_or_else(bad)?;
-            units.run((l, r), base, Dest::Scratch(product), args, outs)
-        }
-        Operands::I32(l, r) => {
-            let base = i32::base(product).ok_or_else(bad)?;
-            units.run((l, r), base, Dest::Scratch(product), args, outs)
-        }
-        Operands::I64(l, r) => {
-            let base = i64::base(product).ok_or_else(bad)?;
-            units.run((l, r), base, Dest::Scratch(product), args, outs)
-        }
+        Operands::F32(l, r) => units.run((l, r), in_place, product, args, outs, &bad),
+        Operands::F64(l, r) => units.run((l, r), in_place, product, args, outs, &bad),
+        Operands::I32(l, r) => units.run((l, r), in_place, product, args, outs, &bad),
+        Operands::I64(l, r) => units.run((l, r), in_place, product, args, outs, &bad),
     }
 }
 
@@ -833,19 +800,36 @@ impl<'k> Units<'k> {
         Ok(())
     }
 
-    /// Fills the product (`base`, the storage of `product`) unit by unit, each followed by
-    /// the epilogue over its positions into `outs`: batch-parallel, each unit's GEMM and
+    /// Fills the product unit by unit (into the scratch `product`, or, `in_place`, into
+    /// the one output, which the epilogue then rewrites), each unit followed by the
+    /// epilogue over its positions into `outs`: batch-parallel, each unit's GEMM and
     /// then its epilogue on one worker, the units' epilogues running at once
     /// ([`CompiledKernel::run_units`]); or one unit after another, each GEMM spread over
     /// the threads and then the epilogue over its blocks of `block_rows` rows in parallel.
     fn run<T: Accum>(
         &self,
         ops: (&Mat<'_, T>, &Mat<'_, T>),
-        base: ProductPtr<T>,
-        dest: Dest<'_>,
+        in_place: bool,
+        product: &mut HostArray,
         args: &[&HostArray],
         outs: &mut [&mut HostArray],
+        bad: &dyn Fn() -> RuntimeError,
     ) -> Result<(), RuntimeError> {
+        // The destination's storage pointer is taken before `product` is reborrowed
+        // shared for the epilogue: `Vec::as_mut_ptr` and `Vec::as_ptr` (which the
+        // epilogue's argument check uses) never create a reference to the elements, so
+        // the GEMM's writes through this pointer and the epilogue's reads of other units
+        // do not invalidate each other.
+        let base = match (in_place, &mut *outs) {
+            (true, [out]) => T::base(out),
+            _ => T::base(product),
+        }
+        .ok_or_else(bad)?;
+        let dest = if in_place {
+            Dest::InPlace
+        } else {
+            Dest::Scratch(product)
+        };
         let mut inputs: Vec<&HostArray> = args.to_vec();
         if let Dest::Scratch(product) = dest {
             inputs.push(product);
