@@ -29,10 +29,14 @@ fn inputs(kernel: &Kernel) -> Vec<HostArray> {
 
 /// `kernel` on the wide path equals it compiled whole, and really took the wide path.
 fn check(kernel: &Kernel, expect_blocks: bool) {
-    let ins = inputs(kernel);
+    check_on(kernel, &inputs(kernel), expect_blocks)
+}
+
+/// [`check`] on the inputs `ins`.
+fn check_on(kernel: &Kernel, ins: &[HostArray], expect_blocks: bool) {
     let whole = compile_with(kernel, None).expect("compiles whole");
     assert!(!whole.clif().contains("; blocks of"), "None compiles whole");
-    let want: Vec<Vec<u64>> = run_on(&whole, kernel, &ins, 2).iter().map(bits).collect();
+    let want: Vec<Vec<u64>> = run_on(&whole, kernel, ins, 2).iter().map(bits).collect();
     for tier in tiers() {
         let ck = compile_with(kernel, Some(tier)).expect("compiles on the wide path");
         assert_eq!(
@@ -43,7 +47,7 @@ fn check(kernel: &Kernel, expect_blocks: bool) {
             ck.clif().lines().take(12).collect::<Vec<_>>().join("\n")
         );
         for threads in [1, 2, 4] {
-            let got = run_on(&ck, kernel, &ins, threads);
+            let got = run_on(&ck, kernel, ins, threads);
             for (o, (g, w)) in got.iter().map(bits).zip(&want).enumerate() {
                 if let Some(i) = (0..g.len()).find(|&i| g[i] != w[i]) {
                     panic!(
@@ -86,6 +90,37 @@ fn gelu_on_every_float_type_matches_the_whole_kernel() {
             .is_some_and(|&t| wide::unary(UnaryOp::Sigmoid, t, &[0.0], &mut [0.0]));
         check(&gelu(dtype), dtype != DType::F32 || f32_wide);
     }
+}
+
+/// The wide gelu step takes its fast path on -|z| clamped to -86.9 where every lane
+/// of a register has e^z normal or rounding to 0 (and some lane has |z| ≥ 87), and
+/// the general one where some lane is in the band between: every f32 whose z reaches
+/// that band and its edges (x in ±[9.8, 11.5]; z = -87 at x = -10.13 and -104.2 at
+/// -10.8), consecutive, each beside ±12 (|z| > 87, outside the band), so that
+/// registers lie on either side of each edge and across it, and none takes the
+/// unclamped fast path.
+#[test]
+fn gelu_across_the_subnormal_band_matches_the_whole_kernel() {
+    let from = 9.8f32.to_bits();
+    let to = 11.5f32.to_bits();
+    let vals: Vec<f64> = [-1.0f32, 1.0]
+        .into_iter()
+        .flat_map(|sign| (from..to).flat_map(move |b| [sign * f32::from_bits(b), -sign * 12.0]))
+        .map(f64::from)
+        .collect();
+    let mut k = gelu(DType::F32);
+    k.domain = Shape::new([vals.len()]);
+    k.inputs[0].len = vals.len();
+    k.outputs[0].len = vals.len();
+    if let ndfuse_ir::Expr::Load { view, .. } = &mut k.body[0].expr {
+        *view = ndfuse_ir::View::contiguous(Shape::new([vals.len()]));
+    }
+    let ins = [HostArray::from_f64s(
+        DType::F32,
+        Shape::new([vals.len()]),
+        &vals,
+    )];
+    check_on(&k, &ins, !wide::available().is_empty());
 }
 
 /// gelu's tail in an f32 kernel is one wide step (`blocks::Step::Gelu`): in the order

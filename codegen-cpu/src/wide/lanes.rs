@@ -59,6 +59,8 @@ pub(super) trait Lanes: Copy {
     /// The sign bit flipped (NaN included).
     fn neg(self, a: Self::F) -> Self::F;
 
+    /// `a > b ? a : b` (`maxps`: b where either is NaN).
+    fn max(self, a: Self::F, b: Self::F) -> Self::F;
     /// a < b, false where either is NaN.
     fn lt(self, a: Self::F, b: Self::F) -> Self::M;
     /// a ≥ b, false where either is NaN.
@@ -391,6 +393,11 @@ mod x86 {
             self.float(unsafe { _mm512_xor_si512(self.bits(a), self.isplat(i32::MIN)) })
         }
         #[inline(always)]
+        fn max(self, a: __m512, b: __m512) -> __m512 {
+            // SAFETY: the token proves AVX-512F.
+            unsafe { _mm512_max_ps(a, b) }
+        }
+        #[inline(always)]
         fn lt(self, a: __m512, b: __m512) -> __mmask16 {
             // SAFETY: the token proves AVX-512F.
             unsafe { _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b) }
@@ -545,6 +552,11 @@ mod x86 {
             self.float(unsafe { _mm256_xor_si256(self.bits(a), self.isplat(i32::MIN)) })
         }
         #[inline(always)]
+        fn max(self, a: __m256, b: __m256) -> __m256 {
+            // SAFETY: the token proves AVX2.
+            unsafe { _mm256_max_ps(a, b) }
+        }
+        #[inline(always)]
         fn lt(self, a: __m256, b: __m256) -> __m256 {
             // SAFETY: the token proves AVX2.
             unsafe { _mm256_cmp_ps::<_CMP_LT_OQ>(a, b) }
@@ -697,6 +709,11 @@ mod x86 {
         fn neg(self, a: __m128) -> __m128 {
             // SAFETY: SSE2, which x86-64 always has.
             self.float(unsafe { _mm_xor_si128(self.bits(a), self.isplat(i32::MIN)) })
+        }
+        #[inline(always)]
+        fn max(self, a: __m128, b: __m128) -> __m128 {
+            // SAFETY: the token proves AVX2 (and so AVX).
+            unsafe { _mm_max_ps(a, b) }
         }
         #[inline(always)]
         fn lt(self, a: __m128, b: __m128) -> __m128 {
