@@ -401,12 +401,30 @@ fn apply_prologue(row: &mut [f32], (steps, mut dtype): (&[Prologue], DType)) {
     }
 }
 
+/// `src` (2-byte elements of `dtype`) widened into `dst` by the kernels' wide load
+/// routine (AVX-512 or AVX2 with F16C), when the process uses one; `false` otherwise.
+/// Exact conversions, so the bits are those of `half`'s. `half` converts bf16 one
+/// element at a time: its slice conversion made a 2048^3 bf16 product 2.3% slower than
+/// f32, against 1% for f16 (F16C), all of it the copies.
+fn widen_run<H>(dtype: DType, src: &[H], dst: &mut [f32]) -> bool {
+    debug_assert_eq!(std::mem::size_of::<H>(), 2);
+    let Some(tier) = ndfuse_codegen_cpu::wide::tier() else {
+        return false;
+    };
+    // SAFETY: `H` is `half::f16` or `half::bf16`, 2-byte plain data (a `u16` inside):
+    // the `2 * src.len()` bytes at `src` are initialised and live as long as `src`.
+    let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), 2 * src.len()) };
+    ndfuse_codegen_cpu::wide::load(dtype, tier, bytes, dst)
+}
+
 impl Half for half::f16 {
     fn to_f32(self) -> f32 {
         half::f16::to_f32(self)
     }
     fn to_f32s(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
+        if !widen_run(DType::F16, src, dst) {
+            src.convert_to_f32_slice(dst);
+        }
     }
 }
 
@@ -415,7 +433,9 @@ impl Half for half::bf16 {
         half::bf16::to_f32(self)
     }
     fn to_f32s(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
+        if !widen_run(DType::BF16, src, dst) {
+            src.convert_to_f32_slice(dst);
+        }
     }
 }
 
