@@ -36,9 +36,10 @@ pub enum Versus {
     /// Another output built from the same inputs, timed right after the case
     /// (`gelu(x @ w + b)` against the bare `x @ w`); the text says what it is.
     Build(&'static str, Build),
-    /// The row of another case, when that case ran in the same suite (`matmul_f16`
-    /// against `matmul_f32`).
-    Row(&'static str),
+    /// The same build on the inputs' values held in another dtype, converted once
+    /// before the timed runs and timed in turns with the case (`matmul_f16` against
+    /// the product of the same values in f32); the text says what it is.
+    Dtype(&'static str, DType),
 }
 
 /// The 10-op element-wise graph of the latency cases: ten element-wise ops on `x`, with
@@ -187,7 +188,7 @@ fn matmul_cases(size: Size) -> Vec<Case> {
         inputs: vec![("x", vec![sq, sq_k], dtype), ("w", vec![sq_k, sq_n], dtype)],
         kind: Kind::Throughput,
         flops: Some(product_flops(1, sq, sq_n, sq_k)),
-        versus: (dtype != DType::F32).then_some(Versus::Row("matmul_f32")),
+        versus: (dtype != DType::F32).then_some(Versus::Dtype("f32 operands", DType::F32)),
         build: |t, _| t[0].matmul(&t[1]),
     };
     let bare: Build = |t, _| t[0].matmul(&t[1]);

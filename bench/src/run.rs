@@ -97,7 +97,7 @@ pub struct Row {
 /// A row's time against another measured in the same run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Compared {
-    /// What the other time is: `bare x @ w`, `matmul_f32`.
+    /// What the other time is: `bare x @ w`, `f32 operands`.
     pub what: String,
     /// Its median, ms (device time on a GPU, as the row's own).
     pub median_ms: f64,
@@ -238,21 +238,6 @@ pub fn run_suite_with(
         let row = run_case(&ctx, case, opts, &peaks)?;
         on_event(Event::CaseDone(&row));
         rows.push(row);
-    }
-    // Rows set against another case's row, when it ran.
-    for (i, case) in selected.iter().enumerate() {
-        let Some(Versus::Row(other)) = case.versus else {
-            continue;
-        };
-        let Some(base) = rows.iter().find(|r| r.name == other).map(timed_ms) else {
-            continue;
-        };
-        let own = timed_ms(&rows[i]);
-        rows[i].versus = (base > 0.0).then(|| Compared {
-            what: other.to_string(),
-            median_ms: base,
-            ratio: own / base,
-        });
     }
     let mut training_rows = Vec::new();
     if training.contains(&STEP_NAME) {
@@ -401,16 +386,6 @@ struct Peaks {
     fma_flops: f64,
 }
 
-/// The time a row is judged by: on a GPU the kernels' device time, on the host the
-/// wall time (see [`Row::x_floor`]).
-fn timed_ms(r: &Row) -> f64 {
-    if r.backend == BackendKind::Cuda.name() {
-        r.run_ms
-    } else {
-        r.median_ms
-    }
-}
-
 /// The timed runs of one output: a warm-up, then runs within the options' budget.
 struct Runs {
     /// Minor page faults of the warm-up.
@@ -506,7 +481,13 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> R
     // A case compared with another build of the same inputs takes turns with it.
     let other = match case.versus {
         Some(Versus::Build(what, build)) => Some((what, build(&inputs, 1.0))),
-        _ => None,
+        Some(Versus::Dtype(what, dtype)) => {
+            let casts: Vec<Tensor> = inputs.iter().map(|t| t.cast(dtype)).collect();
+            let values = ctx.eval(&casts.iter().collect::<Vec<_>>())?;
+            let peers: Vec<Tensor> = values.into_iter().map(|a| ctx.tensor(a)).collect();
+            Some((what, case.build(&peers, 1.0)))
+        }
+        None => None,
     };
     let (mine, theirs) = match &other {
         Some((_, t)) => {
