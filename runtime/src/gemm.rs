@@ -19,22 +19,24 @@
 //! tests/tests/matmul_cpu.rs).
 //!
 //! Operands: f32 and f64 are read in place through their views' strides (transposes,
-//! slices, broadcast batch axes: no copy). f16 and bf16 are widened once into contiguous
-//! f32 copies (O(MK + KN) work against the product's O(MNK)), then multiplied in f32;
-//! an operand with prologue steps (`ndfuse_ir::Prologue`: `(q * 0.125) @ k`, `cast(x,
-//! f16) @ w`) is copied the same way, each element through its steps, so no kernel
-//! writes the scaled or rounded operand first. The
-//! copies are buffers of the host cache, so a steady loop of evaluations reuses them (no
-//! fresh pages after the first), and are filled in parallel in chunks of rows fixed by
-//! the shapes alone (exact conversions: the bits depend on nothing else anyway).
+//! slices, broadcast batch axes: no copy). An f32 product with an f16 or bf16 operand,
+//! or an operand with prologue steps (`ndfuse_ir::Prologue`: `(q * 0.125) @ k`,
+//! `cast(x, f16) @ w`), runs on the packed GEMM (`gemm_packed`): `gemm`'s own
+//! micro-kernels over panels packed there, each element converted and put through its
+//! steps as it is packed, with the bits `gemm` gives the same values in f32. Where that
+//! GEMM declines (shapes on which `gemm` takes another road), such operands are copied
+//! once into contiguous f32 (O(MK + KN) work against the product's O(MNK)), then
+//! multiplied in f32. The copies are buffers of the host cache, so a steady loop of
+//! evaluations reuses them (no fresh pages after the first), and are filled in
+//! parallel in chunks of rows fixed by the shapes alone (exact conversions: the bits
+//! depend on nothing else anyway).
 //! i32 and i64 use a simple loop with wrapping arithmetic: correct, not fast.
 
-use crate::alloc::{host_cache, AllocError};
 use crate::error::RuntimeError;
+use crate::gemm_packed::{Elements, Packed, Source, Widened};
 use gemm::Parallelism;
-use half::slice::HalfFloatSliceExt;
 use ndfuse_codegen_cpu::{CodegenError, CompiledKernel};
-use ndfuse_ir::{Contraction, DType, Expr, HostArray, Kernel, Prologue, Shape, Storage, View};
+use ndfuse_ir::{Contraction, DType, Expr, HostArray, Kernel, Prologue, Storage, View};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -62,17 +64,26 @@ pub(crate) fn run_contraction(
     if kernel.domain.numel() == 0 {
         return Ok(());
     }
-    // Owned here, so the copies go back to the host cache when the run returns.
-    let widened = (
-        Widened::of(args[c.lhs], &c.lhs_view, &c.lhs_prologue)?,
-        Widened::of(args[c.rhs], &c.rhs_view, &c.rhs_prologue)?,
-    );
-    let ops = Operands::of(
-        c,
-        (args[c.lhs], widened.0.as_ref()),
-        (args[c.rhs], widened.1.as_ref()),
-    )?;
     let units = Units::new(c, compiled);
+    // Operands converted as the GEMM packs them where the bits allow (no copies), else
+    // f32 copies of those that need one. Owned here, so the copies go back to the host
+    // cache when the run returns.
+    let converted = Converted::of(c, args, &units);
+    let widened = match converted {
+        Some(_) => (None, None),
+        None => (
+            Widened::of(args[c.lhs], &c.lhs_view, &c.lhs_prologue)?,
+            Widened::of(args[c.rhs], &c.rhs_view, &c.rhs_prologue)?,
+        ),
+    };
+    let ops = match converted {
+        Some(conv) => Ops::Converted(conv),
+        None => Ops::Gemm(Operands::of(
+            c,
+            (args[c.lhs], widened.0.as_ref()),
+            (args[c.rhs], widened.1.as_ref()),
+        )?),
+    };
     // Not reached: `check_product` checked the dtype.
     let bad = || {
         bad_args(
@@ -86,10 +97,19 @@ pub(crate) fn run_contraction(
         };
         check_product(kernel, c, out, "output 0")?;
         return match &ops {
-            Operands::F32(l, r) => units.fill_only((l, r), f32::base(out).ok_or_else(bad)?),
-            Operands::F64(l, r) => units.fill_only((l, r), f64::base(out).ok_or_else(bad)?),
-            Operands::I32(l, r) => units.fill_only((l, r), i32::base(out).ok_or_else(bad)?),
-            Operands::I64(l, r) => units.fill_only((l, r), i64::base(out).ok_or_else(bad)?),
+            Ops::Converted(conv) => units.fill_only(conv, f32::base(out).ok_or_else(bad)?),
+            Ops::Gemm(Operands::F32(l, r)) => {
+                units.fill_only(&(l, r), f32::base(out).ok_or_else(bad)?)
+            }
+            Ops::Gemm(Operands::F64(l, r)) => {
+                units.fill_only(&(l, r), f64::base(out).ok_or_else(bad)?)
+            }
+            Ops::Gemm(Operands::I32(l, r)) => {
+                units.fill_only(&(l, r), i32::base(out).ok_or_else(bad)?)
+            }
+            Ops::Gemm(Operands::I64(l, r)) => {
+                units.fill_only(&(l, r), i64::base(out).ok_or_else(bad)?)
+            }
         };
     }
     check_loads(kernel, c)?;
@@ -103,10 +123,103 @@ pub(crate) fn run_contraction(
         check_product(kernel, c, product, "the product scratch")?;
     }
     match &ops {
-        Operands::F32(l, r) => units.run((l, r), in_place, product, args, outs, &bad),
-        Operands::F64(l, r) => units.run((l, r), in_place, product, args, outs, &bad),
-        Operands::I32(l, r) => units.run((l, r), in_place, product, args, outs, &bad),
-        Operands::I64(l, r) => units.run((l, r), in_place, product, args, outs, &bad),
+        Ops::Converted(conv) => units.run(conv, in_place, product, args, outs, &bad),
+        Ops::Gemm(Operands::F32(l, r)) => units.run(&(l, r), in_place, product, args, outs, &bad),
+        Ops::Gemm(Operands::F64(l, r)) => units.run(&(l, r), in_place, product, args, outs, &bad),
+        Ops::Gemm(Operands::I32(l, r)) => units.run(&(l, r), in_place, product, args, outs, &bad),
+        Ops::Gemm(Operands::I64(l, r)) => units.run(&(l, r), in_place, product, args, outs, &bad),
+    }
+}
+
+/// How the blocks of one product are filled.
+enum Ops<'a> {
+    /// The `gemm` crate over the operands in place or their f32 copies.
+    Gemm(Operands<'a>),
+    /// The packed GEMM, converting the operands as it packs them.
+    Converted(Converted<'a>),
+}
+
+/// What fills a block of the product (`Units::fill`).
+trait Fill<T>: Sync {
+    /// Fills `dst` (`block.rows * block.n` elements, row-major) with the block's rows
+    /// of the product; `block.k > 0`.
+    fn fill(&self, block: Block, dst: &mut [T], par: Parallelism);
+}
+
+impl<T: Accum> Fill<T> for (&Mat<'_, T>, &Mat<'_, T>) {
+    fn fill(&self, block: Block, dst: &mut [T], par: Parallelism) {
+        T::fill(self.0, self.1, block, dst, par);
+    }
+}
+
+/// An f32 product's operands read by the packed GEMM (`gemm_packed`), each element
+/// converted to f32 and put through its prologue steps as it is packed: f16 and bf16
+/// operands and operands with steps, beside a plain f32 one read in place.
+struct Converted<'a> {
+    lhs: (Elements<'a>, &'a View, &'a [Prologue]),
+    rhs: (Elements<'a>, &'a View, &'a [Prologue]),
+}
+
+impl<'a> Converted<'a> {
+    /// The operands of `c` for the packed GEMM: an f32 product with something to
+    /// convert, every block of which `Packed::new` takes (so the bits are `gemm`'s on
+    /// f32 copies); else `None`.
+    fn of(c: &'a Contraction, args: &[&'a HostArray], units: &Units<'_>) -> Option<Self> {
+        let elements = |a: &'a HostArray| match a.storage() {
+            Storage::F32(v) => Some(Elements::F32(v)),
+            Storage::F16(v) => Some(Elements::F16(v)),
+            Storage::BF16(v) => Some(Elements::BF16(v)),
+            _ => None,
+        };
+        if c.dtype != DType::F32 {
+            return None;
+        }
+        let conv = Converted {
+            lhs: (elements(args[c.lhs])?, &c.lhs_view, &c.lhs_prologue),
+            rhs: (elements(args[c.rhs])?, &c.rhs_view, &c.rhs_prologue),
+        };
+        let plain = |(e, _, steps): (Elements<'_>, &View, &[Prologue])| {
+            matches!(e, Elements::F32(_)) && steps.is_empty()
+        };
+        if plain(conv.lhs) && plain(conv.rhs) {
+            return None;
+        }
+        (0..units.units)
+            .map(|u| units.block(u).0)
+            .all(|b| b.k == 0 || conv.packed(b).is_some())
+            .then_some(conv)
+    }
+
+    /// The packed product of block `b`, where `Packed::new` takes it.
+    fn packed(&self, b: Block) -> Option<Packed<'a>> {
+        let source = |(data, view, steps): (Elements<'a>, &View, &'a [Prologue]), row0: usize| {
+            let (rs, cs) = matrix_strides(view);
+            Source {
+                data,
+                off: batch_offset(view, b.batch) + row0 as isize * rs,
+                rs,
+                cs,
+                steps,
+            }
+        };
+        Packed::new(
+            source(self.lhs, b.row0),
+            source(self.rhs, 0),
+            (b.rows, b.n, b.k),
+        )
+    }
+}
+
+impl Fill<f32> for Converted<'_> {
+    fn fill(&self, b: Block, dst: &mut [f32], par: Parallelism) {
+        let threads = match par {
+            Parallelism::Rayon(t) => t.max(1),
+            _ => 1,
+        };
+        // `Converted::of` checked every block.
+        if let Some(p) = self.packed(b) {
+            p.run(dst, threads);
+        }
     }
 }
 
@@ -231,24 +344,34 @@ struct Mat<'a, T> {
 }
 
 impl<T> Mat<'_, T> {
-    /// Offset of element `[b..., 0, 0]` for flat batch position `batch` (row-major over
-    /// the batch axes; a broadcast batch axis has stride 0).
-    fn batch_offset(&self, mut batch: usize) -> isize {
-        let d = self.view.shape.dims();
-        let r = d.len();
-        let mut off = self.view.offset;
-        for a in (0..r - 2).rev() {
-            off += (batch % d[a]) as isize * self.view.strides[a];
-            batch /= d[a];
-        }
-        off
+    /// See [`batch_offset`].
+    fn batch_offset(&self, batch: usize) -> isize {
+        batch_offset(&self.view, batch)
     }
 
-    /// Strides of the matrix axes: (rows, columns).
+    /// See [`matrix_strides`].
     fn strides(&self) -> (isize, isize) {
-        let s = &self.view.strides;
-        (s[s.len() - 2], s[s.len() - 1])
+        matrix_strides(&self.view)
     }
+}
+
+/// Offset of element `[b..., 0, 0]` of `view` (rank >= 2) for flat batch position
+/// `batch` (row-major over the batch axes; a broadcast batch axis has stride 0).
+fn batch_offset(view: &View, mut batch: usize) -> isize {
+    let d = view.shape.dims();
+    let r = d.len();
+    let mut off = view.offset;
+    for a in (0..r - 2).rev() {
+        off += (batch % d[a]) as isize * view.strides[a];
+        batch /= d[a];
+    }
+    off
+}
+
+/// Strides of the matrix axes of `view` (rank >= 2): (rows, columns).
+fn matrix_strides(view: &View) -> (isize, isize) {
+    let s = &view.strides;
+    (s[s.len() - 2], s[s.len() - 1])
 }
 
 /// The operands in the dtype the product accumulates in.
@@ -313,202 +436,6 @@ enum Operand<'a> {
     F64(Mat<'a, f64>),
     I32(Mat<'a, i32>),
     I64(Mat<'a, i64>),
-}
-
-/// A half operand's contiguous f32 copy, a buffer of the host cache (back there when
-/// dropped), and the view that reads it in the operand's place.
-struct Widened {
-    array: HostArray,
-    view: View,
-}
-
-/// Elements of the copy one parallel chunk fills: as many whole rows of the kept
-/// extents as fit in this many (one row when a row is longer), 256 KiB of f32, enough to
-/// amortise a task and to give every thread several. A constant, so the chunks depend on
-/// shapes only.
-const WIDEN_CHUNK: usize = 1 << 16;
-
-impl Widened {
-    /// The f32 copy of `a` read through `view`, each element through the prologue
-    /// `steps`, when `a` is f16 or bf16 or there are steps; else `None` (the operand is
-    /// read in place).
-    fn of(a: &HostArray, view: &View, steps: &[Prologue]) -> Result<Option<Widened>, AllocError> {
-        Ok(match a.storage() {
-            Storage::F16(v) => Some(widen(v, view, (steps, DType::F16))?),
-            Storage::BF16(v) => Some(widen(v, view, (steps, DType::BF16))?),
-            Storage::F32(v) if !steps.is_empty() => Some(widen(v, view, (steps, DType::F32))?),
-            _ => None,
-        })
-    }
-}
-
-/// The types an operand copy reads, widened to f32 one element or a contiguous run at a
-/// time (the latter through `half`'s slice conversion, vectorised where the CPU can:
-/// F16C).
-trait Half: Copy + Send + Sync {
-    fn to_f32(self) -> f32;
-    fn to_f32s(src: &[Self], dst: &mut [f32]);
-}
-
-impl Half for f32 {
-    fn to_f32(self) -> f32 {
-        self
-    }
-    fn to_f32s(src: &[Self], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
-    }
-}
-
-/// Applies prologue `steps` to `row` (values of `dtype`, held in f32), in place: each
-/// step's result rounded to its dtype, as the graph's own op rounds it (see
-/// `ndfuse_ir::Prologue`: f32 arithmetic, then a rounding to f16 or bf16, gives the
-/// reference's bits). Runs of 256 go through `half`'s slice conversions.
-fn apply_prologue(row: &mut [f32], (steps, mut dtype): (&[Prologue], DType)) {
-    fn round(row: &mut [f32], dtype: DType) {
-        for run in row.chunks_mut(256) {
-            match dtype {
-                DType::F16 => {
-                    let mut h = [half::f16::ZERO; 256];
-                    h[..run.len()].convert_from_f32_slice(run);
-                    h[..run.len()].convert_to_f32_slice(run);
-                }
-                DType::BF16 => {
-                    let mut h = [half::bf16::ZERO; 256];
-                    h[..run.len()].convert_from_f32_slice(run);
-                    h[..run.len()].convert_to_f32_slice(run);
-                }
-                _ => {}
-            }
-        }
-    }
-    for step in steps {
-        match *step {
-            Prologue::Cast(to) => {
-                dtype = to;
-                round(row, dtype);
-            }
-            Prologue::Mul(c) => {
-                let c = c.to_f64() as f32;
-                row.iter_mut().for_each(|v| *v *= c);
-                round(row, dtype);
-            }
-            Prologue::Div(c) => {
-                let c = c.to_f64() as f32;
-                row.iter_mut().for_each(|v| *v /= c);
-                round(row, dtype);
-            }
-        }
-    }
-}
-
-/// `src` (2-byte elements of `dtype`) widened into `dst` by the kernels' wide load
-/// routine (AVX-512 or AVX2 with F16C), when the process uses one; `false` otherwise.
-/// Exact conversions, so the bits are those of `half`'s. `half` converts bf16 one
-/// element at a time: its slice conversion made a 2048^3 bf16 product 2.3% slower than
-/// f32, against 1% for f16 (F16C), all of it the copies.
-fn widen_run<H>(dtype: DType, src: &[H], dst: &mut [f32]) -> bool {
-    debug_assert_eq!(std::mem::size_of::<H>(), 2);
-    let Some(tier) = ndfuse_codegen_cpu::wide::tier() else {
-        return false;
-    };
-    // SAFETY: `H` is `half::f16` or `half::bf16`, 2-byte plain data (a `u16` inside):
-    // the `2 * src.len()` bytes at `src` are initialised and live as long as `src`.
-    let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), 2 * src.len()) };
-    ndfuse_codegen_cpu::wide::load(dtype, tier, bytes, dst)
-}
-
-impl Half for half::f16 {
-    fn to_f32(self) -> f32 {
-        half::f16::to_f32(self)
-    }
-    fn to_f32s(src: &[Self], dst: &mut [f32]) {
-        if !widen_run(DType::F16, src, dst) {
-            src.convert_to_f32_slice(dst);
-        }
-    }
-}
-
-impl Half for half::bf16 {
-    fn to_f32(self) -> f32 {
-        half::bf16::to_f32(self)
-    }
-    fn to_f32s(src: &[Self], dst: &mut [f32]) {
-        if !widen_run(DType::BF16, src, dst) {
-            src.convert_to_f32_slice(dst);
-        }
-    }
-}
-
-/// A contiguous f32 copy of what `view` reads from `src`: an axis of stride 0 (a
-/// broadcast) keeps one position in the copy and stride 0 in the new view, so a
-/// broadcast batch is widened once. The copy is a host-cache buffer (a steady loop of
-/// evaluations reuses it); its size follows the user's shapes, so running out of memory
-/// for it is an error, not an abort. Its rows (of the last axis' kept extent) are filled
-/// in parallel, in chunks of whole rows fixed by the shape ([`WIDEN_CHUNK`]); every
-/// element is written, so a recycled buffer's old contents never show.
-fn widen<H: Half>(
-    src: &[H],
-    view: &View,
-    prologue: (&[Prologue], DType),
-) -> Result<Widened, AllocError> {
-    let dims = view.shape.dims();
-    let r = dims.len();
-    let kept: Vec<usize> = dims
-        .iter()
-        .zip(&view.strides)
-        .map(|(&d, &s)| if s == 0 { d.min(1) } else { d })
-        .collect();
-    let total: usize = kept.iter().product();
-    // Row-major strides over the kept extents; 0 where the view broadcasts.
-    let mut strides = vec![0isize; r];
-    let mut step = 1isize;
-    for a in (0..r).rev() {
-        if view.strides[a] != 0 {
-            strides[a] = step;
-            step *= kept[a] as isize;
-        }
-    }
-    let mut array = host_cache().array(DType::F32, Shape::new([total]))?;
-    // Rank >= 2 (`check_args`), so there is a last axis; `total > 0` makes `row > 0`.
-    let (row, col_stride) = (kept[r - 1], view.strides[r - 1]);
-    if let (Storage::F32(data), true) = (array.storage_mut(), total > 0) {
-        let rows_per_chunk = (WIDEN_CHUNK / row).max(1);
-        let outer = &kept[..r - 1];
-        data.par_chunks_mut(rows_per_chunk * row)
-            .enumerate()
-            .for_each(|(ci, chunk)| {
-                for (i, dst) in chunk.chunks_exact_mut(row).enumerate() {
-                    // The source offset of kept row `first + i`'s first element.
-                    let mut q = ci * rows_per_chunk + i;
-                    let mut off = view.offset;
-                    for a in (0..r - 1).rev() {
-                        off += (q % outer[a]) as isize * view.strides[a];
-                        q /= outer[a];
-                    }
-                    // In bounds: `check_args` bounded the view's span inside `src`
-                    // (indexing checks it again; out of bounds would be a bug).
-                    if col_stride == 1 {
-                        let start = off as usize;
-                        H::to_f32s(&src[start..start + row], dst);
-                    } else {
-                        for (j, d) in dst.iter_mut().enumerate() {
-                            *d = src[(off + j as isize * col_stride) as usize].to_f32();
-                        }
-                    }
-                    if !prologue.0.is_empty() {
-                        apply_prologue(dst, prologue);
-                    }
-                }
-            });
-    }
-    Ok(Widened {
-        array,
-        view: View {
-            shape: view.shape.clone(),
-            strides,
-            offset: 0,
-        },
-    })
 }
 
 /// One block of the product: rows `row0..row0 + rows` of M of batch position `batch`.
@@ -772,13 +699,7 @@ impl<'k> Units<'k> {
     /// Fills unit `u` of the destination whose storage is `base` (the product scratch or
     /// an identity epilogue's output, `numel` elements of `T`, checked by
     /// `check_product`), with the GEMM's threads `par`.
-    fn fill<T: Accum>(
-        &self,
-        (lhs, rhs): (&Mat<'_, T>, &Mat<'_, T>),
-        base: &ProductPtr<T>,
-        u: usize,
-        par: Parallelism,
-    ) {
+    fn fill<T: Accum>(&self, ops: &impl Fill<T>, base: &ProductPtr<T>, u: usize, par: Parallelism) {
         let (block, range) = self.block(u);
         // SAFETY: `range` is unit u's rows: rows <= M - row0, so it ends at or below
         // (batch + 1) * M * N <= numel, the destination's length (`check_product`);
@@ -789,7 +710,7 @@ impl<'k> Units<'k> {
         if block.k == 0 {
             dst.fill(T::default());
         } else {
-            T::fill(lhs, rhs, block, dst, par);
+            ops.fill(block, dst, par);
         }
     }
 
@@ -804,7 +725,7 @@ impl<'k> Units<'k> {
     /// Fills an identity epilogue's output (`base`) with the product: nothing else runs.
     fn fill_only<T: Accum>(
         &self,
-        ops: (&Mat<'_, T>, &Mat<'_, T>),
+        ops: &impl Fill<T>,
         base: ProductPtr<T>,
     ) -> Result<(), RuntimeError> {
         if self.batch_parallel() {
@@ -828,7 +749,7 @@ impl<'k> Units<'k> {
     /// the threads and then the epilogue over its blocks of `block_rows` rows in parallel.
     fn run<T: Accum>(
         &self,
-        ops: (&Mat<'_, T>, &Mat<'_, T>),
+        ops: &impl Fill<T>,
         in_place: bool,
         product: &mut HostArray,
         args: &[&HostArray],
@@ -909,6 +830,7 @@ impl<'k> Units<'k> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ndfuse_ir::Shape;
 
     /// Deterministic values in [-1, 1) with full mantissas (an LCG's top bits).
     fn values(n: usize, seed: u64) -> Vec<f32> {

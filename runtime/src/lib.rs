@@ -27,6 +27,7 @@ mod error;
 mod evaluation;
 mod executor;
 mod gemm;
+mod gemm_packed;
 mod step_path;
 mod target;
 
