@@ -38,7 +38,7 @@
 //! [`MAX_SLOTS`] slots, compiles whole as before.
 
 use crate::shared_math::SHARED_MATH_BELOW;
-use crate::wide::exp::GeluFn;
+use crate::wide::exp::{GeluFn, GeluSumFn};
 use crate::wide::{self, LoadFn, StoreFn, Tier, UnaryFn};
 use ndfuse_ir::{
     BinaryOp, Buffer, DType, Expr, Instr, Kernel, Plan, Store, UnaryOp, ValueId, View,
@@ -95,6 +95,18 @@ pub(crate) enum Step {
         c1: f32,
         c2: f32,
         f: GeluFn,
+    },
+    /// gelu's tail over `x = src + b`, with `b` row `offset..` of input `bias` broadcast
+    /// over rows of `row` positions (a matrix product's bias; see [`gelu_tails`]).
+    GeluSum {
+        src: Place,
+        bias: usize,
+        offset: isize,
+        row: usize,
+        dst: Place,
+        c1: f32,
+        c2: f32,
+        f: GeluSumFn,
     },
     /// A slot rounded into output `output` (f16 or bf16).
     Store {
@@ -157,7 +169,7 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
     let narrowing = narrowing_casts(kernel, dtype)?;
     // gelu's tail in f32 kernels: one wide step for the seven instructions.
     let (gelu, absorbed) = match (dtype, wide::gelu_fn(tier)) {
-        (DType::F32, Some(f)) => gelu_tails(kernel, f),
+        (DType::F32, Some(f)) => gelu_tails(kernel, f, wide::gelu_sum_fn(tier)),
         _ => (
             vec![None; kernel.body.len()],
             vec![false; kernel.body.len()],
@@ -364,12 +376,24 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
             unreachable!("a wide op's value is Wide")
         };
         if let Some(g) = gelu[v] {
-            steps.push(Step::Gelu {
-                src: place_of(g.x)?,
-                dst,
-                c1: g.c1,
-                c2: g.c2,
-                f: g.f,
+            steps.push(match g.bias {
+                Some(b) => Step::GeluSum {
+                    src: place_of(b.p)?,
+                    bias: b.input,
+                    offset: b.offset,
+                    row: *kernel.domain.dims().last()?,
+                    dst,
+                    c1: g.c1,
+                    c2: g.c2,
+                    f: b.f,
+                },
+                None => Step::Gelu {
+                    src: place_of(g.x)?,
+                    dst,
+                    c1: g.c1,
+                    c2: g.c2,
+                    f: g.f,
+                },
             });
         } else if let Expr::Unary(op, x) = ins.expr {
             // A constant operand has no place: compile whole (folding removes these).
@@ -409,14 +433,33 @@ struct GeluTail {
     c1: f32,
     c2: f32,
     f: GeluFn,
+    /// Where `x` is itself `p + b` with a row-broadcast `b`, absorbed too.
+    bias: Option<Bias>,
+}
+
+/// A gelu tail's operand `x = p + b` (a matrix product's bias, `gelu(x @ w + b)`):
+/// `p` an f32 load through the contiguous view, `b` an f32 load of input `input`
+/// broadcast over the rows of the domain (strides 0 but the last, which is 1), from
+/// `offset`; `x` read by the tail alone.
+#[derive(Clone, Copy, Debug)]
+struct Bias {
+    p: ValueId,
+    input: usize,
+    offset: isize,
+    f: GeluSumFn,
 }
 
 /// The gelu tails of `kernel` (at each final product) and the instructions they
 /// absorb: the square, the cube, the two products by constants, the sum and the
-/// sigmoid, each read only by the next (operands in either order) and none stored.
-/// The wide step computes them in registers, each operation as the kernel's own
-/// instruction does (IEEE products and sums are commutative, bit for bit).
-fn gelu_tails(kernel: &Kernel, f: GeluFn) -> (Vec<Option<GeluTail>>, Vec<bool>) {
+/// sigmoid, each read only by the next (operands in either order) and none stored;
+/// with `sum` (the routine over `p + b`), also `x` where it is a bias added to a load
+/// ([`Bias`]). The wide step computes them in registers, each operation as the
+/// kernel's own instruction does (IEEE products and sums are commutative, bit for bit).
+fn gelu_tails(
+    kernel: &Kernel,
+    f: GeluFn,
+    sum: Option<GeluSumFn>,
+) -> (Vec<Option<GeluTail>>, Vec<bool>) {
     let body = &kernel.body;
     let n = body.len();
     let mut users = vec![0usize; n];
@@ -496,10 +539,50 @@ fn gelu_tails(kernel: &Kernel, f: GeluFn) -> (Vec<Option<GeluTail>>, Vec<bool>) 
             for p in parts {
                 absorbed[p.index()] = true;
             }
-            tails[y] = Some(GeluTail { x, c1, c2, f });
+            // x is read four times by the tail (square, cube, sum, product).
+            let bias = sum
+                .filter(|_| users[x.index()] == 4 && !stored[x.index()] && !absorbed[x.index()])
+                .and_then(|f| bias_of(kernel, x, f));
+            if bias.is_some() {
+                absorbed[x.index()] = true;
+            }
+            tails[y] = Some(GeluTail { x, c1, c2, f, bias });
         }
     }
     (tails, absorbed)
+}
+
+/// `x` as a [`Bias`] added to a load, when it is one.
+fn bias_of(kernel: &Kernel, x: ValueId, f: GeluSumFn) -> Option<Bias> {
+    let body = &kernel.body;
+    let Expr::Binary(BinaryOp::Add, u, w) = body[x.index()].expr else {
+        return None;
+    };
+    let load = |v: ValueId| match &body[v.index()].expr {
+        Expr::Load { input, view }
+            if body[v.index()].dtype == DType::F32 && view.shape == kernel.domain =>
+        {
+            Some((*input, view))
+        }
+        _ => None,
+    };
+    let row = |v: ValueId| {
+        let (input, view) = load(v)?;
+        let r = view.strides.len();
+        let broadcast =
+            r >= 2 && view.strides[r - 1] == 1 && view.strides[..r - 1].iter().all(|&s| s == 0);
+        broadcast.then_some((input, view.offset))
+    };
+    [(u, w), (w, u)].into_iter().find_map(|(p, b)| {
+        load(p).filter(|(_, view)| view.is_contiguous())?;
+        let (input, offset) = row(b)?;
+        Some(Bias {
+            p,
+            input,
+            offset,
+            f,
+        })
+    })
 }
 
 /// For each instruction of `kernel` (whose values are of `dtype`), whether it is a
@@ -767,6 +850,42 @@ pub(crate) unsafe fn run(
                     // source's memory only when the same place.
                     unsafe { f(at(src), at(dst), len, c1, c2) };
                 }
+                Step::GeluSum {
+                    src,
+                    bias,
+                    offset,
+                    row,
+                    dst,
+                    c1,
+                    c2,
+                    f,
+                } => {
+                    let (s, d) = (at(src), at(dst));
+                    let b0 = ptrs[bias].cast::<f32>().wrapping_offset(offset);
+                    // One call per run of the block inside a row of the domain, whose
+                    // bias is `b0[col..col + run]`.
+                    let mut i = 0;
+                    while i < len {
+                        let col = (b + i) % row;
+                        let run = (row - col).min(len - i);
+                        // SAFETY: as for `Step::Gelu`, over positions `b + i ..
+                        // b + i + run` of the block; the bias load's view (offset +
+                        // col, unit stride over the row) reads `b0[col..col + run]`,
+                        // inside its input for every position (`supports` proved each
+                        // load in bounds).
+                        unsafe {
+                            f(
+                                s.wrapping_add(i),
+                                b0.wrapping_add(col),
+                                d.wrapping_add(i),
+                                run,
+                                c1,
+                                c2,
+                            )
+                        };
+                        i += run;
+                    }
+                }
                 Step::Segment { index } => {
                     let places = &plan.places[index];
                     let mut seg_ptrs = [std::ptr::null_mut::<u8>(); MAX_SEGMENT_PTRS];
@@ -827,6 +946,20 @@ impl BlockPlan {
                     src, dst, c1, c2, ..
                 } => format!(
                     "gelu x * sigmoid({c2:e} * (x + {c1:e} * x^3)) {} -> {}",
+                    place(src),
+                    place(dst)
+                ),
+                Step::GeluSum {
+                    src,
+                    bias,
+                    offset,
+                    row,
+                    dst,
+                    c1,
+                    c2,
+                    ..
+                } => format!(
+                    "gelu x * sigmoid({c2:e} * (x + {c1:e} * x^3)), x = {} + in{bias}[{offset} + position % {row}] -> {}",
                     place(src),
                     place(dst)
                 ),

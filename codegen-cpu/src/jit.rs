@@ -337,6 +337,7 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
             .filter_map(|step| match *step {
                 blocks::Step::Unary { op, .. } => Some(Narrow::Unary(op)),
                 blocks::Step::Gelu { .. } => Some(Narrow::Gelu),
+                blocks::Step::GeluSum { .. } => Some(Narrow::GeluSum),
                 blocks::Step::Load { dtype, .. } => Some(Narrow::Load(dtype)),
                 blocks::Step::Store { dtype, .. } => Some(Narrow::Store(dtype)),
                 blocks::Step::Segment { .. } => None,
@@ -447,6 +448,9 @@ enum Narrow {
     Unary(ndfuse_ir::UnaryOp),
     /// gelu's tail (`blocks::Step::Gelu`): its seven instructions.
     Gelu,
+    /// gelu's tail over a bias add (`blocks::Step::GeluSum`): the add's load and
+    /// instruction too.
+    GeluSum,
     Load(ndfuse_ir::DType),
     Store(ndfuse_ir::DType),
 }
@@ -536,6 +540,7 @@ fn narrow_ops(step: Narrow) -> Option<f64> {
     };
     let ops = match step {
         Narrow::Gelu => gelu(),
+        Narrow::GeluSum => (|| Some(gelu()? + add(DType::F32)? - copy(DType::F32)?))(),
         Narrow::Unary(op) => {
             (|| Some(count(kernel(DType::F32, Some(op), false))? - copy(DType::F32)?))()
         }

@@ -43,6 +43,22 @@ pub(crate) fn unary_fn(op: UnaryOp, tier: Tier) -> Option<UnaryFn> {
     math::unary_fn(op, tier)
 }
 
+/// gelu's tail over a sum (`exp::GeluSumFn`) on f32 at `tier`.
+pub(crate) fn gelu_sum_fn(tier: Tier) -> Option<exp::GeluSumFn> {
+    if !tier.available() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        Some(match tier {
+            Tier::Avx512 => exp::gelu_sum_avx512,
+            Tier::Avx2 => exp::gelu_sum_avx2,
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
 /// gelu's tail (`exp::GeluFn`) on f32 at `tier`.
 pub(crate) fn gelu_fn(tier: Tier) -> Option<exp::GeluFn> {
     if !tier.available() {

@@ -125,8 +125,10 @@ fn gelu_across_the_subnormal_band_matches_the_whole_kernel() {
 
 /// gelu's tail in an f32 kernel is one wide step (`blocks::Step::Gelu`): in the order
 /// the passes emit it and with every operand pair swapped, from an input straight to
-/// the output or between segments (a bias added first, a scale after); the same bits
-/// as the kernel compiled whole. A stored intermediate keeps the instructions apart.
+/// the output or between segments (a scale after); with a bias broadcast over rows
+/// added first, the add is the step's too (`blocks::Step::GeluSum`, called once per
+/// run of a block inside a row); the same bits as the kernel compiled whole. A stored
+/// intermediate keeps the instructions apart.
 #[test]
 fn gelu_tails_are_one_wide_step_with_the_same_bits() {
     if wide::available().is_empty() {
@@ -140,8 +142,14 @@ fn gelu_tails_are_one_wide_step_with_the_same_bits() {
         );
         let p = k.load(DType::F32);
         let x = if bias {
-            let b = k.load_view(DType::F32, 1000, builder::view(&[131, 1000], &[0, 1], 0));
-            k.binary(BinaryOp::Add, p, b)
+            // A row of 1000 from offset 3 of 1003, broadcast over the rows; the rows
+            // end inside blocks.
+            let b = k.load_view(DType::F32, 1003, builder::view(&[131, 1000], &[0, 1], 3));
+            if swapped {
+                k.binary(BinaryOp::Add, b, p)
+            } else {
+                k.binary(BinaryOp::Add, p, b)
+            }
         } else {
             p
         };
@@ -180,13 +188,21 @@ fn gelu_tails_are_one_wide_step_with_the_same_bits() {
                 for tier in tiers() {
                     let ck = compile_with(&kernel, Some(tier)).expect("compiles");
                     let clif = ck.clif();
+                    let head = clif.lines().take(8).collect::<Vec<_>>().join("\n");
                     assert_eq!(
                         clif.contains("gelu x * sigmoid"),
                         !store_cube,
-                        "{} on {}:\n{}",
+                        "{} on {}:\n{head}",
                         kernel.name,
                         tier.name(),
-                        clif.lines().take(8).collect::<Vec<_>>().join("\n")
+                    );
+                    // The bias add is the step's too (`Step::GeluSum`).
+                    assert_eq!(
+                        clif.contains("x = in0 + in1[3 + position % 1000]"),
+                        bias && !store_cube,
+                        "{} on {}:\n{head}",
+                        kernel.name,
+                        tier.name(),
                     );
                 }
             }

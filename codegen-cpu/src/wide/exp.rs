@@ -254,6 +254,14 @@ pub(super) fn erf<L: Lanes>(l: L, x: L::F) -> L::F {
 pub(crate) type GeluFn =
     unsafe extern "C" fn(src: *const f32, dst: *mut f32, n: usize, c1: f32, c2: f32);
 
+/// gelu's tail over a sum, `x = a + b` (a bias added to a matrix product): as
+/// [`GeluFn`] with `x` the f32 sum of `a[i]` and `b[i]`, which stays in registers.
+///
+/// Safety contract: as [`GeluFn`]'s, with `a` and `b` each valid for `n` f32 and `dst`
+/// equal to `a`, or to `b`, or overlapping neither.
+pub(crate) type GeluSumFn =
+    unsafe extern "C" fn(a: *const f32, b: *const f32, dst: *mut f32, n: usize, c1: f32, c2: f32);
+
 /// [`GeluFn`]'s function of one register, with its two constants.
 #[derive(Debug)]
 struct GeluTanh {
@@ -321,4 +329,40 @@ pub(super) unsafe extern "C" fn gelu_tanh_avx2(
     let l = unsafe { super::lanes::Avx2::assume() };
     // SAFETY: as above.
     unsafe { super::lanes::map(l, &GeluTanh { c1, c2 }, src, dst, n) }
+}
+
+/// [`GeluSumFn`] on AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma,f16c")]
+pub(super) unsafe extern "C" fn gelu_sum_avx512(
+    a: *const f32,
+    b: *const f32,
+    dst: *mut f32,
+    n: usize,
+    c1: f32,
+    c2: f32,
+) {
+    // SAFETY: a `GeluSumFn`'s contract: the host has this routine's features (the
+    // token's requirement); `a`, `b` and `dst` are valid for `n` f32, `dst` equal to
+    // one of them or overlapping neither (`map_sum`'s).
+    let l = unsafe { super::lanes::Avx512::assume() };
+    // SAFETY: as above.
+    unsafe { super::lanes::map_sum(l, &GeluTanh { c1, c2 }, (a, b), dst, n) }
+}
+
+/// [`GeluSumFn`] on AVX2 with FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe extern "C" fn gelu_sum_avx2(
+    a: *const f32,
+    b: *const f32,
+    dst: *mut f32,
+    n: usize,
+    c1: f32,
+    c2: f32,
+) {
+    // SAFETY: as for the AVX-512 routine, with AVX2's features.
+    let l = unsafe { super::lanes::Avx2::assume() };
+    // SAFETY: as above.
+    unsafe { super::lanes::map_sum(l, &GeluTanh { c1, c2 }, (a, b), dst, n) }
 }

@@ -184,6 +184,51 @@ pub(super) unsafe fn map<L: Lanes, O: Op>(l: L, op: &O, src: *const f32, dst: *m
     }
 }
 
+/// `op` over `a[i] + b[i]` (one f32 addition, as a kernel's `add` rounds it) for
+/// `i < n`, into `dst[0..n]`: [`map`] over the sums, which never leave registers.
+///
+/// # Safety
+/// `a` and `b` must be valid for reading and `dst` for writing `n` f32; `dst` may be
+/// `a` or `b`, and must not overlap them otherwise.
+#[inline(always)]
+pub(super) unsafe fn map_sum<L: Lanes, O: Op>(
+    l: L,
+    op: &O,
+    (a, b): (*const f32, *const f32),
+    dst: *mut f32,
+    n: usize,
+) {
+    const { assert!(L::LANES <= MAX_LANES) };
+    let full = n - n % L::LANES;
+    let mut i = 0;
+    while i < full {
+        // SAFETY: i + LANES <= full <= n, so the registers lie inside the caller's
+        // ranges; registers i are read whole before register i of dst is written.
+        unsafe {
+            let x = l.add(l.load(a.add(i)), l.load(b.add(i)));
+            l.store(dst.add(i), op.apply(l, x));
+        }
+        i += L::LANES;
+    }
+    let rest = n - full;
+    if rest > 0 {
+        let mut bufs = [[0.0f32; MAX_LANES]; 2];
+        // SAFETY: `a[full..n]` and `b[full..n]` lie in the caller's ranges and each
+        // local buffer holds MAX_LANES >= rest elements; locals overlap nothing.
+        unsafe {
+            std::ptr::copy_nonoverlapping(a.add(full), bufs[0].as_mut_ptr(), rest);
+            std::ptr::copy_nonoverlapping(b.add(full), bufs[1].as_mut_ptr(), rest);
+        }
+        // SAFETY: each buffer holds MAX_LANES >= LANES f32.
+        let x = unsafe { l.add(l.load(bufs[0].as_ptr()), l.load(bufs[1].as_ptr())) };
+        let y = op.apply(l, x);
+        // SAFETY: as above.
+        unsafe { l.store(bufs[0].as_mut_ptr(), y) };
+        // SAFETY: `dst[full..n]` lies in the caller's range; the buffer is a local.
+        unsafe { std::ptr::copy_nonoverlapping(bufs[0].as_ptr(), dst.add(full), rest) };
+    }
+}
+
 /// Defines the two routines of one op, `$avx512` and `$avx2`, as `UnaryFn`s running
 /// the generic `$f` (a `fn(L, L::F) -> L::F`) on each tier's registers, through the
 /// [`Op`] `$op`; and its shared math on 128 bits (an [`Xmm`] register): `$x4`, one
