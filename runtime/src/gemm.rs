@@ -644,6 +644,12 @@ unsafe impl<T: Send> Sync for ProductPtr<T> {}
 /// constant, so units depend on shapes only.
 const GEMM_MIN_ROWS: usize = 512;
 
+/// Fewest positions of epilogue a worker is handed when a unit's epilogue is split over
+/// the threads (see `Units::run`). A 64 x 64 product with an epilogue (an f16 product's
+/// rounding, a bias) took 40 µs split in two, of which the epilogue's own work is about
+/// 1: the rest was waking the second worker.
+const EPILOGUE_PIECE: usize = 1 << 14;
+
 /// The units of one contraction run (see the module docs): a unit is one batch position's
 /// group of `group` blocks of `block_rows` rows, filled by one GEMM call.
 struct Units<'k> {
@@ -807,14 +813,19 @@ impl<'k> Units<'k> {
                 // The epilogue is element-wise, so any cut gives the same bits: each
                 // block is cut in as many pieces as there are threads (a unit of one
                 // block, such as a product of 128 rows, otherwise runs its epilogue on
-                // one thread), in multiples of 64 positions.
+                // one thread), in multiples of 64 positions, but no piece is smaller
+                // than `EPILOGUE_PIECE`: waking a worker costs more than a few
+                // thousand positions of epilogue.
                 let threads = rayon::current_num_threads().max(1);
                 let blocks: Vec<Range<usize>> = range
                     .clone()
                     .step_by(step)
                     .flat_map(|s| {
                         let end = (s + step).min(range.end);
-                        let piece = (end - s).div_ceil(threads).next_multiple_of(64).max(64);
+                        let piece = (end - s)
+                            .div_ceil(threads)
+                            .next_multiple_of(64)
+                            .max(EPILOGUE_PIECE);
                         (s..end)
                             .step_by(piece)
                             .map(move |p| p..(p + piece).min(end))
