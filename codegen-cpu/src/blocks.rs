@@ -29,6 +29,7 @@
 //!
 //! Which kernels: element-wise ones (matrix products' epilogues included: their
 //! product is an input the runtime fills first) of at least [`BLOCKS_FROM`] positions
+//! ([`HALF_BLOCKS_FROM`] for those with f16 or bf16 to convert)
 //! whose instructions are loads, constants, unary and binary ops all of one float type
 //! (f32, f16 or bf16), except that an f32 kernel may round what it stores into f16 or
 //! bf16 outputs (a cast used by stores alone, done by the store's conversion: the
@@ -54,8 +55,14 @@ pub(crate) const MAX_SLOTS: usize = 12;
 pub(crate) const MAX_SEGMENT_PTRS: usize = 32;
 
 /// Kernels below this many positions compile whole: their compile time matters more
-/// than their run time (they call the shared math instead, see `shared_math`).
+/// than their run time (they call the shared math instead, see `shared_math`)...
 pub(crate) const BLOCKS_FROM: usize = SHARED_MATH_BELOW;
+
+/// ...but kernels that load or store f16 or bf16 take blocks from one block of
+/// positions on: the 128-bit code converts halves in integer instructions (Cranelift
+/// has no F16C), about 6 ns an element to round an f32 into f16, which made the
+/// epilogue of a 64 x 64 f16 product 24 µs, against the routines' fraction of a ns.
+pub(crate) const HALF_BLOCKS_FROM: usize = BLOCK;
 
 /// Where a step's operand lives, for the block at positions `b..e`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,7 +161,7 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
     let dtype = kernel.body.first()?.dtype;
     // A contraction kernel is an element-wise one whose product is its last input,
     // filled before each range runs (see `support`): its epilogue takes blocks too.
-    if n < BLOCKS_FROM
+    if n < HALF_BLOCKS_FROM
         || !kernel.reduce_axes.is_empty()
         || kernel.plan != Plan::Elementwise
         || !matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
@@ -167,6 +174,9 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
     // product's epilogue `cast(x @ w, f16)`): a cast from f32 used by stores alone,
     // into outputs of its type. The cast is the store's conversion step.
     let narrowing = narrowing_casts(kernel, dtype)?;
+    if n < BLOCKS_FROM && !half && !narrowing.iter().any(|&c| c) {
+        return None;
+    }
     // gelu's tail in f32 kernels: one wide step for the seven instructions.
     let (gelu, absorbed) = match (dtype, wide::gelu_fn(tier)) {
         (DType::F32, Some(f)) => gelu_tails(kernel, f, wide::gelu_sum_fn(tier)),

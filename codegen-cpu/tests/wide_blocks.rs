@@ -304,13 +304,30 @@ fn f32_kernels_rounding_their_stores_to_halves_match() {
 }
 
 #[test]
-fn small_and_plain_f32_kernels_compile_whole() {
-    // Below 2^16 positions, and an f32 kernel with nothing for the wide routines.
+fn small_and_plain_kernels_compile_whole() {
+    // Below 2^16 positions an f32 kernel compiles whole, below one block (512) a half
+    // one; and an f32 kernel with nothing for the wide routines.
     let mut k = KernelBuilder::new("k_small", &[4096]);
+    let x = k.load(DType::F32);
+    let y = k.unary(UnaryOp::Sigmoid, x);
+    k.store(y);
+    check(&k.build(), false);
+    let mut k = KernelBuilder::new("k_small_f16", &[511]);
     let x = k.load(DType::F16);
     let y = k.unary(UnaryOp::Sigmoid, x);
     k.store(y);
     check(&k.build(), false);
+    // From one block on, a half kernel takes blocks: the routines convert its halves.
+    let mut k = KernelBuilder::new("k_half_block", &[512]);
+    let x = k.load(DType::F16);
+    let y = k.unary(UnaryOp::Sigmoid, x);
+    k.store(y);
+    check(&k.build(), true);
+    let mut k = KernelBuilder::new("k_half_4096", &[4096]);
+    let x = k.load(DType::BF16);
+    let y = k.binary(BinaryOp::Mul, x, x);
+    k.store(y);
+    check(&k.build(), true);
     let mut k = KernelBuilder::new("k_plain", &[N]);
     let x = k.load(DType::F32);
     let y = k.binary(BinaryOp::Mul, x, x);
