@@ -807,9 +807,12 @@ pub(crate) unsafe fn run(
     let mut scratch = Scratch([0.0; BLOCK * MAX_SLOTS]);
     let base = scratch.0.as_mut_ptr();
     let slot = |j: usize| base.wrapping_add(j * BLOCK);
+    // Without slots no step reads what another wrote (a value read later is held in a
+    // slot), so the whole range is one block: no per-block round of the steps.
+    let block = if plan.slots == 0 { end - start } else { BLOCK };
     let mut b = start;
     while b < end {
-        let e = (b + BLOCK).min(end);
+        let e = (b + block).min(end);
         let len = e - b;
         // Where a place is at position b (f32 everywhere but the half buffers of
         // Load and Store steps, which are 2-byte elements).
@@ -827,7 +830,8 @@ pub(crate) unsafe fn run(
                 } => {
                     let src = ptrs[input].cast::<u16>().wrapping_add(b).cast::<u8>();
                     // SAFETY: input `input` holds `numel` 2-byte elements and
-                    // `b + len = e <= numel`; slot `j` holds BLOCK >= len f32.
+                    // `b + len = e <= numel`; slot `j` holds BLOCK >= len f32 (a plan
+                    // with slots runs blocks of BLOCK).
                     unsafe { f(src, slot(j), len) };
                 }
                 Step::Store {
@@ -912,7 +916,8 @@ pub(crate) unsafe fn run(
                     // contiguous buffers: its code touches only positions `b..e` of
                     // each pointer. Kernel buffers are f32 of `numel >= e` elements;
                     // a slot pointer moved back by `b` reaches, at positions `b..e`,
-                    // its `len <= BLOCK` elements.
+                    // its `len <= BLOCK` elements (a plan with slots runs blocks of
+                    // BLOCK).
                     unsafe { entries[index](seg_ptrs.as_ptr(), b as i64, e as i64) };
                 }
             }
