@@ -305,29 +305,26 @@ fn f32_kernels_rounding_their_stores_to_halves_match() {
 
 #[test]
 fn small_and_plain_kernels_compile_whole() {
+    let unary = |name: &str, n: usize, dtype: DType, op: UnaryOp| {
+        let mut k = KernelBuilder::new(name, &[n]);
+        let x = k.load(dtype);
+        let y = k.unary(op, x);
+        k.store(y);
+        k.build()
+    };
     // Below 2^16 positions an f32 kernel compiles whole, below one block (512) a half
-    // one; and an f32 kernel with nothing for the wide routines.
-    let mut k = KernelBuilder::new("k_small", &[4096]);
-    let x = k.load(DType::F32);
-    let y = k.unary(UnaryOp::Sigmoid, x);
-    k.store(y);
-    check(&k.build(), false);
-    let mut k = KernelBuilder::new("k_small_f16", &[511]);
-    let x = k.load(DType::F16);
-    let y = k.unary(UnaryOp::Sigmoid, x);
-    k.store(y);
-    check(&k.build(), false);
-    // From one block on, a half kernel takes blocks: the routines convert its halves.
-    let mut k = KernelBuilder::new("k_half_block", &[512]);
-    let x = k.load(DType::F16);
-    let y = k.unary(UnaryOp::Sigmoid, x);
-    k.store(y);
-    check(&k.build(), true);
-    let mut k = KernelBuilder::new("k_half_4096", &[4096]);
-    let x = k.load(DType::BF16);
-    let y = k.binary(BinaryOp::Mul, x, x);
-    k.store(y);
-    check(&k.build(), true);
+    // one; from one block on, a half kernel takes blocks (the routines convert it).
+    check(&unary("k_small", 4096, DType::F32, UnaryOp::Sigmoid), false);
+    check(
+        &unary("k_small_f16", 511, DType::F16, UnaryOp::Sigmoid),
+        false,
+    );
+    check(
+        &unary("k_half_block", 512, DType::F16, UnaryOp::Sigmoid),
+        true,
+    );
+    check(&unary("k_half_4096", 4096, DType::BF16, UnaryOp::Abs), true);
+    // An f32 kernel with nothing for the wide routines.
     let mut k = KernelBuilder::new("k_plain", &[N]);
     let x = k.load(DType::F32);
     let y = k.binary(BinaryOp::Mul, x, x);
