@@ -178,8 +178,8 @@ pub(crate) fn plan(kernel: &Kernel, tier: Tier) -> Option<BlockPlan> {
         return None;
     }
     // gelu's tail in f32 kernels: one wide step for the seven instructions.
-    let (gelu, absorbed) = match (dtype, wide::gelu_fn(tier)) {
-        (DType::F32, Some(f)) => gelu_tails(kernel, f, wide::gelu_sum_fn(tier)),
+    let (gelu, absorbed) = match (dtype, wide::gelu_fns(tier)) {
+        (DType::F32, Some(fns)) => gelu_tails(kernel, fns),
         _ => (
             vec![None; kernel.body.len()],
             vec![false; kernel.body.len()],
@@ -462,13 +462,12 @@ struct Bias {
 /// The gelu tails of `kernel` (at each final product) and the instructions they
 /// absorb: the square, the cube, the two products by constants, the sum and the
 /// sigmoid, each read only by the next (operands in either order) and none stored;
-/// with `sum` (the routine over `p + b`), also `x` where it is a bias added to a load
-/// ([`Bias`]). The wide step computes them in registers, each operation as the
+/// also `x` where it is a bias added to a load ([`Bias`], run by `sum`, the routine
+/// over `p + b`). The wide step computes them in registers, each operation as the
 /// kernel's own instruction does (IEEE products and sums are commutative, bit for bit).
 fn gelu_tails(
     kernel: &Kernel,
-    f: GeluFn,
-    sum: Option<GeluSumFn>,
+    (f, sum): (GeluFn, GeluSumFn),
 ) -> (Vec<Option<GeluTail>>, Vec<bool>) {
     let body = &kernel.body;
     let n = body.len();
@@ -550,9 +549,9 @@ fn gelu_tails(
                 absorbed[p.index()] = true;
             }
             // x is read four times by the tail (square, cube, sum, product).
-            let bias = sum
-                .filter(|_| users[x.index()] == 4 && !stored[x.index()] && !absorbed[x.index()])
-                .and_then(|f| bias_of(kernel, x, f));
+            let bias = (users[x.index()] == 4 && !stored[x.index()] && !absorbed[x.index()])
+                .then(|| bias_of(kernel, x, sum))
+                .flatten();
             if bias.is_some() {
                 absorbed[x.index()] = true;
             }

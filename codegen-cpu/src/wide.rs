@@ -43,32 +43,17 @@ pub(crate) fn unary_fn(op: UnaryOp, tier: Tier) -> Option<UnaryFn> {
     math::unary_fn(op, tier)
 }
 
-/// gelu's tail over a sum (`exp::GeluSumFn`) on f32 at `tier`.
-pub(crate) fn gelu_sum_fn(tier: Tier) -> Option<exp::GeluSumFn> {
+/// gelu's tail on f32 at `tier`: the routine over one source (`exp::GeluFn`) and the
+/// one over a sum (`exp::GeluSumFn`).
+pub(crate) fn gelu_fns(tier: Tier) -> Option<(exp::GeluFn, exp::GeluSumFn)> {
     if !tier.available() {
         return None;
     }
     #[cfg(target_arch = "x86_64")]
     {
         Some(match tier {
-            Tier::Avx512 => exp::gelu_sum_avx512,
-            Tier::Avx2 => exp::gelu_sum_avx2,
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    None
-}
-
-/// gelu's tail (`exp::GeluFn`) on f32 at `tier`.
-pub(crate) fn gelu_fn(tier: Tier) -> Option<exp::GeluFn> {
-    if !tier.available() {
-        return None;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        Some(match tier {
-            Tier::Avx512 => exp::gelu_tanh_avx512,
-            Tier::Avx2 => exp::gelu_tanh_avx2,
+            Tier::Avx512 => (exp::gelu_tanh_avx512, exp::gelu_sum_avx512),
+            Tier::Avx2 => (exp::gelu_tanh_avx2, exp::gelu_sum_avx2),
         })
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -360,72 +360,54 @@ const TWO_40: f64 = 1_099_511_627_776.0;
 const TWO_M75: f64 = 2.646_977_960_169_688_6e-23;
 const TWO_M74: f64 = 5.293_955_920_339_377e-23;
 
-/// [`GeluFn`] on AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma,f16c")]
-pub(super) unsafe extern "C" fn gelu_tanh_avx512(
-    src: *const f32,
-    dst: *mut f32,
-    n: usize,
-    c1: f32,
-    c2: f32,
-) {
-    // SAFETY: a `GeluFn`'s contract: the caller checked that the host has this
-    // routine's features (the token's requirement) and that `src` and `dst` are valid
-    // for `n` f32, equal or not overlapping (`map`'s).
-    let l = unsafe { super::lanes::Avx512::assume() };
-    // SAFETY: as above.
-    unsafe { super::lanes::map(l, &GeluTanh::<false> { c1, c2 }, src, dst, n) }
+/// The two gelu routines of one tier: `$tanh` ([`GeluFn`], through `map`) and `$sum`
+/// ([`GeluSumFn`], through `map_sum`, for a product's outputs: `GeluTanh<true>`), on
+/// the registers of `$lanes` with its features `$features`.
+macro_rules! gelu_routines {
+    ($tanh:ident, $sum:ident, $lanes:ident, $features:literal) => {
+        /// [`GeluFn`] on this tier.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        pub(super) unsafe extern "C" fn $tanh(
+            src: *const f32,
+            dst: *mut f32,
+            n: usize,
+            c1: f32,
+            c2: f32,
+        ) {
+            // SAFETY: a `GeluFn`'s contract: the caller checked that the host has this
+            // routine's features (the token's requirement) and that `src` and `dst` are
+            // valid for `n` f32, equal or not overlapping (`map`'s).
+            let l = unsafe { super::lanes::$lanes::assume() };
+            // SAFETY: as above.
+            unsafe { super::lanes::map(l, &GeluTanh::<false> { c1, c2 }, src, dst, n) }
+        }
+
+        /// [`GeluSumFn`] on this tier.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        pub(super) unsafe extern "C" fn $sum(
+            a: *const f32,
+            b: *const f32,
+            dst: *mut f32,
+            n: usize,
+            c1: f32,
+            c2: f32,
+        ) {
+            // SAFETY: a `GeluSumFn`'s contract: the host has this routine's features
+            // (the token's requirement); `a`, `b` and `dst` are valid for `n` f32, `dst`
+            // equal to one of them or overlapping neither (`map_sum`'s).
+            let l = unsafe { super::lanes::$lanes::assume() };
+            // SAFETY: as above.
+            unsafe { super::lanes::map_sum(l, &GeluTanh::<true> { c1, c2 }, (a, b), dst, n) }
+        }
+    };
 }
 
-/// [`GeluFn`] on AVX2 with FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe extern "C" fn gelu_tanh_avx2(
-    src: *const f32,
-    dst: *mut f32,
-    n: usize,
-    c1: f32,
-    c2: f32,
-) {
-    // SAFETY: as for the AVX-512 routine, with AVX2's features.
-    let l = unsafe { super::lanes::Avx2::assume() };
-    // SAFETY: as above.
-    unsafe { super::lanes::map(l, &GeluTanh::<false> { c1, c2 }, src, dst, n) }
-}
-
-/// [`GeluSumFn`] on AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma,f16c")]
-pub(super) unsafe extern "C" fn gelu_sum_avx512(
-    a: *const f32,
-    b: *const f32,
-    dst: *mut f32,
-    n: usize,
-    c1: f32,
-    c2: f32,
-) {
-    // SAFETY: a `GeluSumFn`'s contract: the host has this routine's features (the
-    // token's requirement); `a`, `b` and `dst` are valid for `n` f32, `dst` equal to
-    // one of them or overlapping neither (`map_sum`'s).
-    let l = unsafe { super::lanes::Avx512::assume() };
-    // SAFETY: as above.
-    unsafe { super::lanes::map_sum(l, &GeluTanh::<true> { c1, c2 }, (a, b), dst, n) }
-}
-
-/// [`GeluSumFn`] on AVX2 with FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe extern "C" fn gelu_sum_avx2(
-    a: *const f32,
-    b: *const f32,
-    dst: *mut f32,
-    n: usize,
-    c1: f32,
-    c2: f32,
-) {
-    // SAFETY: as for the AVX-512 routine, with AVX2's features.
-    let l = unsafe { super::lanes::Avx2::assume() };
-    // SAFETY: as above.
-    unsafe { super::lanes::map_sum(l, &GeluTanh::<true> { c1, c2 }, (a, b), dst, n) }
-}
+gelu_routines!(
+    gelu_tanh_avx512,
+    gelu_sum_avx512,
+    Avx512,
+    "avx512f,fma,f16c"
+);
+gelu_routines!(gelu_tanh_avx2, gelu_sum_avx2, Avx2, "avx2,fma,f16c");
