@@ -216,10 +216,9 @@ impl Fill<f32> for Converted<'_> {
             Parallelism::Rayon(t) => t.max(1),
             _ => 1,
         };
-        // `Converted::of` checked every block.
-        if let Some(p) = self.packed(b) {
-            p.run(dst, threads);
-        }
+        self.packed(b)
+            .expect("Converted::of checked that the packed GEMM takes every block")
+            .run(dst, threads);
     }
 }
 
