@@ -25,6 +25,7 @@ pub(crate) mod exp;
 pub(crate) mod lanes;
 pub(crate) mod log;
 pub(crate) mod math;
+mod pair;
 pub(crate) mod reduce;
 pub(crate) mod shift;
 pub(crate) mod tier;

@@ -299,13 +299,16 @@ impl<const SPREAD: bool> super::lanes::Op for GeluTanh<SPREAD> {
         // subnormal or close: the general path's operations on those values cost a
         // microcode assist each (see `exp_general`). So where no lane is NaN and the
         // band's lanes have |x| < 2^40, the band's lanes are computed apart, from
-        // integers (`gelu_band`), and selected: over 4M f32 of N(0, 10.7) (a matrix
-        // product's outputs) 0.89 ns an element against 0.99 on the general path.
+        // integers (`gelu_with_band`), and selected. Over 4M f32 of N(0, 10.7) (a matrix
+        // product's outputs) that was 0.89 ns an element against 0.99 on the general
+        // path; with one reduction for both kinds of lane, and registers in pairs, a
+        // bias added first (`GeluSumFn`), 0.66 against 0.75 one register at a time
+        // with two reductions.
         let band = l.lt(off_band, l.c(8.65));
         let xa = l.abs(x);
         let tame = l.all(l.eq(z, z)) && l.all(l.lt(l.sel(band, xa, l.splat(0.0)), l.c(TWO_40)));
         if tame {
-            l.sel(band, gelu_band(l, x, z, band), gelu_clamped(l, x, z, nz))
+            gelu_with_band(l, x, z, nz, band)
         } else {
             l.mul(x, sigmoid(l, z))
         }
@@ -320,42 +323,57 @@ fn gelu_clamped<L: Lanes>(l: L, x: L::F, z: L::F, nz: L::F) -> L::F {
     l.mul(x, l.sel(l.lt(z, l.c(-95.0)), l.splat(0.0), s))
 }
 
-/// x·e^z, with the bits of `x · sigmoid(z)` on the general path, in the `band` lanes
-/// (z in (-104.2, -86.9), where the logistic function is e^z, subnormal or near it;
-/// |x| < 2^40); other lanes compute something harmless that the caller discards. No
-/// floating-point operation has a subnormal operand or result there (an assist each on
-/// Zen 4, see `exp_general`).
+/// x · sigmoid(z) in a register with lanes in the `band` (z in (-104.2, -86.9), where
+/// the logistic function is e^z, subnormal or near it; there |x| < 2^40): the bits of
+/// `x · sigmoid(z)` on the general path, with no floating-point operation that has a
+/// subnormal operand or result (an assist each on Zen 4, see `exp_general`). One
+/// reduction serves both kinds of lane: of z (≥ -104, as `exp_general` clamps) in the
+/// band, of -|z| clamped to -86.9 outside it, as [`gelu_clamped`] takes it.
 ///
-/// e = e^z as the general path rounds it: p·2^n (exact) where normal, else the integer
-/// m of `exp_subnormal`. e' = e·2^149 is then exact from bits alone (m converted, or n
-/// raised by 149), and |x|·e' cannot overflow (e' < 2^25). The product x·e rounds once:
-/// to an integer multiple of 2^-149 where it is subnormal (|x|·e' < 2^23: the fused
-/// multiply-add |x|·e' + 2^23 does that rounding, and its low bits are the pattern), else
-/// to 24 bits (|x|·e' rounded, scaled back by 2^-149 in two exact steps).
+/// In the band, e = e^z as the general path rounds it: p·2^n (exact) where normal, else
+/// the integer m of `exp_subnormal`. e' = e·2^149 is then exact from bits alone (m
+/// converted, or n raised by 149), and |x|·e' cannot overflow (e' < 2^25). The product
+/// x·e rounds once: to an integer multiple of 2^-149 where it is subnormal (|x|·e' <
+/// 2^23: the fused multiply-add |x|·e' + 2^23 does that rounding, and its low bits are
+/// the pattern), else to 24 bits (|x|·e' rounded, scaled back by 2^-149 in two exact
+/// steps). Each path's operands are replaced by harmless ones (0, 1) in the other's
+/// lanes, whose results the last select drops.
 #[inline(always)]
-fn gelu_band<L: Lanes>(l: L, x: L::F, z: L::F, band: L::M) -> L::F {
+fn gelu_with_band<L: Lanes>(l: L, x: L::F, z: L::F, nz: L::F, band: L::M) -> L::F {
+    let one = l.splat(1.0);
     let two23 = l.c(TWO_23);
-    let zb = l.max(l.sel(band, z, l.c(-95.0)), l.c(-104.0));
-    let xb = l.sel(band, l.abs(x), l.splat(1.0));
-    let (y, m, p, ni) = exp_subnormal(l, zb);
-    let sub = l.lt(y, two23);
+    let w = l.max(nz, l.sel(band, l.c(-104.0), l.c(-86.9)));
+    let (ni, em) = exp_reduce(l, w);
+    let p = l.add(one, em);
     let normal_bits = l.iadd(l.bits(p), l.shl(ni, 23));
+    // Outside the band: `gelu_clamped`, its e^-|z| being `exp_normal`'s.
+    let e = l.sel(band, l.splat(0.0), l.float(normal_bits));
+    let nonneg = l.ge(z, l.splat(0.0));
+    let s = l.div(l.sel(nonneg, one, e), l.add(one, e));
+    let clamped = l.mul(x, l.sel(l.lt(z, l.c(-95.0)), l.splat(0.0), s));
+    // In the band: `exp_subnormal`'s y and m from the same reduction, then x·e.
+    let k = l.imin(l.iadd(ni, l.isplat(149)), l.isplat(24));
+    let y = l.mul(p, l.pow2(k));
+    let m = l.isub(l.bits(l.add(y, two23)), l.bits(two23));
     let scaled = l.sel(
-        sub,
+        l.lt(y, two23),
         l.to_float(m),
         l.float(l.iadd(normal_bits, l.isplat(149 << 23))),
     );
+    let scaled = l.sel(band, scaled, one);
+    let xb = l.sel(band, l.abs(x), one);
     let product = l.mul(xb, scaled);
-    let sub2 = l.lt(product, two23);
+    let sub = l.lt(product, two23);
     let pattern = l.isub(l.bits(l.fma(xb, scaled, two23)), l.bits(two23));
     let normal = l.mul(
-        l.mul(l.sel(sub2, two23, product), l.c(TWO_M75)),
+        l.mul(l.sel(sub, two23, product), l.c(TWO_M75)),
         l.c(TWO_M74),
     );
-    l.with_sign_of(l.sel(sub2, l.float(pattern), normal), x)
+    let banded = l.with_sign_of(l.sel(sub, l.float(pattern), normal), x);
+    l.sel(band, banded, clamped)
 }
 
-/// 2^40, 2^-75 and 2^-74: [`gelu_band`]'s bound on |x| and its scalings back.
+/// 2^40, 2^-75 and 2^-74: [`gelu_with_band`]'s bound on |x| and its scalings back.
 const TWO_40: f64 = 1_099_511_627_776.0;
 const TWO_M75: f64 = 2.646_977_960_169_688_6e-23;
 const TWO_M74: f64 = 5.293_955_920_339_377e-23;

@@ -22,6 +22,8 @@
 //! rounding of every f64 constant to f32.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
+use super::pair::Pair;
+
 /// The widest register of any tier, in f32 lanes (the tail buffer of [`map`]).
 const MAX_LANES: usize = 16;
 
@@ -151,7 +153,8 @@ pub(super) trait Op {
     fn apply<L: Lanes>(&self, l: L, x: L::F) -> L::F;
 }
 
-/// `op` over `src[0..n]` into `dst[0..n]`, a register at a time; the last partial
+/// `op` over `src[0..n]` into `dst[0..n]`, two registers at a time (a [`Pair`], whose
+/// two chains of operations overlap), then one; the last partial
 /// register goes through a stack buffer of one register (its unused lanes 0.0), so it
 /// gets the bits a full one would.
 ///
@@ -162,12 +165,18 @@ pub(super) trait Op {
 pub(super) unsafe fn map<L: Lanes, O: Op>(l: L, op: &O, src: *const f32, dst: *mut f32, n: usize) {
     const { assert!(L::LANES <= MAX_LANES) };
     let full = n - n % L::LANES;
+    let pairs = n - n % (2 * L::LANES);
+    let two = Pair(l);
     let mut i = 0;
-    while i < full {
-        // SAFETY: i + LANES <= full <= n, so both registers lie inside the caller's
-        // ranges; register i is read whole before it is written, so in place works.
+    while i < pairs {
+        // SAFETY: i + 2·LANES <= pairs <= n, so both registers lie inside the caller's
+        // ranges; they are read whole before they are written, so in place works.
+        unsafe { two.store(dst.add(i), op.apply(two, two.load(src.add(i)))) };
+        i += 2 * L::LANES;
+    }
+    if i < full {
+        // SAFETY: as above, for the one register left (i + LANES <= full <= n).
         unsafe { l.store(dst.add(i), op.apply(l, l.load(src.add(i)))) };
-        i += L::LANES;
     }
     let rest = n - full;
     if rest > 0 {
@@ -200,15 +209,24 @@ pub(super) unsafe fn map_sum<L: Lanes, O: Op>(
 ) {
     const { assert!(L::LANES <= MAX_LANES) };
     let full = n - n % L::LANES;
+    let pairs = n - n % (2 * L::LANES);
+    let two = Pair(l);
     let mut i = 0;
-    while i < full {
-        // SAFETY: i + LANES <= full <= n, so the registers lie inside the caller's
-        // ranges; registers i are read whole before register i of dst is written.
+    while i < pairs {
+        // SAFETY: i + 2·LANES <= pairs <= n, so the registers lie inside the caller's
+        // ranges; those of a and b are read whole before dst's are written.
+        unsafe {
+            let x = two.add(two.load(a.add(i)), two.load(b.add(i)));
+            two.store(dst.add(i), op.apply(two, x));
+        }
+        i += 2 * L::LANES;
+    }
+    if i < full {
+        // SAFETY: as above, for the one register left (i + LANES <= full <= n).
         unsafe {
             let x = l.add(l.load(a.add(i)), l.load(b.add(i)));
             l.store(dst.add(i), op.apply(l, x));
         }
-        i += L::LANES;
     }
     let rest = n - full;
     if rest > 0 {
