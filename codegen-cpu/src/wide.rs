@@ -24,6 +24,7 @@ pub(crate) mod convert;
 pub(crate) mod exp;
 pub(crate) mod lanes;
 pub(crate) mod log;
+mod map;
 pub(crate) mod math;
 mod pair;
 pub(crate) mod reduce;

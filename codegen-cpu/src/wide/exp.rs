@@ -8,7 +8,8 @@
 //! `vmath/exp.rs`).
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
-use super::lanes::{routines, Lanes};
+use super::lanes::Lanes;
+use super::map::routines;
 pub(super) use crate::vmath::builder::{EXPM1_Q, F32_PREC, LN2_HI, LN2_LO};
 use crate::vmath::exp::{ERF_LARGE, ERF_SMALL, TANH_SMALL};
 
@@ -272,7 +273,7 @@ struct GeluTanh<const SPREAD: bool> {
     c2: f32,
 }
 
-impl<const SPREAD: bool> super::lanes::Op for GeluTanh<SPREAD> {
+impl<const SPREAD: bool> super::map::Op for GeluTanh<SPREAD> {
     #[inline(always)]
     fn apply<L: Lanes>(&self, l: L, x: L::F) -> L::F {
         let sq = l.mul(x, x);
@@ -398,7 +399,7 @@ macro_rules! gelu_routines {
             // valid for `n` f32, equal or not overlapping (`map`'s).
             let l = unsafe { super::lanes::$lanes::assume() };
             // SAFETY: as above.
-            unsafe { super::lanes::map(l, &GeluTanh::<false> { c1, c2 }, src, dst, n) }
+            unsafe { super::map::map(l, &GeluTanh::<false> { c1, c2 }, src, dst, n) }
         }
 
         /// [`GeluSumFn`] on this tier.
@@ -417,7 +418,7 @@ macro_rules! gelu_routines {
             // equal to one of them or overlapping neither (`map_sum`'s).
             let l = unsafe { super::lanes::$lanes::assume() };
             // SAFETY: as above.
-            unsafe { super::lanes::map_sum(l, &GeluTanh::<true> { c1, c2 }, (a, b), dst, n) }
+            unsafe { super::map::map_sum(l, &GeluTanh::<true> { c1, c2 }, (a, b), dst, n) }
         }
     };
 }

@@ -7,7 +7,8 @@
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 use super::exp::{F32_PREC, LN2_HI, LN2_LO};
-use super::lanes::{routines, Lanes};
+use super::lanes::Lanes;
+use super::map::routines;
 use crate::vmath::builder::LOG_R;
 
 /// The bits of 1 and of √½, the mantissa mask.

@@ -1,5 +1,5 @@
-//! Two registers of a tier as one: [`Pair`], for the loops of `lanes::map` and
-//! `lanes::map_sum`.
+//! Two registers of a tier as one: [`Pair`], for the loops of `map::map` and
+//! `map::map_sum`.
 //!
 //! The wide math is a long chain of dependent operations per register (gelu's tail is
 //! about 40, with a division: some 90 cycles from the load to the store on AMD Zen 4),
