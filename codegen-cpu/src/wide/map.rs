@@ -16,6 +16,14 @@ pub(super) trait Op {
     fn apply<L: Lanes>(&self, l: L, x: L::F) -> L::F;
 }
 
+/// Where the pairs of registers of `n` f32 end, and where the whole registers end: the
+/// first two loops' bounds of [`map`] and [`map_sum`] (a partial register follows).
+#[inline(always)]
+fn extents<L: Lanes>(n: usize) -> (usize, usize) {
+    const { assert!(L::LANES <= MAX_LANES) };
+    (n - n % (2 * L::LANES), n - n % L::LANES)
+}
+
 /// `op` over `src[0..n]` into `dst[0..n]`, two registers at a time (a [`Pair`], whose
 /// two chains of operations overlap), then one; the last partial
 /// register goes through a stack buffer of one register (its unused lanes 0.0), so it
@@ -26,9 +34,7 @@ pub(super) trait Op {
 /// pointer, and must not overlap otherwise.
 #[inline(always)]
 pub(super) unsafe fn map<L: Lanes, O: Op>(l: L, op: &O, src: *const f32, dst: *mut f32, n: usize) {
-    const { assert!(L::LANES <= MAX_LANES) };
-    let full = n - n % L::LANES;
-    let pairs = n - n % (2 * L::LANES);
+    let (pairs, full) = extents::<L>(n);
     let two = Pair(l);
     let mut i = 0;
     while i < pairs {
@@ -70,9 +76,7 @@ pub(super) unsafe fn map_sum<L: Lanes, O: Op>(
     dst: *mut f32,
     n: usize,
 ) {
-    const { assert!(L::LANES <= MAX_LANES) };
-    let full = n - n % L::LANES;
-    let pairs = n - n % (2 * L::LANES);
+    let (pairs, full) = extents::<L>(n);
     let two = Pair(l);
     let mut i = 0;
     while i < pairs {
