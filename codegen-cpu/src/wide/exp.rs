@@ -133,13 +133,19 @@ const TWO_23: f64 = 8_388_608.0;
 fn exp_subnormal<L: Lanes>(l: L, xc: L::F) -> (L::F, L::I, L::F, L::I) {
     let (ni, em) = exp_reduce(l, xc);
     let p = l.add(l.splat(1.0), em);
-    // y = p·2^min(n + 149, 24): below 2^23 exactly where p·2^n is subnormal (n ≤ -127;
-    // n = -126 with p < 1); from 2^23 on for every normal result.
+    let (y, m) = subnormal_pattern(l, p, ni);
+    (y, m, p, ni)
+}
+
+/// `exp_subnormal`'s `(y, m)` for e^x = p·2^n: y = p·2^min(n + 149, 24), below 2^23
+/// exactly where p·2^n is subnormal (n ≤ -127; n = -126 with p < 1), from 2^23 on for
+/// every normal result; and m, the subnormal's bit pattern (y rounded to an integer).
+#[inline(always)]
+fn subnormal_pattern<L: Lanes>(l: L, p: L::F, ni: L::I) -> (L::F, L::I) {
     let k = l.imin(l.iadd(ni, l.isplat(149)), l.isplat(24));
     let y = l.mul(p, l.pow2(k));
     let two23 = l.c(TWO_23);
-    let m = l.isub(l.bits(l.add(y, two23)), l.bits(two23));
-    (y, m, p, ni)
+    (y, l.isub(l.bits(l.add(y, two23)), l.bits(two23)))
 }
 
 /// e^x - 1 for x in [-20, 89] or NaN (`Math::expm1_core`).
@@ -219,9 +225,15 @@ pub(super) fn sigmoid<L: Lanes>(l: L, x: L::F) -> L::F {
 /// [`sigmoid`] where every lane has |x| < 87, given nx = -|x|.
 #[inline(always)]
 fn sigmoid_normal<L: Lanes>(l: L, x: L::F, nx: L::F) -> L::F {
+    logistic_of(l, x, exp_normal(l, nx))
+}
+
+/// The logistic function of x given e = e^-|x|: num / (1 + e), num 1 or e by the sign
+/// of x.
+#[inline(always)]
+fn logistic_of<L: Lanes>(l: L, x: L::F, e: L::F) -> L::F {
     let one = l.splat(1.0);
     let nonneg = l.ge(x, l.splat(0.0));
-    let e = exp_normal(l, nx);
     l.div(l.sel(nonneg, one, e), l.add(one, e))
 }
 
@@ -320,7 +332,12 @@ impl<const SPREAD: bool> super::map::Op for GeluTanh<SPREAD> {
 /// -86.9 (nz = -|z|), 0 in place of the logistic function where z < -95.
 #[inline(always)]
 fn gelu_clamped<L: Lanes>(l: L, x: L::F, z: L::F, nz: L::F) -> L::F {
-    let s = sigmoid_normal(l, z, l.max(nz, l.c(-86.9)));
+    clamped_product(l, x, z, sigmoid_normal(l, z, l.max(nz, l.c(-86.9))))
+}
+
+/// x · s, with 0 in place of the logistic function s where z < -95 ([`gelu_clamped`]).
+#[inline(always)]
+fn clamped_product<L: Lanes>(l: L, x: L::F, z: L::F, s: L::F) -> L::F {
     l.mul(x, l.sel(l.lt(z, l.c(-95.0)), l.splat(0.0), s))
 }
 
@@ -349,13 +366,9 @@ fn gelu_with_band<L: Lanes>(l: L, x: L::F, z: L::F, nz: L::F, band: L::M) -> L::
     let normal_bits = l.iadd(l.bits(p), l.shl(ni, 23));
     // Outside the band: `gelu_clamped`, its e^-|z| being `exp_normal`'s.
     let e = l.sel(band, l.splat(0.0), l.float(normal_bits));
-    let nonneg = l.ge(z, l.splat(0.0));
-    let s = l.div(l.sel(nonneg, one, e), l.add(one, e));
-    let clamped = l.mul(x, l.sel(l.lt(z, l.c(-95.0)), l.splat(0.0), s));
+    let clamped = clamped_product(l, x, z, logistic_of(l, z, e));
     // In the band: `exp_subnormal`'s y and m from the same reduction, then x·e.
-    let k = l.imin(l.iadd(ni, l.isplat(149)), l.isplat(24));
-    let y = l.mul(p, l.pow2(k));
-    let m = l.isub(l.bits(l.add(y, two23)), l.bits(two23));
+    let (y, m) = subnormal_pattern(l, p, ni);
     let scaled = l.sel(
         l.lt(y, two23),
         l.to_float(m),
