@@ -87,7 +87,7 @@ pub use training::{
 mod tests {
     use super::*;
     use crate::cases::input_data;
-    use crate::run::median;
+    use crate::run::{median, paired_ratios};
     use ndfuse::{BackendKind, Context, DType};
 
     #[test]
@@ -341,6 +341,25 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(median(&[]), 0.0);
+    }
+
+    #[test]
+    fn a_ratio_is_the_median_of_the_turns_ratios() {
+        // The machine was slow (x1.5) from the second turn to the peer's run of the
+        // third: the second turn's ratio is still the true one, only the third's is
+        // off, and the median of the turns keeps 1.04, while the ratio of the two
+        // medians reads 0.69.
+        let own = [1.04, 1.56, 1.04];
+        let peer = [1.0, 1.5, 1.5];
+        let (ratio, (lo, hi)) = paired_ratios(&own, &peer).expect("turns");
+        assert!((ratio - 1.04).abs() < 1e-12, "{ratio}");
+        assert!((lo - 1.04 / 1.5).abs() < 1e-12 && (hi - 1.04).abs() < 1e-12);
+        assert!((median(&own) / median(&peer) - 1.04 / 1.5).abs() < 1e-12);
+        // A peer that took no time gives no ratio for its turn, and none at all alone.
+        let (ratio, _) = paired_ratios(&[2.0, 3.0], &[0.0, 1.0]).expect("one turn");
+        assert_eq!(ratio, 3.0);
+        assert!(paired_ratios(&[1.0], &[0.0]).is_none());
+        assert!(paired_ratios(&[], &[]).is_none());
     }
 
     #[test]

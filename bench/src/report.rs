@@ -163,6 +163,8 @@ impl BenchReport {
                         "what": v.what,
                         "median_ms": v.median_ms,
                         "ratio": v.ratio,
+                        "ratio_min": v.ratio_range.0,
+                        "ratio_max": v.ratio_range.1,
                     })),
                 })
             })
@@ -337,9 +339,11 @@ impl BenchReport {
             };
             let versus = r.versus.as_ref().map(|v| {
                 format!(
-                    "{:.2}x {} ({} ms)",
+                    "{:.2}x {} (turns {:.2}-{:.2}x; {} ms)",
                     v.ratio,
                     v.what,
+                    v.ratio_range.0,
+                    v.ratio_range.1,
                     if v.median_ms < 10.0 {
                         format!("{:.3}", v.median_ms)
                     } else {

@@ -101,8 +101,13 @@ pub struct Compared {
     pub what: String,
     /// Its median, ms (device time on a GPU, as the row's own).
     pub median_ms: f64,
-    /// The row's time over it: 1.05 is 5% slower.
+    /// The row's time over it: 1.05 is 5% slower. The median of the turns' ratios:
+    /// each of the row's runs over the peer's run timed right after it, so a stretch
+    /// of the machine's noise that slows one turn slows both of its runs and cancels
+    /// (the ratio of the two medians moved by 6% between runs on the 2-core VM).
     pub ratio: f64,
+    /// The lowest and highest of the turns' ratios.
+    pub ratio_range: (f64, f64),
 }
 
 impl Row {
@@ -349,6 +354,20 @@ pub(crate) fn median(xs: &[f64]) -> f64 {
     }
 }
 
+/// The median, lowest and highest of `own[i] / peer[i]` over the turns where the peer
+/// took time; `None` when it took none in any.
+pub(crate) fn paired_ratios(own: &[f64], peer: &[f64]) -> Option<(f64, (f64, f64))> {
+    let ratios: Vec<f64> = own
+        .iter()
+        .zip(peer)
+        .filter(|(_, &p)| p > 0.0)
+        .map(|(&o, &p)| o / p)
+        .collect();
+    let lo = ratios.iter().copied().reduce(f64::min)?;
+    let hi = ratios.iter().copied().reduce(f64::max)?;
+    Some((median(&ratios), (lo, hi)))
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -521,15 +540,17 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> R
     // filled in by `run_suite_with`.
     let versus = match (other, theirs) {
         (Some((what, _)), Some(r)) => {
-            let base = if on_device {
-                median(&r.runs)
+            let (own, peer) = if on_device {
+                (&runs, &r.runs)
             } else {
-                median(&r.walls)
+                (&walls, &r.walls)
             };
-            (base > 0.0).then(|| Compared {
+            let base = median(peer);
+            paired_ratios(own, peer).map(|(ratio, ratio_range)| Compared {
                 what: what.to_string(),
                 median_ms: base,
-                ratio: timed_ms / base,
+                ratio,
+                ratio_range,
             })
         }
         _ => None,

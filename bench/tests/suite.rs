@@ -213,26 +213,23 @@ fn the_matmul_cases_report_flops_against_the_widest_fma_peak() {
         .expect("versus the bare product");
     assert_eq!(gelu.what, "bare x @ w");
     assert!(gelu.median_ms > 0.0);
-    assert!(
-        (gelu.ratio * gelu.median_ms - row("matmul_gelu").median_ms).abs() <= 1e-9,
-        "{gelu:?}"
-    );
+    // The ratio is the median of the turns' ratios, so it lies within their range.
+    let (lo, hi) = gelu.ratio_range;
+    assert!(0.0 < lo && lo <= gelu.ratio && gelu.ratio <= hi, "{gelu:?}");
     // f16 and bf16 operands against the product of the same values in f32, timed in
     // turns in the same case.
     for name in ["matmul_f16", "matmul_bf16"] {
         let v = row(name).versus.as_ref().expect("versus f32 operands");
         assert_eq!(v.what, "f32 operands");
         assert!(v.median_ms > 0.0);
-        assert!(
-            (v.ratio * v.median_ms - row(name).median_ms).abs() <= 1e-9,
-            "{v:?}"
-        );
+        let (lo, hi) = v.ratio_range;
+        assert!(0.0 < lo && lo <= v.ratio && v.ratio <= hi, "{v:?}");
     }
     assert!(row("matmul_f32").versus.is_none());
     let table = report.table();
     assert!(table.contains("| GFLOP/s | of FMA peak |"), "{table}");
     assert!(table.contains("f32 FMA peak, widest vectors ("), "{table}");
-    assert!(table.contains("x bare x @ w ("), "{table}");
+    assert!(table.contains("x bare x @ w (turns "), "{table}");
     assert!(table.contains("x f32 operands ("), "{table}");
     assert!(table.contains("compute peak (independent f32x4"), "{table}");
 }
