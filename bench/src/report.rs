@@ -339,7 +339,7 @@ impl BenchReport {
             };
             let versus = r.versus.as_ref().map(|v| {
                 format!(
-                    "{:.2}x {} (turns {:.2}-{:.2}x; {} ms)",
+                    "{:.3}x {} (turns {:.2}-{:.2}x; {} ms)",
                     v.ratio,
                     v.what,
                     v.ratio_range.0,
