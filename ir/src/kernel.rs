@@ -239,9 +239,10 @@ impl fmt::Display for Plan {
 /// N]`), `product[b..., m, n] = sum over k of lhs[b..., m, k] * rhs[b..., k, n]`,
 /// accumulated in [`Contraction::dtype`] and written row-major into input buffer
 /// [`Contraction::product`], which the body then loads like any input. A backend fills
-/// the product one block of `block_rows` rows of M at a time and runs the body over that
-/// block while it is still in cache. `block_rows` depends on shapes only, so results do
-/// not depend on the thread count.
+/// the product in whole blocks of `block_rows` rows of M (the CPU fills a unit of
+/// several blocks per GEMM call) and runs the body over them while they are still in
+/// cache. `block_rows` depends on shapes only, so results do not depend on the thread
+/// count.
 ///
 /// The product buffer is always the kernel's last input and has no graph node: callers
 /// bind every input but that one.

@@ -24,9 +24,14 @@ pub struct TargetDesc {
     pub split_min_row: usize,
     /// Most chunks a row is split into.
     pub max_splits: usize,
-    /// Bytes of a matrix product's block: a GEMM fills this much of the product (whole
-    /// rows of M) and the fused epilogue runs over it while it is still in cache.
+    /// Bytes of a matrix product's block: whole rows of M, the grain of its scratch
+    /// (the interpreter's and a host fallback's) and of the CPU's units.
     pub gemm_block_bytes: usize,
+    /// Fewest rows of M one GEMM call fills on this target, a unit of whole blocks,
+    /// after which the fused epilogue runs over the unit on the same thread while it
+    /// is still in cache; 0 where the epilogue runs on the GEMM's tiles in registers
+    /// (CUDA).
+    pub gemm_unit_rows: usize,
 }
 
 impl TargetDesc {
@@ -39,9 +44,23 @@ impl TargetDesc {
             split_below_rows: 16,
             split_min_row: 1 << 17,
             max_splits: 1024,
-            // Half of a core's L2 on current x86 (1-2 MiB): the product block plus the
-            // epilogue's other reads stay there.
+            // Half of a core's L2 on current x86 (1-2 MiB).
             gemm_block_bytes: 1 << 19,
+            // Every GEMM call packs all of the rhs (K x N) again, for 2 * rows flops per
+            // packed element: at the 32 or 64 rows of a 512 KiB block with N = 4096 or
+            // 2048 the packing (memory-bound, K * N elements) cost as much as the
+            // multiply-adds (4096x1024 @ 1024x4096: 30 GFLOP/s in blocks of 32 rows,
+            // against 100-180 in calls of 256 rows or more, on the 2-core development
+            // VM). So a call fills a unit of at least this many rows, and the epilogue
+            // then reads it from the last-level cache (a few MiB for the shapes that
+            // matter). The GEMM's thread CPU time summed over units, 2048^3 and
+            // 4096x1024 @ 1024x4096, min of 12 runs: 128 rows 201 / 394 ms, 256 rows
+            // 184 / 353, 512 rows 177 / 350, 1024 rows 185 / 356. 512 also leaves both
+            // shapes at least two units per thread on 2 threads, so a thread slowed by
+            // other work does not hold up the rest. The epilogue on 24-row groups inside
+            // the GEMM's loop, in L2, was tried: the GEMM, re-reading its packed rhs from
+            // L3 for each group, lost more (1.15x against 1.04x for gelu(x @ w + b)).
+            gemm_unit_rows: 512,
         }
     }
 }
@@ -61,6 +80,7 @@ impl TargetDesc {
             // The emitted GEMM applies its epilogue in registers; blocks only bound the
             // interpreter's and the host fallback's scratch.
             gemm_block_bytes: 1 << 19,
+            gemm_unit_rows: 0,
         }
     }
 }
@@ -73,18 +93,53 @@ impl Default for TargetDesc {
 
 /// Rows of M per block of a matrix product over `domain` (`[batch..., M, N]`) whose
 /// product elements take `elem_bytes`: as many as fit `target.gemm_block_bytes`, at
-/// least 16 (so a GEMM call has rows to block over), at most M. Shapes only.
+/// least 16 (so a GEMM call has rows to block over), at most M. Shapes only. The text
+/// says where the epilogue runs: on each unit of [`gemm_unit_rows`] rows, or in
+/// registers.
 pub fn gemm_block_rows(domain: &Shape, elem_bytes: usize, target: &TargetDesc) -> (usize, String) {
     let d = domain.dims();
     let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
     let fit = target.gemm_block_bytes / (n.max(1) * elem_bytes);
     let rows = fit.max(16).min(m.max(1));
-    let why = format!(
-        "matmul: the product is filled {rows} rows of M at a time ({} KiB of {} KiB a block) and the element-wise epilogue runs on each block while it is in cache",
-        rows * n * elem_bytes / 1024,
-        target.gemm_block_bytes / 1024
-    );
+    let why = if target.gemm_unit_rows == 0 {
+        "matmul: the element-wise epilogue runs on each tile of the product in registers"
+            .to_string()
+    } else {
+        let unit = gemm_unit_rows(rows, m, target);
+        let size = size_text(unit * n * elem_bytes);
+        let what = if unit > rows {
+            format!(
+                "{size}: {} blocks of {rows} rows, grouped so that packing the right operand pays off",
+                unit.div_ceil(rows)
+            )
+        } else {
+            size
+        };
+        format!(
+            "matmul: one GEMM call fills {unit} rows of M at a time ({what}) and the element-wise epilogue runs on them right after, on the same thread, while they are in cache"
+        )
+    };
     (rows, why)
+}
+
+/// Rows of M one GEMM call fills on a target with units (`target.gemm_unit_rows > 0`),
+/// for blocks of `block_rows` rows and M = `m`: whole blocks, at least the target's
+/// unit rows, at most M. Shapes only.
+pub fn gemm_unit_rows(block_rows: usize, m: usize, target: &TargetDesc) -> usize {
+    let block_rows = block_rows.max(1);
+    let group = target.gemm_unit_rows.div_ceil(block_rows).max(1);
+    (group * block_rows).min(m.max(1))
+}
+
+/// Bytes as B, KiB or MiB, rounded down.
+fn size_text(bytes: usize) -> String {
+    if bytes >= 1 << 20 {
+        format!("{} MiB", bytes >> 20)
+    } else if bytes >= 1 << 10 {
+        format!("{} KiB", bytes >> 10)
+    } else {
+        format!("{bytes} B")
+    }
 }
 
 /// The plan for a kernel over `domain` reducing `reduce_axes` (sorted), and why.
@@ -158,6 +213,26 @@ pub fn choose(domain: &Shape, reduce_axes: &[usize], target: &TargetDesc) -> (Pl
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gemm_unit_is_whole_blocks_of_at_least_the_target_rows_at_most_m() {
+        let cpu = TargetDesc::cpu();
+        assert_eq!(gemm_unit_rows(32, 4096, &cpu), 512);
+        assert_eq!(gemm_unit_rows(48, 4096, &cpu), 528);
+        assert_eq!(gemm_unit_rows(32, 100, &cpu), 100);
+        assert_eq!(gemm_unit_rows(1024, 4096, &cpu), 1024);
+        // The note names the unit and its blocks, or says the epilogue is in registers.
+        let (rows, why) = gemm_block_rows(&Shape::new([4096, 4096]), 4, &cpu);
+        assert_eq!(rows, 32);
+        assert!(
+            why.contains("fills 512 rows of M at a time (8 MiB: 16 blocks of 32 rows"),
+            "{why}"
+        );
+        let (_, why) = gemm_block_rows(&Shape::new([6, 10]), 4, &cpu);
+        assert!(why.contains("fills 6 rows of M at a time (240 B)"), "{why}");
+        let (_, why) = gemm_block_rows(&Shape::new([4096, 4096]), 4, &TargetDesc::cuda());
+        assert!(why.contains("in registers"), "{why}");
+    }
 
     fn plan(dims: &[usize], axes: &[usize]) -> Plan {
         choose(&Shape::new(dims.to_vec()), axes, &TargetDesc::cpu()).0

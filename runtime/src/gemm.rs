@@ -4,7 +4,7 @@
 //! positions, so they are still in cache when the epilogue reads them.
 //!
 //! The work is cut into *units*, one per (batch position, group of whole blocks of
-//! `block_rows` rows of M, at least `GEMM_MIN_ROWS` rows: one GEMM call, whose packing of
+//! `block_rows` rows of M, at least `unit_rows()` rows: one GEMM call, whose packing of
 //! the rhs needs that many rows to pay off), in row-major order of the domain. When there
 //! are at least as many units as threads, units run batch-parallel: each unit's GEMM on
 //! one thread, then at once on the same thread the epilogue over the unit's positions,
@@ -628,20 +628,13 @@ impl<T> ProductPtr<T> {
 // loops, which return only when every unit has finished.
 unsafe impl<T: Send> Sync for ProductPtr<T> {}
 
-/// Fewest rows of M one GEMM call fills. Every call packs all of the rhs (K x N) again,
-/// for 2 * rows flops per packed element: at the 32 or 64 rows of a 512 KiB block with
-/// N = 4096 or 2048 the packing (memory-bound, K * N elements) cost as much as the
-/// multiply-adds (4096x1024 @ 1024x4096: 30 GFLOP/s in blocks of 32 rows, against
-/// 100-180 in calls of 256 rows or more, on this 2-core VM). So a call fills a group of
-/// whole blocks of at least this many rows (a unit), and the epilogue then runs over the
-/// unit on the same thread right after it: the unit (at most a few MiB for the shapes
-/// that matter) is still in the last-level cache. Measured as the GEMM's thread CPU time
-/// summed over units (robust to the other builds on the VM), 2048^3 and 4096x1024 @
-/// 1024x4096, min of 12 runs: 128 rows 201 / 394 ms, 256 rows 184 / 353, 512 rows
-/// 177 / 350, 1024 rows 185 / 356. 512 also leaves both shapes at least two units per
-/// thread on 2 threads, so a thread slowed by other work does not hold up the rest. A
-/// constant, so units depend on shapes only.
-const GEMM_MIN_ROWS: usize = 512;
+/// Fewest rows of M one GEMM call fills: the CPU target's
+/// (`ndfuse_passes::TargetDesc::gemm_unit_rows`, which says why 512), so that the plan's
+/// note in `ndfuse explain` describes these units. A constant of the target, so units
+/// depend on shapes only.
+fn unit_rows() -> usize {
+    ndfuse_passes::TargetDesc::cpu().gemm_unit_rows
+}
 
 /// Fewest positions of epilogue a worker is handed when a unit's epilogue is split over
 /// the threads (see `Units::run`). A 64 x 64 product with an epilogue (an f16 product's
@@ -666,7 +659,7 @@ impl<'k> Units<'k> {
     /// The units of contraction `c`, whose epilogue is `compiled`.
     fn new(c: &'k Contraction, compiled: &'k CompiledKernel) -> Self {
         let (nbatch, m, _, _) = c.extents();
-        let group = GEMM_MIN_ROWS.div_ceil(c.block_rows).max(1);
+        let group = unit_rows().div_ceil(c.block_rows).max(1);
         let groups = m.div_ceil(c.block_rows * group);
         Units {
             c,
