@@ -19,7 +19,7 @@ pub struct BenchOptions {
     /// Full or tiny shapes.
     pub size: Size,
     /// The most timed runs of a case (after one warm-up run); a case timed in turns
-    /// with a peer takes three times as many turns, all of them.
+    /// with a peer, or a matrix product's, takes three times as many, all of them.
     pub max_runs: usize,
     /// A case stops early once it has run this long and at least `min_runs` times,
     /// so that slow cases do not take minutes.

@@ -421,19 +421,28 @@ struct Runs {
     report: Report,
 }
 
-fn time_runs(ctx: &Context, output: &dyn Fn() -> Tensor, opts: &BenchOptions) -> Result<Runs> {
-    let [runs] = time_interleaved(ctx, [output], opts)?;
+/// Times `output`: up to `max_runs` runs, fewer once the time budget is spent; or,
+/// `all_turns`, three times `max_runs`, all of them (see [`time_interleaved`]).
+fn time_runs(
+    ctx: &Context,
+    output: &dyn Fn() -> Tensor,
+    opts: &BenchOptions,
+    all_turns: bool,
+) -> Result<Runs> {
+    let [runs] = time_interleaved(ctx, [output], opts, all_turns)?;
     Ok(runs)
 }
 
 /// Times each of `outputs` as [`time_runs`] does, taking turns (one run of each, then
 /// again): what slows the machine for a while slows them alike, so the ratio of their
 /// medians is steadier than that of two series timed one after the other. The budget
-/// is per output.
+/// is per output. With `all_turns` (always with a peer) each output runs three times
+/// `max_runs` times, whatever the budget.
 fn time_interleaved<const N: usize>(
     ctx: &Context,
     outputs: [&dyn Fn() -> Tensor; N],
     opts: &BenchOptions,
+    all_turns: bool,
 ) -> Result<[Runs; N]> {
     // Warm-up: compiles the kernels (and, for the compile case, initialises whatever
     // the first JIT of the process initialises), so compile time stays out of the
@@ -449,13 +458,16 @@ fn time_interleaved<const N: usize>(
     let mut last: [Option<Report>; N] = std::array::from_fn(|_| None);
     let started = Instant::now();
     let budget = opts.time_budget * N as u32;
-    // Outputs timed in turns make a ratio, the row's point: they take three times the
+    // Outputs timed in turns make a ratio, the row's point, and the products' rows a
+    // fraction of the FMA peak their targets are close to: they take three times the
     // turns `max_runs` gives a row, and all of them. On the shared development VM one
     // turn's ratio of `gelu(x @ w + b)` to `x @ w` ranged from 0.80x to 1.27x within a
     // run, and the median of 10 turns read 1.03x, 1.04x and 1.06x in three runs; of 30
-    // turns, 1.035x to 1.045x.
-    let max_runs = if N > 1 { 3 } else { 1 } * opts.max_runs.max(1);
-    let min_runs = if N > 1 {
+    // turns, 1.035x to 1.045x. A stretch of noise took the median of 10 runs of the
+    // 2048^3 product from 88% of the peak to 73% in one run.
+    let all_turns = all_turns || N > 1;
+    let max_runs = if all_turns { 3 } else { 1 } * opts.max_runs.max(1);
+    let min_runs = if all_turns {
         max_runs
     } else {
         opts.min_runs.clamp(1, max_runs)
@@ -519,10 +531,14 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> R
     };
     let (mine, theirs) = match &other {
         Some((_, t)) => {
-            let [mine, theirs] = time_interleaved(ctx, [&output, &|| t.clone()], opts)?;
+            let [mine, theirs] = time_interleaved(ctx, [&output, &|| t.clone()], opts, true)?;
             (mine, Some(theirs))
         }
-        None => (time_runs(ctx, &output, opts)?, None),
+        None => {
+            // A product's row is read against the FMA peak: all of its turns.
+            let product = case.flops.is_some() && case.kind == Kind::Throughput;
+            (time_runs(ctx, &output, opts, product)?, None)
+        }
     };
     let Runs {
         warmup_faults,

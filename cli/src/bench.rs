@@ -20,7 +20,8 @@ pub struct BenchArgs {
     json: bool,
     /// At most N timed runs of each case after its warm-up run; a case stops earlier
     /// once it has run for 1 s and at least 3 times, but a case timed in turns with a
-    /// peer (its note's ratio) takes 3N turns, all of them.
+    /// peer (its note's ratio) or a matrix product's (against the FMA peak) takes 3N
+    /// turns, all of them.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
     /// The same cases on tiny shapes (and a small bandwidth measurement): a smoke test
