@@ -434,9 +434,9 @@ fn time_runs(
 }
 
 /// Times each of `outputs` as [`time_runs`] does, taking turns (one run of each, then
-/// again): what slows the machine for a while slows them alike, so the ratio of their
-/// medians is steadier than that of two series timed one after the other. The budget
-/// is per output. With `all_turns` (always with a peer) each output runs three times
+/// again): what slows the machine for a while slows them alike, so the ratio within a
+/// turn is steadier than that of two series timed one after the other (the row's ratio
+/// is the median of the turns', [`paired_ratios`]). The budget is per output. With `all_turns` (always with a peer) each output runs three times
 /// `max_runs` times, whatever the budget.
 fn time_interleaved<const N: usize>(
     ctx: &Context,

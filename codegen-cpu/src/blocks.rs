@@ -805,7 +805,8 @@ pub(crate) unsafe fn run(
 ) {
     // Only the plan's slots are zeroed (so nothing uninitialised is ever read), not the
     // whole array: zeroing its 24 KiB cost about 250 ns a call, as much as 400
-    // positions of a bias + gelu epilogue, which the matrix products call per tile.
+    // positions of a bias + gelu epilogue, which every short call paid (small kernels,
+    // and any caller that runs a kernel in short ranges).
     let mut scratch = std::mem::MaybeUninit::<Scratch>::uninit();
     let base = scratch.as_mut_ptr().cast::<f32>();
     // SAFETY: `plan.slots <= MAX_SLOTS` (`plan` refuses more), so the first
