@@ -102,7 +102,7 @@ pub struct Compared {
     /// Its median, ms (device time on a GPU, as the row's own).
     pub median_ms: f64,
     /// The row's time over it: 1.05 is 5% slower. The median of the turns' ratios:
-    /// each of the row's runs over the peer's run timed right after it, so a stretch
+    /// each of the row's runs over the peer's run timed beside it, so a stretch
     /// of the machine's noise that slows one turn slows both of its runs and cancels
     /// (the ratio of the two medians moved by 6% between runs on the 2-core VM).
     pub ratio: f64,
@@ -433,8 +433,9 @@ fn time_runs(
     Ok(runs)
 }
 
-/// Times each of `outputs` as [`time_runs`] does, taking turns (one run of each, then
-/// again): what slows the machine for a while slows them alike, so the ratio within a
+/// Times each of `outputs` as [`time_runs`] does, taking turns (one run of each, in
+/// the reverse order every other turn): what slows the machine for a while slows them
+/// alike, so the ratio within a
 /// turn is steadier than that of two series timed one after the other (the row's ratio
 /// is the median of the turns', [`paired_ratios`]). The budget is per output. With `all_turns` (always with a peer) each output runs three times
 /// `max_runs` times, whatever the budget.
@@ -473,8 +474,13 @@ fn time_interleaved<const N: usize>(
         opts.min_runs.clamp(1, max_runs)
     };
     while walls[0].len() < max_runs && (walls[0].len() < min_runs || started.elapsed() < budget) {
-        for (i, output) in outputs.iter().enumerate() {
-            let out = output();
+        // Every other turn in the reverse order (A B, B A, ...): the second run of a
+        // turn finds what the first left in the caches (the shared inputs), so a fixed
+        // order would favour one side.
+        let turn = walls[0].len();
+        for k in 0..N {
+            let i = if turn % 2 == 0 { k } else { N - 1 - k };
+            let out = outputs[i]();
             let Timed {
                 wall,
                 faults: f,
