@@ -479,7 +479,7 @@ fn time_interleaved<const N: usize>(
         // order would favour one side.
         let turn = walls[0].len();
         for k in 0..N {
-            let i = if turn % 2 == 0 { k } else { N - 1 - k };
+            let i = if turn.is_multiple_of(2) { k } else { N - 1 - k };
             let out = outputs[i]();
             let Timed {
                 wall,
