@@ -122,13 +122,17 @@ pub fn gemm_block_rows(domain: &Shape, elem_bytes: usize, target: &TargetDesc) -
     (rows, why)
 }
 
-/// Rows of M one GEMM call fills on a target with units (`target.gemm_unit_rows > 0`),
-/// for blocks of `block_rows` rows and M = `m`: whole blocks, at least the target's
-/// unit rows, at most M. Shapes only.
+/// Blocks of `block_rows` rows one GEMM call fills on a target with units
+/// (`target.gemm_unit_rows > 0`): the fewest whole blocks of at least the target's unit
+/// rows, and at least one. Shapes only: the CPU runtime's units are these.
+pub fn gemm_unit_blocks(block_rows: usize, target: &TargetDesc) -> usize {
+    target.gemm_unit_rows.div_ceil(block_rows.max(1)).max(1)
+}
+
+/// Rows of M one GEMM call fills ([`gemm_unit_blocks`] blocks of `block_rows` rows), at
+/// most M = `m`.
 pub fn gemm_unit_rows(block_rows: usize, m: usize, target: &TargetDesc) -> usize {
-    let block_rows = block_rows.max(1);
-    let group = target.gemm_unit_rows.div_ceil(block_rows).max(1);
-    (group * block_rows).min(m.max(1))
+    (gemm_unit_blocks(block_rows, target) * block_rows.max(1)).min(m.max(1))
 }
 
 /// Bytes as B, KiB or MiB, rounded down.

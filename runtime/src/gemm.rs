@@ -4,8 +4,9 @@
 //! positions, so they are still in cache when the epilogue reads them.
 //!
 //! The work is cut into *units*, one per (batch position, group of whole blocks of
-//! `block_rows` rows of M, at least `unit_rows()` rows: one GEMM call, whose packing of
-//! the rhs needs that many rows to pay off), in row-major order of the domain. When there
+//! `block_rows` rows of M, at least the CPU target's `gemm_unit_rows`: one GEMM call,
+//! whose packing of the rhs needs that many rows to pay off), in row-major order of the
+//! domain. When there
 //! are at least as many units as threads, units run batch-parallel: each unit's GEMM on
 //! one thread, then at once on the same thread the epilogue over the unit's positions,
 //! the units' epilogues running concurrently ([`CompiledKernel::run_units`]); otherwise
@@ -628,14 +629,6 @@ impl<T> ProductPtr<T> {
 // loops, which return only when every unit has finished.
 unsafe impl<T: Send> Sync for ProductPtr<T> {}
 
-/// Fewest rows of M one GEMM call fills: the CPU target's
-/// (`ndfuse_passes::TargetDesc::gemm_unit_rows`, which says why 512), so that the plan's
-/// note in `ndfuse explain` describes these units. A constant of the target, so units
-/// depend on shapes only.
-fn unit_rows() -> usize {
-    ndfuse_passes::TargetDesc::cpu().gemm_unit_rows
-}
-
 /// Fewest positions of epilogue a worker is handed when a unit's epilogue is split over
 /// the threads (see `Units::run`). A 64 x 64 product with an epilogue (an f16 product's
 /// rounding, a bias) took 40 µs split in two, of which the epilogue's own work is about
@@ -659,7 +652,10 @@ impl<'k> Units<'k> {
     /// The units of contraction `c`, whose epilogue is `compiled`.
     fn new(c: &'k Contraction, compiled: &'k CompiledKernel) -> Self {
         let (nbatch, m, _, _) = c.extents();
-        let group = unit_rows().div_ceil(c.block_rows).max(1);
+        // The CPU target's units (`TargetDesc::gemm_unit_rows` says why 512 rows), the
+        // ones the plan's note in `ndfuse explain` describes. Shapes only.
+        let group =
+            ndfuse_passes::plan::gemm_unit_blocks(c.block_rows, &ndfuse_passes::TargetDesc::cpu());
         let groups = m.div_ceil(c.block_rows * group);
         Units {
             c,
