@@ -55,12 +55,28 @@ fn ten_ops(x: &Tensor, salt: f64) -> Tensor {
 const TEN_OPS: &str =
     "maximum((sqrt(abs(tanh(x * k + 1) * x - 0.5)) + x) * 0.25, x), k new each run";
 
-/// The cases of the suite at `size`, in the order they run.
+/// The cases of the suite at `size`, in the order they run, with the host's shapes.
 pub fn cases(size: Size) -> Vec<Case> {
+    cases_on(size, false)
+}
+
+/// The cases of the suite at `size`; with `gpu`, the full shapes are a GPU's (the GPU
+/// issue's figures): 2^26 elements for the element-wise rows and the full sum, rows of
+/// 4096 for softmax and layernorm, [8192, 8192] for the column sum and the broadcast,
+/// 4096^3 products (with the gelu epilogue too, in f32 and bf16), and f16 gelu timed in
+/// turns against the same values in f32. A GPU finishes the host's shapes in tens of
+/// microseconds, where launches and the tail of the grid are a large part of the time.
+/// The tiny shapes are the same on both.
+pub fn cases_on(size: Size, gpu: bool) -> Vec<Case> {
     let full = size == Size::Full;
+    let gpu = gpu && full;
     let pick = |big: &[usize], small: &[usize]| if full { big.to_vec() } else { small.to_vec() };
-    let vec16m = pick(&[16 << 20], &[1024]);
-    let sq = pick(&[4096, 4096], &[16, 16]);
+    let on_gpu = |host: &[usize], device: &[usize], small: &[usize]| {
+        pick(if gpu { device } else { host }, small)
+    };
+    let vec16m = on_gpu(&[16 << 20], &[64 << 20], &[1024]);
+    let sq = on_gpu(&[4096, 4096], &[8192, 8192], &[16, 16]);
+    let rows = on_gpu(&[4096, 4096], &[16384, 4096], &[16, 16]);
     let (f32_, f16_) = (DType::F32, DType::F16);
     let case = |name, expr, inputs, kind, build| Case {
         name,
@@ -97,14 +113,14 @@ pub fn cases(size: Size) -> Vec<Case> {
         case(
             "softmax",
             "softmax(x, axis=-1)",
-            vec![("x", sq.clone(), f32_)],
+            vec![("x", rows.clone(), f32_)],
             tp,
             |t, _| t[0].softmax(-1),
         ),
         case(
             "layernorm",
             "layernorm(x, axis=-1, eps=1e-5)",
-            vec![("x", pick(&[8192, 1024], &[32, 16]), f32_)],
+            vec![("x", on_gpu(&[8192, 1024], &[16384, 4096], &[32, 16]), f32_)],
             tp,
             |t, _| t[0].layernorm(-1, 1e-5),
         ),
@@ -133,13 +149,16 @@ pub fn cases(size: Size) -> Vec<Case> {
             tp,
             |t, _| &t[0] * &t[1] + &t[2],
         ),
-        case(
-            "gelu_f16",
-            "gelu(x)",
-            vec![("x", vec16m, f16_)],
-            tp,
-            |t, _| t[0].gelu(),
-        ),
+        Case {
+            versus: gpu.then_some(Versus::Dtype("f32 values", f32_)),
+            ..case(
+                "gelu_f16",
+                "gelu(x)",
+                vec![("x", vec16m, f16_)],
+                tp,
+                |t, _| t[0].gelu(),
+            )
+        },
         case(
             "compile_new",
             TEN_OPS,
@@ -155,7 +174,7 @@ pub fn cases(size: Size) -> Vec<Case> {
             |t, _| ten_ops(&t[0], 1.5),
         ),
     ];
-    all.extend(matmul_cases(size));
+    all.extend(matmul_cases(size, gpu));
     all
 }
 
@@ -167,18 +186,18 @@ fn product_flops(batch: usize, m: usize, n: usize, k: usize) -> u64 {
 /// The matrix products of the linear-algebra issue: the square f32 product, the fused
 /// bias + gelu epilogue (against the bare product), attention, f16 and bf16 operands
 /// (against f32), and the overhead of a cached small product.
-fn matmul_cases(size: Size) -> Vec<Case> {
+fn matmul_cases(size: Size, gpu: bool) -> Vec<Case> {
     let full = size == Size::Full;
     // (M, N, K); the tiny shapes are not multiples of any vector or block width.
-    let (sq, sq_n, sq_k) = if full {
-        (2048, 2048, 2048)
-    } else {
-        (24, 40, 36)
+    let (sq, sq_n, sq_k) = match (full, gpu) {
+        (true, true) => (4096, 4096, 4096),
+        (true, false) => (2048, 2048, 2048),
+        _ => (24, 40, 36),
     };
-    let (gm, gn, gk) = if full {
-        (4096, 4096, 1024)
-    } else {
-        (32, 48, 20)
+    let (gm, gn, gk) = match (full, gpu) {
+        (true, true) => (4096, 4096, 4096),
+        (true, false) => (4096, 4096, 1024),
+        _ => (32, 48, 20),
     };
     let (heads, seq, dim) = if full { (32, 256, 64) } else { (2, 12, 8) };
     let small = if full { 64 } else { 16 };
@@ -192,21 +211,22 @@ fn matmul_cases(size: Size) -> Vec<Case> {
         build: |t, _| t[0].matmul(&t[1]),
     };
     let bare: Build = |t, _| t[0].matmul(&t[1]);
-    vec![
+    let gelu_epilogue = |name, dtype: DType| Case {
+        name,
+        expr: "gelu(x @ w + b)",
+        inputs: vec![
+            ("x", vec![gm, gk], dtype),
+            ("w", vec![gk, gn], dtype),
+            ("b", vec![gn], dtype),
+        ],
+        kind: Kind::Throughput,
+        flops: Some(product_flops(1, gm, gn, gk)),
+        versus: Some(Versus::Build("bare x @ w", bare)),
+        build: |t, _| (t[0].matmul(&t[1]) + &t[2]).gelu(),
+    };
+    let mut all = vec![
         product("matmul_f32", DType::F32),
-        Case {
-            name: "matmul_gelu",
-            expr: "gelu(x @ w + b)",
-            inputs: vec![
-                ("x", vec![gm, gk], DType::F32),
-                ("w", vec![gk, gn], DType::F32),
-                ("b", vec![gn], DType::F32),
-            ],
-            kind: Kind::Throughput,
-            flops: Some(product_flops(1, gm, gn, gk)),
-            versus: Some(Versus::Build("bare x @ w", bare)),
-            build: |t, _| (t[0].matmul(&t[1]) + &t[2]).gelu(),
-        },
+        gelu_epilogue("matmul_gelu", DType::F32),
         Case {
             name: "attention",
             expr: "softmax(q @ transpose(k, axes=[0, 2, 1]) / 8, axis=-1) @ v",
@@ -238,7 +258,11 @@ fn matmul_cases(size: Size) -> Vec<Case> {
             versus: None,
             build: bare,
         },
-    ]
+    ];
+    if gpu {
+        all.push(gelu_epilogue("matmul_gelu_bf16", DType::BF16));
+    }
+    all
 }
 
 /// `dtype[d0,d1]`, as the IR prints types.

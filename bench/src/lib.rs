@@ -71,10 +71,10 @@ mod report;
 mod run;
 mod training;
 
-pub use cases::{cases, Case, Versus};
+pub use cases::{cases, cases_on, Case, Versus};
 pub use machine::{
     measure_bandwidth, measure_compute_peak, measure_fma_peak, measure_read_bandwidth,
-    measure_widest_compute_peak, Bandwidth, Machine, ReadBandwidth,
+    measure_widest_compute_peak, Bandwidth, DeviceFloor, Machine, ReadBandwidth,
 };
 pub use options::{BenchOptions, Kind, Size};
 pub use peak::{measure_wide_compute_peak, measure_wide_fma_peak, ComputePeak, FmaPeak};

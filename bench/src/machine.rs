@@ -414,10 +414,22 @@ pub struct Machine {
     /// f32 FMA peak with the widest vectors, measured at the start of the run: the
     /// compute floor of the matrix products.
     pub fma: FmaPeak,
-    /// For a CUDA run: the device (`NVIDIA H100 80GB HBM3 (sm_90)`) and its
-    /// device-to-device copy bandwidth in GB/s (bytes read plus written), measured in
-    /// the same run: the floor the CUDA rows are measured against.
-    pub device: Option<(String, f64)>,
+    /// For a CUDA run: the device and its floors, measured in the same run.
+    pub device: Option<DeviceFloor>,
+}
+
+/// A GPU's floors, measured at the start of a CUDA run: what the CUDA rows are set
+/// against instead of the host's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceFloor {
+    /// `NVIDIA H100 80GB HBM3 (sm_90)`.
+    pub name: String,
+    /// Device-to-device copy bandwidth, GB/s (bytes read plus written): the memory
+    /// floor.
+    pub copy_gbps: f64,
+    /// f32 FMA peak of the CUDA cores (independent FMA chains at full occupancy),
+    /// GFLOP/s: the compute floor of the matrix products.
+    pub fma_gflops: f64,
 }
 
 pub(crate) fn cpu_model() -> Option<String> {

@@ -1,10 +1,10 @@
 //! Running the suite: each case timed end to end (warm-up, then timed runs within a
 //! budget), set against the floors, one row each.
 
-use crate::cases::{cases, Case, Versus};
+use crate::cases::{cases_on, Case, Versus};
 use crate::machine::{
     cpu_model, measure_bandwidth, measure_compute_peak, measure_fma_peak, measure_read_bandwidth,
-    measure_widest_compute_peak, Bandwidth, Machine,
+    measure_widest_compute_peak, Bandwidth, DeviceFloor, Machine,
 };
 use crate::options::{BenchOptions, Kind, Size};
 use crate::training::{run_parallel, run_step, training_names, TrainingRow, STEP_NAME};
@@ -194,7 +194,7 @@ pub fn run_suite_with(
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> Result<BenchReport> {
     let at = Location::caller();
-    let all = cases(opts.size);
+    let all = cases_on(opts.size, opts.backend == BackendKind::Cuda);
     let selected: Vec<&Case> = all
         .iter()
         .filter(|c| filter.is_none_or(|f| c.name.contains(f)))
@@ -223,7 +223,11 @@ pub fn run_suite_with(
     let wide = measure_widest_compute_peak(opts.peak_iterations, opts.stream_trials, &compute);
     let fma = measure_fma_peak(opts.peak_iterations, opts.stream_trials, &compute);
     let device = device_floor(opts)?;
-    let floor = device.as_ref().map_or(bandwidth.gbps(), |d| d.1);
+    let floor = device.as_ref().map_or(bandwidth.gbps(), |d| d.copy_gbps);
+    // A GPU's products are set against the GPU's FMA peak, not the host's.
+    let fma_flops = device
+        .as_ref()
+        .map_or(fma.flops_all, |d| d.fma_gflops * 1e9);
     let ctx = Context::builder().backend(opts.backend).build()?;
     let mut rows = Vec::with_capacity(selected.len());
     for (i, case) in selected.iter().enumerate() {
@@ -238,7 +242,7 @@ pub fn run_suite_with(
             vector_ops: compute.ops_all,
             f32x4_flops: compute.flops_all(),
             wide_lane_ops: wide.flops_all(),
-            fma_flops: fma.flops_all,
+            fma_flops,
         };
         let row = run_case(&ctx, case, opts, &peaks)?;
         on_event(Event::CaseDone(&row));
@@ -288,10 +292,11 @@ pub fn run_suite_with(
     })
 }
 
-/// For `--backend cuda`: device 0 and its copy bandwidth over 2^26 f32 (256 MiB), best
-/// of five copies; `None` for the other backends.
+/// For `--backend cuda`: device 0, its copy bandwidth over 2^26 f32 (256 MiB), best
+/// of five copies, and its f32 FMA peak, best of five probes; `None` for the other
+/// backends.
 #[cfg(feature = "cuda")]
-fn device_floor(opts: &BenchOptions) -> Result<Option<(String, f64)>> {
+fn device_floor(opts: &BenchOptions) -> Result<Option<DeviceFloor>> {
     if opts.backend != BackendKind::Cuda {
         return Ok(None);
     }
@@ -301,12 +306,15 @@ fn device_floor(opts: &BenchOptions) -> Result<Option<(String, f64)>> {
         Size::Full => 1 << 28,
         Size::Tiny => 1 << 20,
     };
-    let gbps = dev.copy_bandwidth(bytes, 5)?;
-    Ok(Some((dev.describe(), gbps)))
+    Ok(Some(DeviceFloor {
+        name: dev.describe(),
+        copy_gbps: dev.copy_bandwidth(bytes, 5)?,
+        fma_gflops: dev.fma_peak(5)?,
+    }))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn device_floor(_: &BenchOptions) -> Result<Option<(String, f64)>> {
+fn device_floor(_: &BenchOptions) -> Result<Option<DeviceFloor>> {
     Ok(None)
 }
 
@@ -634,14 +642,16 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> R
             Some(f) if throughput => Some(f / peaks.fma_flops * 1e3),
             _ => ops.map(|(o, _)| 4.0 * o / peaks.wide_lane_ops * 1e3),
         },
+        // The host's 128-bit probe: no floor of a GPU's rows.
         floor_128_ms: match flops {
+            _ if on_device => None,
             Some(f) if throughput => Some(f / peaks.f32x4_flops * 1e3),
             _ => ops.map(|(o, _)| o / peaks.vector_ops * 1e3),
         },
         flops,
         gflops,
         fma_peak_fraction: gflops
-            .filter(|_| !on_device && peaks.fma_flops > 0.0)
+            .filter(|_| peaks.fma_flops > 0.0)
             .map(|g| g * 1e9 / peaks.fma_flops),
         versus,
     })

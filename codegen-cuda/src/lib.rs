@@ -44,6 +44,6 @@ pub use emit::launch::{CudaKernel, CudaOptions, Launch};
 pub use error::CudaError;
 #[cfg(feature = "nvrtc")]
 pub use nvrtc::{
-    clear_memory_cache, compile, include_dirs, nvrtc_version, CompileOptions, Compiled, ImageKind,
-    Origin,
+    clear_memory_cache, compile, include_dirs, nvrtc_supported_archs, nvrtc_version,
+    CompileOptions, Compiled, ImageKind, Origin,
 };

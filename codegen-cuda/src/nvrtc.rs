@@ -113,6 +113,30 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
         .clone()
 }
 
+/// The virtual architectures this NVRTC compiles for, as `major * 10 + minor` (`90` is
+/// sm_90): each CUDA release drops old ones (NVRTC 13 has no sm_70).
+pub fn nvrtc_supported_archs() -> Result<Vec<i32>, CudaError> {
+    nvrtc_version()?;
+    let err = |call: &'static str| {
+        move |e: cudarc::nvrtc::result::NvrtcError| CudaError::Nvrtc {
+            call,
+            detail: format!("{e:?}"),
+        }
+    };
+    let mut n = 0;
+    // SAFETY: the library is loaded (nvrtc_version succeeded); the pointer is valid for
+    // one write.
+    unsafe { cudarc::nvrtc::sys::nvrtcGetNumSupportedArchs(&mut n) }
+        .result()
+        .map_err(err("nvrtcGetNumSupportedArchs"))?;
+    let mut archs = vec![0; n.max(0) as usize];
+    // SAFETY: `archs` holds the `n` entries NVRTC said it will write.
+    unsafe { cudarc::nvrtc::sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }
+        .result()
+        .map_err(err("nvrtcGetSupportedArchs"))?;
+    Ok(archs)
+}
+
 /// Directories holding the CUDA headers half-precision kernels include: each entry of
 /// `NDFUSE_CUDA_INCLUDE` (a path list), then `$CUDA_HOME/include`, `$CUDA_PATH/include`
 /// and `/usr/local/cuda/include`, those that have `cuda_fp16.h` or `crt/mma.h` (which

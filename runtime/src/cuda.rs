@@ -480,6 +480,83 @@ impl CudaDevice {
     }
 }
 
+/// The FMA-peak probe: 8 independent f32 FMA chains a thread (enough to hide the FMA
+/// latency at full occupancy), summed at the end and stored only on an impossible value,
+/// so nothing is dead code and nothing but the FMAs reaches memory.
+const FMA_PROBE: &str = r#"
+extern "C" __global__ void __launch_bounds__(256) nd_fma_peak(float* out, int iters, float a, float b) {
+  float x0 = threadIdx.x * 1e-7f, x1 = x0 + 1e-7f, x2 = x0 + 2e-7f, x3 = x0 + 3e-7f;
+  float x4 = x0 + 4e-7f, x5 = x0 + 5e-7f, x6 = x0 + 6e-7f, x7 = x0 + 7e-7f;
+  for (int i = 0; i < iters; ++i) {
+    x0 = fmaf(x0, a, b); x1 = fmaf(x1, a, b); x2 = fmaf(x2, a, b); x3 = fmaf(x3, a, b);
+    x4 = fmaf(x4, a, b); x5 = fmaf(x5, a, b); x6 = fmaf(x6, a, b); x7 = fmaf(x7, a, b);
+  }
+  const float s = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7));
+  if (s == 1234.5678f) out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+"#;
+
+impl CudaDevice {
+    /// The device's f32 FMA peak, GFLOP/s (2 a fused multiply-add): the best of `trials`
+    /// launches of [`FMA_PROBE`] over 16 blocks of 256 threads per multiprocessor, timed
+    /// by CUDA events. The floor of the f32 matrix products, which run on the same units
+    /// (tensor cores are not counted: their products are f16/bf16).
+    pub fn fma_peak(&self, trials: usize) -> Result<f64, RuntimeError> {
+        let ctx = self.stream.context();
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| driver_err("cuDeviceGetAttribute", e))?;
+        let ptx = cudarc::nvrtc::compile_ptx(FMA_PROBE)
+            .map_err(|e| RuntimeError::Cuda(format!("the FMA probe did not compile: {e:?}")))?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| driver_err("cuModuleLoadData", e))?;
+        let f = module
+            .load_function("nd_fma_peak")
+            .map_err(|e| driver_err("cuModuleGetFunction", e))?;
+        let (blocks, threads, iters) = (sms.max(1) as u32 * 16, 256u32, 1i32 << 14);
+        let out = self.alloc(blocks as usize * threads as usize * 4)?;
+        let (a, b) = (0.999_999f32, 1e-6f32);
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut best = f64::INFINITY;
+        for _ in 0..trials.max(1) + 1 {
+            let start = self
+                .stream
+                .record_event(timing)
+                .map_err(|e| driver_err("cuEventRecord", e))?;
+            let mut launch = self.stream.launch_builder(&f);
+            let (p, _sync) = out.device_ptr(&self.stream);
+            launch.arg(&p).arg(&iters).arg(&a).arg(&b);
+            let cfg = LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: nd_fma_peak takes (float*, int, float, float): `p` points at
+            // `blocks * threads` floats, one per thread, the most it writes; the scalars
+            // match the parameters' types; `out` lives until the stream is synchronised
+            // below.
+            unsafe { launch.launch(cfg) }.map_err(|e| driver_err("nd_fma_peak", e))?;
+            let end = self
+                .stream
+                .record_event(timing)
+                .map_err(|e| driver_err("cuEventRecord", e))?;
+            end.synchronize()
+                .map_err(|e| driver_err("cuEventSynchronize", e))?;
+            let ms = f64::from(
+                start
+                    .elapsed_ms(&end)
+                    .map_err(|e| driver_err("cuEventElapsedTime", e))?,
+            );
+            best = best.min(ms);
+        }
+        let flops = 2.0 * 8.0 * f64::from(iters) * f64::from(blocks) * f64::from(threads);
+        Ok(flops / (best * 1e-3) / 1e9)
+    }
+}
+
 /// One buffer per parameter of the emitted functions (every input but a contraction's
 /// product, which has no buffer and no parameter; every output), each holding at least
 /// what the kernel description reads or writes.

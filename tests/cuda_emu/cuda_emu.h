@@ -64,6 +64,10 @@ template <typename T>
 static inline T min(T a, T b) { return a < b ? a : b; }
 
 static inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
+// The fast intrinsics, at full precision here (the GPU's are within a few f32 ulp).
+// (glibc declares a __expf of its own, so a macro, after <cmath>.)
+#define __expf(x) expf(x)
+static inline float __fdividef(float a, float b) { return a / b; }
 static inline double __longlong_as_double(long long x) { double d; std::memcpy(&d, &x, 8); return d; }
 using std::signbit;
 
