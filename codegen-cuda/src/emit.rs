@@ -38,8 +38,9 @@
 //!
 //! For `Plan::Split { rows, splits, .. }` the launches are, per sweep `s`:
 //! `NAME_p{s}` (one block per chunk: the chunk's partials into the scratch buffer) and
-//! `NAME_f{s}` (one thread per row: the partials combined in chunk order, the row's
-//! results into the scratch buffer, per-row stores after the last sweep), then `NAME_st`
+//! `NAME_f{s}` (one block per row: the partials combined in a fixed order, lanes then
+//! warps then the block, the row's results into the scratch buffer, per-row stores after
+//! the last sweep), then `NAME_st`
 //! if the kernel stores element values. Later launches recompute row values from the
 //! results in the scratch buffer. No atomics, so the result is the same on every run.
 //!

@@ -1,6 +1,8 @@
 //! Split reductions (`Plan::Split`): per sweep, one block per chunk of a row writes its
-//! partials into the scratch buffer, then one thread per row combines them in chunk
-//! order, their loads unrolled (the second phase); element stores run last, one block per chunk.
+//! partials into the scratch buffer, then one block per row combines them (the second
+//! phase: each lane a strided share of the partials, then the block's fixed-order
+//! combine: on an H100, with one thread per row reading its 4096 partials, a 2^26 sum
+//! ran at half the copy bandwidth); element stores run last, one block per chunk.
 
 use super::group::{Lanes, Strategy};
 use super::launch::Launch;
@@ -62,39 +64,43 @@ impl Gen<'_> {
                 block: (threads, 1),
             });
 
-            // Finish: one thread per row combines the partials in chunk order.
+            // Finish: one block per row; its lanes take the partials lane, lane + T, ...
+            // (each load in flight beside the others), then combine over the block in
+            // the fixed order of the partial phase's own combine.
             let fname = format!("{}_f{s}", k.name);
             self.open_function(&fname, threads);
+            let _ = writeln!(self.body, "{ind}const int lane = threadIdx.x;");
             let _ = writeln!(
                 self.body,
-                "{ind}for (nd_idx r = (nd_idx)blockIdx.x * blockDim.x + threadIdx.x; r < {rows}; r += (nd_idx)gridDim.x * blockDim.x) {{"
+                "{ind}for (nd_idx r = blockIdx.x; r < {rows}; r += gridDim.x) {{"
             );
             let _ = writeln!(self.body, "{ind2}const nd_idx ra = r;");
+            self.init_accs(&reds, ind2);
+            let _ = writeln!(self.body, "{ind2}#pragma unroll 4");
+            let _ = writeln!(
+                self.body,
+                "{ind2}for (nd_idx c = lane; c < {splits}; c += {threads}) {{"
+            );
+            let ind3 = format!("{ind2}  ");
+            for &i in &reds {
+                let next = self.partial_io(i, &format!("r * {splits} + c"), "oth", false, &ind3);
+                self.body.push_str(&next);
+                let st = self.combine_stmt(i, &format!("othacc{i}"), &format!("othidx{i}"), &ind3);
+                self.body.push_str(&st);
+            }
+            let _ = writeln!(self.body, "{ind2}}}");
+            let block = Lanes {
+                group: threads,
+                strat: Strategy::Block(threads),
+                cached: None,
+                start: "lane".into(),
+                end: format!("{splits}"),
+            };
+            self.group_combine(&reds, &block, ind2);
+            let _ = writeln!(self.body, "{ind2}if (lane == 0) {{");
+            let ind3 = format!("{ind2}  ");
             for &i in &reds {
                 let (_, res) = self.scratch_slot(i);
-                let first = self.partial_io(i, &format!("r * {splits}"), "", false, ind2);
-                self.body.push_str(&first);
-                // Unrolled, the partials' loads are in flight together; the sums stay
-                // in chunk order (seen on an H100: one load at a time made the finish
-                // of a 2^26 sum, 4096 partials, half of its time).
-                let _ = writeln!(self.body, "{ind2}#pragma unroll 16");
-                let _ = writeln!(self.body, "{ind2}for (nd_idx c = 1; c < {splits}; ++c) {{");
-                let next = self.partial_io(
-                    i,
-                    &format!("r * {splits} + c"),
-                    "oth",
-                    false,
-                    &format!("{ind2}  "),
-                );
-                self.body.push_str(&next);
-                let st = self.combine_stmt(
-                    i,
-                    &format!("othacc{i}"),
-                    &format!("othidx{i}"),
-                    &format!("{ind2}  "),
-                );
-                self.body.push_str(&st);
-                let _ = writeln!(self.body, "{ind2}}}");
                 let store = match self.k.body[i].expr {
                     Expr::ArgReduce(..) => format!("(idx{i} < 0 ? 0LL : idx{i})"),
                     _ => format!("acc{i}"),
@@ -102,23 +108,24 @@ impl Gen<'_> {
                 let vt = scalar::compute_type(self.k.body[i].dtype);
                 let _ = writeln!(
                     self.body,
-                    "{ind2}reinterpret_cast<{vt}*>(scratch + {res})[r] = {store};"
+                    "{ind3}reinterpret_cast<{vt}*>(scratch + {res})[r] = {store};"
                 );
             }
             if s + 1 == self.sweeps {
                 let reads: Vec<usize> = (0..=self.sweeps).collect();
                 if k.stores.iter().any(|st| per_row(k, &self.levels, st)) {
-                    self.row_prologue_rows_only(&ri, ind2);
+                    self.row_prologue_rows_only(&ri, &ind3);
                     for t in reads {
-                        self.row_values(t, Results::Scratch, ind2);
+                        self.row_values(t, Results::Scratch, &ind3);
                     }
-                    self.per_row_stores("true", ind2);
+                    self.per_row_stores("true", &ind3);
                 }
             }
+            let _ = writeln!(self.body, "{ind2}}}");
             let _ = writeln!(self.body, "{ind}}}\n}}");
             launches.push(Launch {
                 function: fname,
-                grid: self.grid_for(rows, threads as usize),
+                grid: self.grid_for(rows, 1),
                 block: (threads, 1),
             });
         }
@@ -145,7 +152,7 @@ impl Gen<'_> {
             launches.clear();
         }
         let strategy = format!(
-            "split: {splits} chunks of {chunk} per row, one {threads}-thread block per chunk, partials combined in chunk order ({} launches)",
+            "split: {splits} chunks of {chunk} per row, one {threads}-thread block per chunk, partials combined by one block per row ({} launches)",
             launches.len()
         );
         (launches, strategy)
