@@ -51,12 +51,19 @@ run)
     ln -sf "$lib" /tmp/ndfuse-nvrtc/libnvrtc.so
     export LD_LIBRARY_PATH="/tmp/ndfuse-nvrtc:$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
+  # cuBLASLt (nvidia-cublas) for the matrix products it takes, under the first name
+  # cudarc tries.
+  blas="$(ls "$site"/nvidia/cublas/lib/libcublasLt.so.* "$site"/nvidia/cu*/lib/libcublasLt.so.* 2>/dev/null | head -n1 || true)"
+  if [ -n "$blas" ]; then
+    ln -sf "$blas" /tmp/ndfuse-nvrtc/libcublasLt.so
+    export LD_LIBRARY_PATH="/tmp/ndfuse-nvrtc:$(dirname "$blas"):${LD_LIBRARY_PATH:-}"
+  fi
   # cuda_fp16.h's directory, and crt/mma.h's (nvidia-cuda-nvcc) for tensor-core kernels.
   inc="$(ls -d "$site"/nvidia/cuda_runtime/include "$site"/nvidia/cu*/include 2>/dev/null | while read -r d; do [ -f "$d/cuda_fp16.h" ] && echo "$d"; done | head -n1 || true)"
   mma="$(ls -d "$site"/nvidia/cu*/include 2>/dev/null | while read -r d; do [ -f "$d/crt/mma.h" ] && echo "$d"; done | head -n1 || true)"
   [ -n "$mma" ] && [ "$mma" != "$inc" ] && inc="${inc:+$inc:}$mma"
   [ -n "$inc" ] && export NDFUSE_CUDA_INCLUDE="$inc"
-  echo "nvrtc: ${lib:-not found}; headers: ${inc:-not found}" | tee "$OUT/env.txt"
+  echo "nvrtc: ${lib:-not found}; cuBLASLt: ${blas:-not found}; headers: ${inc:-not found}" | tee "$OUT/env.txt"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUT/env.txt" || true
   export NDFUSE_REQUIRE_CUDA=1 NDFUSE_REQUIRE_NVRTC=1 INSTA_UPDATE=no
   status=0
@@ -71,6 +78,10 @@ run)
       [ "$t" = cuda_codegen ] && filter="compiles"
       timeout "${GPU_CHECK_TEST_S:-240}" "$BIN/$t" --test-threads=1 $filter 2>&1 | tee "$OUT/$t.txt" || status=1
     done
+    # The products again on the emitted GEMMs alone (cuBLASLt takes most of them above).
+    echo "== NDFUSE_CUDA_GEMM=emitted" | tee -a "$OUT/cuda_exec.txt"
+    NDFUSE_CUDA_GEMM=emitted timeout "${GPU_CHECK_TEST_S:-240}" "$BIN/cuda_exec" --test-threads=1 \
+      matrix_products 2>&1 | tee -a "$OUT/cuda_exec.txt" || status=1
   fi
   # A disk-cache hit in a fresh process: the first eval compiles with NVRTC and writes
   # the CUBIN to the cache directory, the next two (new processes) read it back and load
@@ -90,6 +101,12 @@ run)
   for group in ${GPU_CHECK_BENCH-gelu chain softmax layernorm sum broadcast compile matmul attention}; do
     echo "== ndfuse bench --backend cuda $group" | tee -a "$OUT/bench-cuda.md"
     timeout "${GPU_CHECK_BENCH_S:-120}" "$BIN/ndfuse" bench --backend cuda $group 2>&1 | tee -a "$OUT/bench-cuda.md" || status=1
+  done
+  # The products on the emitted GEMMs, beside cuBLASLt's above.
+  for group in ${GPU_CHECK_BENCH_EMITTED-matmul}; do
+    echo "== NDFUSE_CUDA_GEMM=emitted ndfuse bench --backend cuda $group" | tee -a "$OUT/bench-cuda.md"
+    NDFUSE_CUDA_GEMM=emitted timeout "${GPU_CHECK_BENCH_S:-120}" "$BIN/ndfuse" bench --backend cuda $group 2>&1 \
+      | tee -a "$OUT/bench-cuda.md" || status=1
   done
   # The peers: PyTorch eager and torch.compile on the same rows and the same GPU, in
   # the same command (scripts/gpu_peers.py).

@@ -153,6 +153,10 @@ def colsum(x):
     return x.sum(0)
 
 
+def rowsum(x):
+    return x.sum(1)
+
+
 def broadcast(a, b, c):
     return a * b + c
 
@@ -188,6 +192,7 @@ def rows(quick):
          layernorm, None),
         ("sum", "x.sum()", [("x", (v(1 << 26),), f32)], total, None),
         ("colsum", "x.sum(0)", [("x", (sq, sq), f32)], colsum, None),
+        ("rowsum", "x.sum(1)", [("x", (s(16384), s(4096)), f32)], rowsum, None),
         ("broadcast", "a * b + c",
          [("a", (sq, sq), f32), ("b", (sq,), f32), ("c", (sq, 1), f32)], broadcast, None),
         ("gelu_f16", 'gelu(x, approximate="tanh")', [("x", (vec,), f16)], gelu, None),

@@ -62,7 +62,8 @@ pub fn cases(size: Size) -> Vec<Case> {
 
 /// The cases of the suite at `size`; with `gpu`, the full shapes are a GPU's (the GPU
 /// issue's figures): 2^26 elements for the element-wise rows and the full sum, rows of
-/// 4096 for softmax and layernorm, [8192, 8192] for the column sum and the broadcast,
+/// 4096 for softmax, layernorm and a row sum (a GPU-only row), [8192, 8192] for the
+/// column sum and the broadcast,
 /// 4096^3 products (with the gelu epilogue too, in f32 and bf16), and f16 gelu timed in
 /// turns against the same values in f32. A GPU finishes the host's shapes in tens of
 /// microseconds, where launches and the tail of the grid are a large part of the time.
@@ -174,6 +175,16 @@ pub fn cases_on(size: Size, gpu: bool) -> Vec<Case> {
             |t, _| ten_ops(&t[0], 1.5),
         ),
     ];
+    if gpu {
+        // A row reduction on its own (the host's rows are softmax's and layernorm's).
+        all.push(case(
+            "rowsum",
+            "sum(x, axis=1)",
+            vec![("x", rows.clone(), f32_)],
+            tp,
+            |t, _| t[0].sum(1),
+        ));
+    }
     all.extend(matmul_cases(size, gpu));
     all
 }

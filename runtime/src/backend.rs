@@ -155,6 +155,11 @@ fn probe_cuda_once() -> Result<Vec<DeviceInfo>, String> {
     if count == 0 {
         return Err(format!("0 devices (driver at {})", path.display()));
     }
+    let blas = if crate::cublas::available() {
+        ", cuBLASLt"
+    } else {
+        ", emitted GEMMs only"
+    };
     (0..count)
         .map(|i| {
             let ctx = cudarc::driver::CudaContext::new(i)
@@ -167,7 +172,7 @@ fn probe_cuda_once() -> Result<Vec<DeviceInfo>, String> {
                 )
                 .unwrap_or(0);
             Ok(DeviceInfo {
-                name: format!("{name} (sm_{cc_major}{cc_minor}, NVRTC {major}.{minor})"),
+                name: format!("{name} (sm_{cc_major}{cc_minor}, NVRTC {major}.{minor}{blas})"),
                 threads: usize::try_from(sms).unwrap_or(0),
                 memory: ctx.total_mem().ok().map(|m| m as u64),
             })

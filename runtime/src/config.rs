@@ -17,8 +17,9 @@
 //! that does not parse are errors that name the key, where it came from and, for an
 //! unknown key, the nearest valid one. `NDFUSE_CONFIG` (the file),
 //! `NDFUSE_CUDA_INCLUDE` (where NVRTC finds the CUDA headers), `NDFUSE_REQUIRE_CUDA` and
-//! `NDFUSE_REQUIRE_NVRTC` (test switches), `NDFUSE_CI_VENV` (CI's venv) and
-//! `NDFUSE_MPI_TIMEOUT_S` (ndfuse-train's MPI bound) are not keys and are let through.
+//! `NDFUSE_REQUIRE_NVRTC` (test switches), `NDFUSE_CI_VENV` (CI's venv),
+//! `NDFUSE_CUDA_GEMM` (`emitted`: no cuBLASLt) and `NDFUSE_MPI_TIMEOUT_S`
+//! (ndfuse-train's MPI bound) are not keys and are let through.
 //!
 //! # Keys
 //!
@@ -88,6 +89,9 @@ const NOT_KEYS: &[&str] = &[
     // Which vector width the CPU kernels use (ndfuse_codegen_cpu::wide::tier), read once
     // per process like NDFUSE_CPU_FMA.
     "NDFUSE_CPU_WIDE",
+    // `emitted`: the CUDA backend's matrix products never go to cuBLASLt (runtime's
+    // cublas module), read once per device.
+    "NDFUSE_CUDA_GEMM",
     // How many cases the fuzz suites run (tests/tests/fuzz_support).
     "NDFUSE_FUZZ_CASES",
     // The bound on one MPI collective (ndfuse_train::MpiRanks), read where MPI starts.

@@ -22,6 +22,7 @@
 use crate::alloc::{AllocError, Cache, Limits, Pooled, RawAlloc};
 use crate::code_cache::{CodeCacheLimits, Lru};
 use crate::config::Config;
+use crate::cublas::{self, Lt, LtProduct};
 use crate::error::RuntimeError;
 use crate::step_path::StepPath;
 use cudarc::driver::{
@@ -29,7 +30,7 @@ use cudarc::driver::{
     PinnedHostSlice, PushKernelArg,
 };
 use ndfuse_codegen_cuda::{CompileOptions, CudaKernel, CudaOptions, ImageKind};
-use ndfuse_ir::{Graph, HostArray, NodeId};
+use ndfuse_ir::{DType, Graph, HostArray, NodeId};
 use ndfuse_passes::{Schedule, Step};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -128,6 +129,9 @@ pub struct CudaDevice {
     /// (`max_kernel_cache_entries`, `max_kernel_cache` bytes of image), least recently
     /// used unloaded first (when the last launch holding it is done).
     modules: Mutex<Lru<(String, String), Arc<Loaded>>>,
+    /// cuBLASLt for the products it takes, made on the first product (`None`: the
+    /// library is missing, or `NDFUSE_CUDA_GEMM=emitted`).
+    lt: OnceLock<Option<Lt>>,
 }
 
 /// A host array's copy on the device.
@@ -190,6 +194,7 @@ pub fn device(ordinal: usize, cfg: &Config) -> Result<Arc<CudaDevice>, RuntimeEr
         staging,
         resident: Mutex::new(HashMap::new()),
         modules: Mutex::new(Lru::new(CodeCacheLimits::kernels(cfg))),
+        lt: OnceLock::new(),
     });
     map.insert(ordinal, Arc::clone(&d));
     Ok(d)
@@ -242,6 +247,28 @@ impl CudaDevice {
     /// The device's caching allocator.
     pub fn cache(&self) -> &Arc<Cache<DeviceAlloc>> {
         &self.cache
+    }
+
+    /// cuBLASLt, where this device can use it. A handle that cannot be made (the
+    /// library loads but fails) leaves the products to the emitted GEMMs, said once on
+    /// stderr.
+    fn lt(&self) -> Option<&Lt> {
+        self.lt
+            .get_or_init(|| {
+                Lt::new(&self.stream).unwrap_or_else(|e| {
+                    eprintln!(
+                        "ndfuse: cuda:{}: no cuBLASLt ({e}); matrix products use the emitted GEMMs",
+                        self.ordinal
+                    );
+                    None
+                })
+            })
+            .as_ref()
+    }
+
+    /// Whether this device's matrix products go to cuBLASLt where it takes them.
+    pub fn uses_cublaslt(&self) -> bool {
+        self.lt().is_some()
     }
 
     /// Compiles (or finds) `k` and loads its functions.
@@ -620,6 +647,130 @@ impl Buf {
     }
 }
 
+/// Drops the buffers step `i` read last (not the graph's outputs): back to the device
+/// cache, where later allocations are ordered after this step's launches on the one
+/// stream.
+fn release_reads(
+    step: &Step,
+    i: usize,
+    last_read: &HashMap<NodeId, usize>,
+    g: &Graph,
+    bufs: &mut HashMap<NodeId, Buf>,
+) {
+    for &r in step.reads() {
+        if last_read.get(&r) == Some(&i) && !g.is_output(r) {
+            bufs.remove(&r);
+        }
+    }
+}
+
+/// A contraction kernel through cuBLASLt (see the `cublas` module): the product into
+/// the output itself, or into an f32 buffer that the kernel's body then reads as an
+/// element-wise kernel. Returns the outputs, the events around the step's device work,
+/// and (time, whether cached) of the epilogue's compile; `None` when cuBLASLt has no
+/// algorithm for the product (nothing launched: the emitted GEMM runs it).
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn run_lt(
+    dev: &CudaDevice,
+    lt: &Lt,
+    p: &LtProduct,
+    kernel: &ndfuse_ir::Kernel,
+    ins: &[NodeId],
+    bufs: &HashMap<NodeId, Buf>,
+    opts: &CudaOptions,
+    cfg: &Config,
+) -> Result<
+    Option<(
+        Vec<Pooled<DeviceAlloc>>,
+        (CudaEvent, CudaEvent),
+        (Duration, bool),
+    )>,
+    RuntimeError,
+> {
+    let c = kernel.contraction.as_ref().expect("a contraction kernel");
+    let in_refs: Vec<&CudaSlice<u8>> = ins
+        .iter()
+        .map(|n| bufs[n].device().expect("uploaded above"))
+        .collect();
+    let out_bufs: Vec<Pooled<DeviceAlloc>> = kernel
+        .outputs
+        .iter()
+        .map(|b| dev.alloc(b.len * b.dtype.size_bytes()))
+        .collect::<Result<_, _>>()?;
+    {
+        let out_refs: Vec<&CudaSlice<u8>> = out_bufs.iter().map(|d| &**d).collect();
+        check_sizes(kernel, &in_refs, &out_refs);
+    }
+    let product_len = kernel.inputs[c.product].len;
+    let product = match p.direct {
+        Some(_) => None,
+        None => Some(dev.alloc(product_len * 4)?),
+    };
+    let (d_ptr, d_type) = match (p.direct, &product) {
+        (Some((o, dtype)), _) => (out_bufs[o].device_ptr(&dev.stream).0, dtype),
+        (None, Some(b)) => (b.device_ptr(&dev.stream).0, DType::F32),
+        (None, None) => unreachable!("a product buffer when not direct"),
+    };
+    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = dev
+        .stream
+        .record_event(timing)
+        .map_err(|e| driver_err("cuEventRecord", e))?;
+    // SAFETY: `plan` built the operands' layouts from the kernel's views, which
+    // `check_sizes` just checked against these buffers (every element a view reaches is
+    // in its buffer); D is the output (its `len` elements, `batch * M * N`, of `d_type`)
+    // or the product buffer of `product_len` f32; all live in `bufs`, `out_bufs` and
+    // `product` until the stream has run this step (the caller keeps them until their
+    // last reader, and a dropped one returns to a cache whose next user is ordered after
+    // this call on the same stream).
+    let ran = unsafe {
+        lt.matmul(
+            &dev.stream,
+            p,
+            in_refs[p.a.input],
+            in_refs[p.b.input],
+            p.bias().map(|b| in_refs[b]),
+            d_ptr,
+            d_type,
+        )?
+    };
+    if !ran {
+        return Ok(None);
+    }
+    let mut compiled = (Duration::ZERO, true);
+    if let Some(product) = &product {
+        // The body as an element-wise kernel over the product, now a buffer: the
+        // kernel's last input, read at each position (Contraction::read_in_place).
+        let epilogue = cublas::cublaslt_epilogue(kernel).expect("not direct: an epilogue");
+        let ck = ndfuse_codegen_cuda::emit(&epilogue, opts)?;
+        let t = Instant::now();
+        let loaded = dev.load(&ck, cfg)?;
+        compiled = (
+            t.elapsed(),
+            loaded.origin == ndfuse_codegen_cuda::Origin::Memory,
+        );
+        let scratch = if ck.scratch_bytes > 0 {
+            Some(dev.alloc(ck.scratch_bytes)?)
+        } else {
+            None
+        };
+        let mut args = in_refs.clone();
+        args.push(product);
+        let out_refs: Vec<&CudaSlice<u8>> = out_bufs.iter().map(|d| &**d).collect();
+        check_sizes(&epilogue, &args, &out_refs);
+        args.extend(out_refs);
+        if let Some(s) = &scratch {
+            args.push(s);
+        }
+        dev.launch(&ck, &loaded, &args)?;
+    }
+    let end = dev
+        .stream
+        .record_event(timing)
+        .map_err(|e| driver_err("cuEventRecord", e))?;
+    Ok(Some((out_bufs, (start, end), compiled)))
+}
+
 /// Runs `schedule` (of the optimised graph `g`) on device `dev`.
 pub(crate) fn run(
     dev: &CudaDevice,
@@ -678,6 +829,27 @@ pub(crate) fn run(
                             }
                         };
                         bufs.insert(*n, dbuf);
+                    }
+                }
+                let lt_product = if kernel.contraction.is_some() {
+                    dev.lt().zip(cublas::plan(kernel))
+                } else {
+                    None
+                };
+                if let Some((lt, p)) = lt_product {
+                    let done = run_lt(dev, lt, &p, kernel, ins, &bufs, &opts, cfg)?;
+                    if let Some((out_bufs, events, compiled)) = done {
+                        compile_time += compiled.0;
+                        timings.push(events);
+                        for (n, b) in outs.iter().zip(out_bufs) {
+                            bufs.insert(*n, Buf::Device(b));
+                        }
+                        paths.push(StepPath::Cuda {
+                            cached: compiled.1,
+                            device: dev.ordinal,
+                        });
+                        release_reads(step, i, &last_read, g, &mut bufs);
+                        continue;
                     }
                 }
                 let ck = ndfuse_codegen_cuda::emit(kernel, &opts)?;
@@ -757,13 +929,7 @@ pub(crate) fn run(
                 paths.push(StepPath::Interp);
             }
         }
-        for &r in step.reads() {
-            if last_read.get(&r) == Some(&i) && !g.is_output(r) {
-                // Back to the device cache: later allocations are ordered after this
-                // step's launches on the one stream.
-                bufs.remove(&r);
-            }
-        }
+        release_reads(step, i, &last_read, g, &mut bufs);
     }
     let mut outputs = Vec::with_capacity(g.outputs().len());
     for o in g.outputs() {

@@ -213,9 +213,17 @@ fn explain_cuda(g: &Graph, cfg: &Config) -> Result<Explanation, RuntimeError> {
                         )
                     })
                     .collect();
+                // Where cuBLASLt loads, the product is its call instead of this GEMM.
+                let blas = crate::cublas::cublaslt_call(kernel)
+                    .map(|call| {
+                        format!(
+                            "// on a GPU with cuBLASLt (NDFUSE_CUDA_GEMM unset): {call}; else:\n"
+                        )
+                    })
+                    .unwrap_or_default();
                 code.push((
                     kernel.name.clone(),
-                    format!("{}{}", launches.concat(), k.source),
+                    format!("{blas}{}{}", launches.concat(), k.source),
                 ));
                 StepPath::CudaSource
             }

@@ -19,6 +19,8 @@ mod compile;
 mod config;
 mod cpu;
 #[cfg(feature = "cuda")]
+mod cublas;
+#[cfg(feature = "cuda")]
 mod cuda;
 mod device_id;
 mod devices;
@@ -44,6 +46,8 @@ pub use config::{
     Config, ConfigBuilder, ConfigError, ConfigSource, KeyInfo, CONFIG_FILE, CONFIG_VAR, KEYS,
 };
 pub use cpu::{compile_cache_stats, jit_ops_per_element};
+#[cfg(feature = "cuda")]
+pub use cublas::{cublaslt_call, cublaslt_epilogue};
 #[cfg(feature = "cuda")]
 pub use cuda::{device as cuda_device, device_count as cuda_device_count, CudaDevice, DeviceAlloc};
 pub use device_id::{DeviceId, DeviceKind, DeviceMove};

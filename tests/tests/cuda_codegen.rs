@@ -11,7 +11,7 @@
 //! step, unless `NDFUSE_REQUIRE_NVRTC=1` (CI sets it), which turns a missing NVRTC into
 //! a failure. Running the kernels needs a GPU: see `cuda_exec.rs`.
 
-use ndfuse::{Context, DType, Tensor};
+use ndfuse::{Context, DType, SliceArg, Tensor};
 use ndfuse_codegen_cuda::{
     clear_memory_cache, compile, emit, nvrtc_version, CompileOptions, CudaError, CudaKernel,
     CudaOptions, Origin,
@@ -475,4 +475,157 @@ fn an_nvrtc_error_carries_the_log_and_the_saved_source() {
     let saved = std::fs::read_to_string(source_path).expect("the source is saved");
     assert_eq!(saved, k.source);
     assert!(err.to_string().contains(&source_path.display().to_string()));
+}
+
+/// The contraction kernel of `out` (its only one).
+fn product_kernel(ctx: &Context, out: &Tensor) -> ndfuse_ir::Kernel {
+    let g = ctx.graph(&[out]).expect("builds");
+    let s = ndfuse_passes::schedule_for(&g, &TargetDesc::cuda());
+    let mut products: Vec<ndfuse_ir::Kernel> = s
+        .kernels()
+        .filter(|k| k.contraction.is_some())
+        .cloned()
+        .collect();
+    assert_eq!(products.len(), 1, "one product kernel");
+    products.remove(0)
+}
+
+/// Which products go to cuBLASLt on a GPU that has it, and how cuBLASLt reads them
+/// (row-major `x @ w` as column-major `w^T x^T`): every operand layout with a unit stride
+/// on a matrix axis, a collapsible batch, no prologue, f32/f16/bf16; the rest keep the
+/// emitted GEMM. Bare products have cuBLASLt write the output; the others run their
+/// epilogue as an element-wise kernel over an f32 product, which NVRTC compiles.
+#[test]
+fn cublaslt_takes_the_products_it_can_read() {
+    let ctx = Context::new();
+    // Arrays of `dtype` (a cast in the graph would be the product's prologue).
+    let x = |shape: &[usize], dtype: DType| {
+        let a = ctx
+            .rand_normal(shape, 0.0, 1.0, shape.iter().sum::<usize>() as u64)
+            .cast(dtype);
+        ctx.from_array(&a.eval().expect("an operand"))
+    };
+    let f32_ = DType::F32;
+    let call = |out: &Tensor| ndfuse_runtime::cublaslt_call(&product_kernel(&ctx, out));
+    let cases: Vec<(&str, Tensor, Option<&str>)> = vec![
+        (
+            "x @ w",
+            x(&[64, 32], f32_).matmul(&x(&[32, 48], f32_)),
+            Some("cublasLtMatmul f32 -> f32: m 48, n 64, k 32, batch 1; A: N, ld 48; B: N, ld 32; D written directly"),
+        ),
+        (
+            "x @ w.T",
+            x(&[64, 32], f32_).matmul(&x(&[48, 32], f32_).transpose()),
+            Some("cublasLtMatmul f32 -> f32: m 48, n 64, k 32, batch 1; A: T, ld 32; B: N, ld 32; D written directly"),
+        ),
+        (
+            "x.T @ w",
+            x(&[32, 64], f32_).transpose().matmul(&x(&[32, 48], f32_)),
+            Some("cublasLtMatmul f32 -> f32: m 48, n 64, k 32, batch 1; A: N, ld 48; B: T, ld 64; D written directly"),
+        ),
+        (
+            "a row slice of x @ w: an offset, the same leading dimension",
+            x(&[70, 32], f32_)
+                .slice(&[SliceArg::new(Some(3), Some(67), 1)])
+                .matmul(&x(&[32, 48], f32_)),
+            Some("cublasLtMatmul f32 -> f32: m 48, n 64, k 32, batch 1; A: N, ld 48; B: N, ld 32; D written directly"),
+        ),
+        (
+            "bf16 x @ w: written directly, rounded once",
+            x(&[64, 32], DType::BF16).matmul(&x(&[32, 48], DType::BF16)),
+            Some("cublasLtMatmul bf16 -> bf16: m 48, n 64, k 32, batch 1; A: N, ld 48; B: N, ld 32; D written directly"),
+        ),
+        (
+            "bf16 gelu(x @ w + b): cuBLASLt's GELU_BIAS",
+            (&x(&[64, 32], DType::BF16).matmul(&x(&[32, 48], DType::BF16))
+                + &x(&[48], DType::BF16))
+                .gelu(),
+            Some("cublasLtMatmul bf16 -> bf16: m 48, n 64, k 32, batch 1; A: N, ld 48; B: N, ld 32; D written directly, epilogue GELU_BIAS (in2)"),
+        ),
+        (
+            "f32 relu(b + x @ w): RELU_BIAS",
+            (&x(&[48], f32_) + &x(&[64, 32], f32_).matmul(&x(&[32, 48], f32_))).relu(),
+            Some("cublasLtMatmul f32 -> f32: m 48, n 64, k 32, batch 1; A: N, ld 48; B: N, ld 32; D written directly, epilogue RELU_BIAS (in2)"),
+        ),
+        (
+            "f32 x @ w + b: BIAS",
+            &x(&[64, 32], f32_).matmul(&x(&[32, 48], f32_)) + &x(&[48], f32_),
+            Some("cublasLtMatmul f32 -> f32: m 48, n 64, k 32, batch 1; A: N, ld 48; B: N, ld 32; D written directly, epilogue BIAS (in2)"),
+        ),
+        (
+            "f16 gelu(x @ w): GELU",
+            x(&[64, 32], DType::F16).matmul(&x(&[32, 48], DType::F16)).gelu(),
+            Some("cublasLtMatmul f16 -> f16: m 48, n 64, k 32, batch 1; A: N, ld 48; B: N, ld 32; D written directly, epilogue GELU"),
+        ),
+        (
+            "gelu(x @ w + c), c one value a row: the epilogue after",
+            (&x(&[64, 32], f32_).matmul(&x(&[32, 48], f32_)) + &x(&[64, 1], f32_)).gelu(),
+            Some("cublasLtMatmul f32 -> f32: m 48, n 64, k 32, batch 1; A: N, ld 48; B: N, ld 32; the epilogue as an element-wise kernel over D"),
+        ),
+        (
+            "erf's gelu (another function): the epilogue after",
+            x(&[64, 32], f32_).matmul(&x(&[32, 48], f32_)).gelu_erf(),
+            Some("cublasLtMatmul f32 -> f32: m 48, n 64, k 32, batch 1; A: N, ld 48; B: N, ld 32; the epilogue as an element-wise kernel over D"),
+        ),
+        (
+            "relu(x @ w) + r: the epilogue after",
+            &x(&[64, 32], f32_).matmul(&x(&[32, 48], f32_)).relu() + &x(&[64, 48], f32_),
+            Some("cublasLtMatmul f32 -> f32: m 48, n 64, k 32, batch 1; A: N, ld 48; B: N, ld 32; the epilogue as an element-wise kernel over D"),
+        ),
+        (
+            "f16 x @ w cast to f32: the product's rounding to f16 first, in the epilogue",
+            x(&[64, 32], DType::F16)
+                .matmul(&x(&[32, 48], DType::F16))
+                .cast(f32_),
+            Some("cublasLtMatmul f16 -> f32: m 48, n 64, k 32, batch 1; A: N, ld 48; B: N, ld 32; the epilogue as an element-wise kernel over D"),
+        ),
+        (
+            "batch of 5 @ w: the right operand broadcast",
+            x(&[5, 33, 65], f32_).matmul(&x(&[65, 17], f32_)),
+            Some("cublasLtMatmul f32 -> f32: m 17, n 33, k 65, batch 5; A: N, ld 17, batch stride 0; B: N, ld 65, batch stride 2145; D written directly"),
+        ),
+        (
+            "batch 2x3 broadcast both ways: no single batch stride",
+            x(&[2, 1, 7, 65], f32_).matmul(&x(&[3, 65, 17], f32_)),
+            None,
+        ),
+        (
+            "a prologue (x * 0.5 read as it is packed)",
+            (&x(&[64, 32], DType::F16) * 0.5).matmul(&x(&[32, 48], DType::F16)),
+            None,
+        ),
+        (
+            "f64: the emitted GEMM",
+            x(&[64, 32], DType::F64).matmul(&x(&[32, 48], DType::F64)),
+            None,
+        ),
+        (
+            "a column slice with stride 2: no unit stride",
+            x(&[64, 64], f32_)
+                .slice(&[SliceArg::all(), SliceArg::new(None, None, 2)])
+                .matmul(&x(&[32, 48], f32_)),
+            None,
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (name, out, want) in &cases {
+        let got = call(out);
+        if got.as_deref() != *want {
+            wrong.push(format!("{name}:\n  got  {got:?}\n  want {want:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // The epilogue kernels compile.
+    if nvrtc_or_skip("cublaslt_takes_the_products_it_can_read") {
+        for (name, out, want) in &cases {
+            if !want.is_some_and(|w| w.ends_with("element-wise kernel over D")) {
+                continue;
+            }
+            let k = product_kernel(&ctx, out);
+            let e = ndfuse_runtime::cublaslt_epilogue(&k).expect("an epilogue kernel");
+            let ck = emit(&e, &CudaOptions::default()).expect("emits");
+            assert!(!ck.strategy.contains("GEMM"), "{name}: {}", ck.strategy);
+            compile_all(&[ck], name);
+        }
+    }
 }
