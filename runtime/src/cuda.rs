@@ -481,6 +481,21 @@ impl CudaDevice {
     pub fn copy_bandwidth(&self, bytes: usize, trials: usize) -> Result<f64, RuntimeError> {
         let src = self.alloc(bytes)?;
         let mut dst = self.alloc(bytes)?;
+        let best = self.best_ms(trials, || {
+            self.stream
+                .memcpy_dtod(&*src, &mut *dst)
+                .map_err(|e| driver_err("cuMemcpyDtoDAsync", e))
+        })?;
+        Ok(2.0 * bytes as f64 / (best * 1e-3) / 1e9)
+    }
+
+    /// The fastest of `trials` runs of the device work `work` enqueues (after one more
+    /// to warm up), ms by CUDA events around it.
+    fn best_ms(
+        &self,
+        trials: usize,
+        mut work: impl FnMut() -> Result<(), RuntimeError>,
+    ) -> Result<f64, RuntimeError> {
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let mut best = f64::INFINITY;
         for _ in 0..trials.max(1) + 1 {
@@ -488,9 +503,7 @@ impl CudaDevice {
                 .stream
                 .record_event(timing)
                 .map_err(|e| driver_err("cuEventRecord", e))?;
-            self.stream
-                .memcpy_dtod(&*src, &mut *dst)
-                .map_err(|e| driver_err("cuMemcpyDtoDAsync", e))?;
+            work()?;
             let b = self
                 .stream
                 .record_event(timing)
@@ -503,7 +516,7 @@ impl CudaDevice {
             );
             best = best.min(ms);
         }
-        Ok(2.0 * bytes as f64 / (best * 1e-3) / 1e9)
+        Ok(best)
     }
 }
 
@@ -546,13 +559,7 @@ impl CudaDevice {
         let (blocks, threads, iters) = (sms.max(1) as u32 * 16, 256u32, 1i32 << 14);
         let out = self.alloc(blocks as usize * threads as usize * 4)?;
         let (a, b) = (0.999_999f32, 1e-6f32);
-        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let mut best = f64::INFINITY;
-        for _ in 0..trials.max(1) + 1 {
-            let start = self
-                .stream
-                .record_event(timing)
-                .map_err(|e| driver_err("cuEventRecord", e))?;
+        let best = self.best_ms(trials, || {
             let mut launch = self.stream.launch_builder(&f);
             let (p, _sync) = out.device_ptr(&self.stream);
             launch.arg(&p).arg(&iters).arg(&a).arg(&b);
@@ -563,22 +570,12 @@ impl CudaDevice {
             };
             // SAFETY: nd_fma_peak takes (float*, int, float, float): `p` points at
             // `blocks * threads` floats, one per thread, the most it writes; the scalars
-            // match the parameters' types; `out` lives until the stream is synchronised
-            // below.
-            unsafe { launch.launch(cfg) }.map_err(|e| driver_err("nd_fma_peak", e))?;
-            let end = self
-                .stream
-                .record_event(timing)
-                .map_err(|e| driver_err("cuEventRecord", e))?;
-            end.synchronize()
-                .map_err(|e| driver_err("cuEventSynchronize", e))?;
-            let ms = f64::from(
-                start
-                    .elapsed_ms(&end)
-                    .map_err(|e| driver_err("cuEventElapsedTime", e))?,
-            );
-            best = best.min(ms);
-        }
+            // match the parameters' types; `out` lives until best_ms has synchronised
+            // on the launch's end event.
+            unsafe { launch.launch(cfg) }
+                .map(|_| ())
+                .map_err(|e| driver_err("nd_fma_peak", e))
+        })?;
         let flops = 2.0 * 8.0 * f64::from(iters) * f64::from(blocks) * f64::from(threads);
         Ok(flops / (best * 1e-3) / 1e9)
     }
