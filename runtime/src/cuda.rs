@@ -837,6 +837,22 @@ pub(crate) fn run(
                     let done = run_lt(dev, lt, &p, kernel, ins, &bufs, &opts, cfg)?;
                     if let Some((out_bufs, events, compiled)) = done {
                         compile_time += compiled.0;
+                        if debug >= 1 {
+                            events
+                                .1
+                                .synchronize()
+                                .map_err(|e| driver_err(&kernel.name, e))?;
+                            let ms = events
+                                .0
+                                .elapsed_ms(&events.1)
+                                .map_err(|e| driver_err("cuEventElapsedTime", e))?;
+                            eprintln!(
+                                "ndfuse: {} [cuda:{}] {ms:.3} ms ({})",
+                                kernel.name,
+                                dev.ordinal,
+                                cublas::cublaslt_call(kernel).unwrap_or_default()
+                            );
+                        }
                         timings.push(events);
                         for (n, b) in outs.iter().zip(out_bufs) {
                             bufs.insert(*n, Buf::Device(b));
