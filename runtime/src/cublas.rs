@@ -716,3 +716,52 @@ impl Drop for Pref {
         let _ = unsafe { lt::destroy_matmul_pref(self.0) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndfuse_ir::Shape;
+
+    fn view(dims: &[usize], strides: &[isize], offset: isize) -> View {
+        View {
+            shape: Shape::new(dims.to_vec()),
+            strides: strides.to_vec(),
+            offset,
+        }
+    }
+
+    #[test]
+    fn batch_axes_collapse_to_one_stride_or_none() {
+        // Contiguous batch axes: the innermost batch stride.
+        assert_eq!(batch_stride(&[2, 3], &[3 * 40, 40]), Some(40));
+        // Broadcast everywhere: 0.
+        assert_eq!(batch_stride(&[2, 3], &[0, 0]), Some(0));
+        // Axes of extent 1 do not count; no batch at all is stride 0.
+        assert_eq!(batch_stride(&[1, 5, 1], &[7, 40, 9]), Some(40));
+        assert_eq!(batch_stride(&[], &[]), Some(0));
+        // Broadcast on one axis only, a gap, or a reversed batch: no single stride.
+        assert_eq!(batch_stride(&[2, 3], &[120, 0]), None);
+        assert_eq!(batch_stride(&[2, 3], &[200, 40]), None);
+        assert_eq!(batch_stride(&[4], &[-40]), None);
+    }
+
+    #[test]
+    fn an_operand_is_read_as_stored_or_transposed_never_copied() {
+        // [K=32, N=48] row-major, read as the column-major N x K matrix: no transpose.
+        let o = operand(1, &view(&[32, 48], &[48, 1], 0), 48, 32).expect("row-major");
+        assert_eq!((o.trans, o.ld, o.rows, o.cols), (false, 48, 48, 32));
+        // Its transpose view (unit stride on K): stored K x N, transposed by the op.
+        let o = operand(1, &view(&[32, 48], &[1, 32], 0), 48, 32).expect("col-major");
+        assert_eq!((o.trans, o.ld), (true, 32));
+        // A row slice keeps its leading dimension and carries its offset.
+        let o = operand(0, &view(&[64, 32], &[40, 1], 120), 32, 64).expect("a slice");
+        assert_eq!((o.trans, o.ld, o.offset), (false, 40, 120));
+        // A vector operand (one column): any stride of the other axis.
+        let o = operand(0, &view(&[1, 32], &[0, 1], 0), 32, 1).expect("a vector");
+        assert_eq!((o.trans, o.ld), (false, 32));
+        // No unit stride, a negative one, or a leading dimension shorter than a column.
+        assert!(operand(0, &view(&[64, 32], &[64, 2], 0), 32, 64).is_none());
+        assert!(operand(0, &view(&[64, 32], &[-32, 1], 2016), 32, 64).is_none());
+        assert!(operand(0, &view(&[64, 32], &[16, 1], 0), 32, 64).is_none());
+    }
+}
