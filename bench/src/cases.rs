@@ -63,9 +63,8 @@ pub fn cases(size: Size) -> Vec<Case> {
 /// The cases of the suite at `size`; with `gpu`, the full shapes are a GPU's (the GPU
 /// issue's figures): 2^26 elements for the element-wise rows and the full sum, rows of
 /// 4096 for softmax, layernorm and a row sum (a GPU-only row), [8192, 8192] for the
-/// column sum and the broadcast,
-/// 4096^3 products (with the gelu epilogue too, in f32 and bf16), and f16 gelu timed in
-/// turns against the same values in f32. A GPU finishes the host's shapes in tens of
+/// column sum and the broadcast, 4096^3 products (with the gelu epilogue too, in f32
+/// and bf16), and f16 gelu timed in turns against the same values in f32. A GPU finishes the host's shapes in tens of
 /// microseconds, where launches and the tail of the grid are a large part of the time.
 /// The tiny shapes are the same on both.
 pub fn cases_on(size: Size, gpu: bool) -> Vec<Case> {

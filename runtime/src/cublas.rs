@@ -102,12 +102,9 @@ pub(crate) fn plan(k: &Kernel) -> Option<LtProduct> {
     // its B: our left operand [M, K] read as the column-major K x M matrix A^T.
     let a = operand(c.rhs, &c.rhs_view, n, kk)?;
     let b = operand(c.lhs, &c.lhs_view, kk, m)?;
-    let (direct, epilogue) = match direct_output(k, c.product, dtype) {
-        Some(d) => (Some(d), LtEpilogue::None),
-        None => match fused_epilogue(k, c.product, dtype) {
-            Some((d, e)) => (Some(d), e),
-            None => (None, LtEpilogue::None),
-        },
+    let (direct, epilogue) = match lt_body(k, c.product, dtype) {
+        Some((d, e)) => (Some(d), e),
+        None => (None, LtEpilogue::None),
     };
     Some(LtProduct {
         dtype,
@@ -172,12 +169,14 @@ pub fn cublaslt_call(k: &Kernel) -> Option<String> {
 /// buffer (the kernel's last input), when `k` goes to cuBLASLt without writing its
 /// output directly.
 pub fn cublaslt_epilogue(k: &Kernel) -> Option<Kernel> {
-    let p = plan(k)?;
-    p.direct.is_none().then(|| {
-        let mut e = k.clone();
-        e.contraction = None;
-        e
-    })
+    plan(k)?.direct.is_none().then(|| epilogue_kernel(k))
+}
+
+/// `k`'s body as an element-wise kernel: the product, `k`'s last input, a buffer.
+pub(crate) fn epilogue_kernel(k: &Kernel) -> Kernel {
+    let mut e = k.clone();
+    e.contraction = None;
+    e
 }
 
 /// An operand view of shape `[batch..., X, Y]` as the column-major `rows x cols` matrix
@@ -235,29 +234,6 @@ fn batch_stride(dims: &[usize], strides: &[isize]) -> Option<i64> {
     Some(last as i64)
 }
 
-/// The output cuBLASLt can write itself: the body's one store is the product's own load
-/// (f32), or that load cast once to the operands' dtype (one rounding of the f32 sum,
-/// what cuBLASLt does writing D in that dtype).
-fn direct_output(k: &Kernel, product: usize, dtype: DType) -> Option<(usize, DType)> {
-    let [store] = k.stores.as_slice() else {
-        return None;
-    };
-    let is_product = |v: usize| {
-        matches!(
-            &k.body[v].expr,
-            Expr::Load { input, .. } if *input == product
-        ) && k.body[v].dtype == DType::F32
-    };
-    let stored = &k.body[store.value.index()];
-    let out = k.outputs[store.output].dtype;
-    let direct = match &stored.expr {
-        Expr::Load { .. } => is_product(store.value.index()) && out == DType::F32,
-        Expr::Cast(v) => is_product(v.index()) && stored.dtype == dtype && out == dtype,
-        _ => false,
-    };
-    (direct && k.outputs.len() == 1).then_some((store.output, out))
-}
-
 /// Whether matrix products may go to cuBLASLt here: the library loads, and
 /// `NDFUSE_CUDA_GEMM` is not `emitted`.
 pub(crate) fn available() -> bool {
@@ -269,29 +245,37 @@ pub(crate) fn available() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
-/// cuBLASLt's own epilogue for a body that is exactly `act(P + bias)`, `act(P)` or
-/// `P + bias` stored in the operands' dtype, `P` the product (cast to that dtype first
-/// when it is a half type), `bias` a load of one value per output column (offset 0,
+/// The output cuBLASLt writes itself, and its epilogue, when the kernel's one store is
+/// all that cuBLASLt does: the product `P` (in f32, or in the operands' dtype: the one
+/// rounding of the f32 sum that cuBLASLt gives writing D in that dtype), or
+/// `act(P + bias)`, `act(P)` or `P + bias` in the operands' dtype (`P` cast to that
+/// dtype first when it is a half type), `bias` a load of one value per output column (offset 0,
 /// stride 1 along N, 0 elsewhere) of the operands' dtype, `act` relu or gelu as
 /// `Tensor::gelu` builds it (`x * sigmoid((x + x * square(x) * 0.044715) * 1.5957691)`,
 /// its constants as the dtype holds them). cuBLASLt computes it in f32 with its own
 /// constants and rounds once: the graph's half steps round each value to the half type
 /// and hold gelu's constants rounded (1.59375 in bf16), a difference well under the
 /// result's own rounding.
-fn fused_epilogue(
-    k: &Kernel,
-    product: usize,
-    dtype: DType,
-) -> Option<((usize, DType), LtEpilogue)> {
+fn lt_body(k: &Kernel, product: usize, dtype: DType) -> Option<((usize, DType), LtEpilogue)> {
     use ndfuse_ir::{BinaryOp, UnaryOp};
     let [store] = k.stores.as_slice() else {
         return None;
     };
-    if k.outputs.len() != 1 || k.outputs[store.output].dtype != dtype {
-        return None;
-    }
     let body = &k.body;
     let expr = |v: usize| &body[v].expr;
+    let out = store.value.index();
+    let out_dtype = k.outputs[store.output].dtype;
+    if k.outputs.len() != 1 {
+        return None;
+    }
+    // The f32 product itself, whatever the operands' dtype.
+    if out_dtype == DType::F32 && matches!(expr(out), Expr::Load { input, .. } if *input == product)
+    {
+        return Some(((store.output, DType::F32), LtEpilogue::None));
+    }
+    if out_dtype != dtype {
+        return None;
+    }
     let is_product = |v: usize| match expr(v) {
         Expr::Load { input, .. } => *input == product && dtype == DType::F32,
         Expr::Cast(p) => {
@@ -380,8 +364,9 @@ fn fused_epilogue(
         let sq = other(m, n, x)?;
         matches!(expr(sq), Expr::Unary(UnaryOp::Square, s) if s.index() == x).then_some(x)
     };
-    let out = store.value.index();
-    let epilogue = if let Some(x) = gelu_of(out) {
+    let epilogue = if is_product(out) {
+        LtEpilogue::None
+    } else if let Some(x) = gelu_of(out) {
         LtEpilogue::Act {
             gelu: true,
             bias: pre(x)?,

@@ -266,11 +266,6 @@ impl CudaDevice {
             .as_ref()
     }
 
-    /// Whether this device's matrix products go to cuBLASLt where it takes them.
-    pub fn uses_cublaslt(&self) -> bool {
-        self.lt().is_some()
-    }
-
     /// Compiles (or finds) `k` and loads its functions.
     fn load(&self, k: &CudaKernel, cfg: &Config) -> Result<Arc<Loaded>, RuntimeError> {
         let arch = format!("sm_{}{}", self.capability.0, self.capability.1);
@@ -699,15 +694,16 @@ fn run_lt(
         check_sizes(kernel, &in_refs, &out_refs);
     }
     let product_len = kernel.inputs[c.product].len;
+    // D: the output itself, or an f32 product buffer the body reads.
     let product = match p.direct {
         Some(_) => None,
         None => Some(dev.alloc(product_len * 4)?),
     };
-    let (d_ptr, d_type) = match (p.direct, &product) {
-        (Some((o, dtype)), _) => (out_bufs[o].device_ptr(&dev.stream).0, dtype),
-        (None, Some(b)) => (b.device_ptr(&dev.stream).0, DType::F32),
-        (None, None) => unreachable!("a product buffer when not direct"),
+    let (d, d_type) = match (p.direct, &product) {
+        (Some((o, dtype)), _) => (&*out_bufs[o], dtype),
+        (None, b) => (&**b.as_ref().expect("allocated above"), DType::F32),
     };
+    let d_ptr = d.device_ptr(&dev.stream).0;
     let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let start = dev
         .stream
@@ -738,7 +734,7 @@ fn run_lt(
     if let Some(product) = &product {
         // The body as an element-wise kernel over the product, now a buffer: the
         // kernel's last input, read at each position (Contraction::read_in_place).
-        let epilogue = cublas::cublaslt_epilogue(kernel).expect("not direct: an epilogue");
+        let epilogue = cublas::epilogue_kernel(kernel);
         let ck = ndfuse_codegen_cuda::emit(&epilogue, opts)?;
         let t = Instant::now();
         let loaded = dev.load(&ck, cfg)?;

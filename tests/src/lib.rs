@@ -94,8 +94,34 @@ pub fn assert_matches(got: &Array, want: &Array, max_ulp: u64, what: &str) {
 /// themselves: a value computed as a difference that cancels (layernorm's `x - mean`, a
 /// row sum of normalised values) carries the rounding error of its terms' scale.
 pub fn assert_close(got: &Array, want: &Array, rtol: f64, atol: f64, what: &str) {
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
+    if let Err(why) = check_close(got, want, rtol, atol, what) {
+        panic!("{why}");
+    }
+}
+
+/// [`assert_close`]'s check as a result, for a test that gathers every failure before
+/// it fails: the first element out of tolerance (or the shape or dtype that differs).
+pub fn check_close(
+    got: &Array,
+    want: &Array,
+    rtol: f64,
+    atol: f64,
+    what: &str,
+) -> Result<(), String> {
+    if got.shape() != want.shape() {
+        return Err(format!(
+            "{what}: shape {:?}, the reference's {:?}",
+            got.shape(),
+            want.shape()
+        ));
+    }
+    if got.dtype() != want.dtype() {
+        return Err(format!(
+            "{what}: dtype {}, the reference's {}",
+            got.dtype(),
+            want.dtype()
+        ));
+    }
     for (i, (a, b)) in got
         .to_f64_vec()
         .into_iter()
@@ -107,11 +133,13 @@ pub fn assert_close(got: &Array, want: &Array, rtol: f64, atol: f64, what: &str)
         } else {
             (a - b).abs() <= atol + rtol * b.abs()
         };
-        assert!(
-            ok,
-            "{what}: element {i} is {a:e}, the reference says {b:e} (rtol {rtol:e}, atol {atol:e})"
-        );
+        if !ok {
+            return Err(format!(
+                "{what}: element {i} is {a:e}, the reference says {b:e} (rtol {rtol:e}, atol {atol:e})"
+            ));
+        }
     }
+    Ok(())
 }
 
 #[cfg(test)]

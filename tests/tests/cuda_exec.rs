@@ -18,7 +18,7 @@ use ndfuse::{BackendKind, Context, DType, SliceArg, Tensor};
 use ndfuse_ir::UnaryOp;
 use ndfuse_runtime::{Config, Registry};
 use ndfuse_tests::catalogue::{Tol, CATALOGUE};
-use ndfuse_tests::{assert_close, ulp_distance};
+use ndfuse_tests::{assert_close, check_close, ulp_distance};
 
 /// Whether a CUDA device can run here; panics when one is required and absent.
 fn gpu_or_skip(test: &str) -> bool {
@@ -380,7 +380,7 @@ fn every_launch_strategy_matches_the_reference_on_the_gpu() {
     for (name, y, rtol) in &cases {
         let want = eval_on(&ctx, &[y], BackendKind::Interp);
         let got = eval_on(&ctx, &[y], BackendKind::Cuda);
-        if let Err(why) = close(&got[0], &want[0], rtol.max(5e-7), 1e-5, name) {
+        if let Err(why) = check_close(&got[0], &want[0], rtol.max(5e-7), 1e-5, name) {
             failures.push(why);
         }
     }
@@ -430,39 +430,6 @@ fn gelu_with_constants_of(x: &Tensor, dtype: DType) -> Tensor {
     let c = round(2.0 * (2.0 / std::f64::consts::PI).sqrt());
     let inner = (x + &(x * &x.square() * round(0.044715))) * c;
     x * &inner.sigmoid()
-}
-
-/// `assert_close` as a result: the message of the first element out of tolerance.
-fn close(
-    got: &ndfuse::Array,
-    want: &ndfuse::Array,
-    rtol: f64,
-    atol: f64,
-    what: &str,
-) -> Result<(), String> {
-    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
-    if got.shape() != want.shape() || got.dtype() != want.dtype() {
-        return Err(format!(
-            "{what}: {:?} {:?} vs the reference's {:?} {:?}",
-            got.dtype(),
-            got.shape(),
-            want.dtype(),
-            want.shape()
-        ));
-    }
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let ok = if a.is_finite() && b.is_finite() {
-            (a - b).abs() <= atol + rtol * b.abs()
-        } else {
-            a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
-        };
-        if !ok {
-            return Err(format!(
-                "{what}: element {i} is {a:e}, the reference says {b:e} (rtol {rtol:e}, atol {atol:e})"
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// An expression over a case's operands, with the gelu to use (the dtype's own, or the

@@ -98,7 +98,6 @@ impl Gen<'_> {
             };
             self.group_combine(&reds, &block, ind2);
             let _ = writeln!(self.body, "{ind2}if (lane == 0) {{");
-            let ind3 = format!("{ind2}  ");
             for &i in &reds {
                 let (_, res) = self.scratch_slot(i);
                 let store = match self.k.body[i].expr {
