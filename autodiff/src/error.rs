@@ -20,6 +20,12 @@ pub enum AutodiffError {
         /// Its dtype and shape.
         ty: TensorType,
     },
+    /// An op whose gradient rule is not written.
+    #[error("grad: {op} has no gradient rule yet")]
+    NoRule {
+        /// The op.
+        op: &'static str,
+    },
     /// An id that is not a node of the graph.
     #[error("grad: node {node} is not in the graph")]
     UnknownNode {

@@ -63,6 +63,14 @@ pub(crate) fn vjp(e: &mut Emit, op: &Op, x: &[NodeId], y: NodeId, g: NodeId) -> 
             let gb = e.sum_to(gb, &e.shape(b))?;
             Ok(vec![Some(ga), Some(gb)])
         }
+        // positions and orders: integers, no gradient
+        Op::Iota { .. } => Ok(vec![]),
+        Op::Argsort { .. } => Ok(vec![None]),
+        Op::Gather { .. }
+        | Op::ScatterAdd { .. }
+        | Op::Concat { .. }
+        | Op::Pad { .. }
+        | Op::Scan { .. } => Err(AutodiffError::NoRule { op: op.name() }),
     }
 }
 

@@ -109,17 +109,7 @@ fn abs_terms(kernel: &Kernel) -> Kernel {
                 });
                 Expr::Reduce(Accumulate::Sum, ValueId(body.len() as u32 - 1))
             }
-            Expr::Load { .. } | Expr::Const(_) => ins.expr.clone(),
-            Expr::Unary(u, a) => Expr::Unary(*u, re(&map, *a)),
-            Expr::Binary(b, x, y) => Expr::Binary(*b, re(&map, *x), re(&map, *y)),
-            Expr::Where(c, x, y) => Expr::Where(re(&map, *c), re(&map, *x), re(&map, *y)),
-            Expr::Cast(a) => Expr::Cast(re(&map, *a)),
-            Expr::Reduce(acc, a) => Expr::Reduce(*acc, re(&map, *a)),
-            Expr::ArgReduce(op, a) => Expr::ArgReduce(*op, re(&map, *a)),
-            Expr::Random { key, view } => Expr::Random {
-                key: re(&map, *key),
-                view: view.clone(),
-            },
+            e => e.map_operands(|v| re(&map, v)),
         };
         body.push(Instr {
             dtype: ins.dtype,

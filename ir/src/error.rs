@@ -179,6 +179,27 @@ pub enum IrError {
         /// Operands given.
         got: usize,
     },
+    /// Operands of an indexed op (gather, scatter-add, concat) whose extents must agree
+    /// on every axis but one, and do not.
+    #[error("{op}: {lhs} and {rhs} must agree on every axis but axis {axis}")]
+    AxisMismatch {
+        /// The op being built.
+        op: &'static str,
+        /// The axis that may differ.
+        axis: usize,
+        /// First operand (the data, or the first part of a concat).
+        lhs: TensorType,
+        /// The operand that does not agree with it.
+        rhs: TensorType,
+    },
+    /// Pad widths or a fill the operand does not allow.
+    #[error("pad: {why} for {operand}")]
+    BadPad {
+        /// What is wrong.
+        why: String,
+        /// The operand.
+        operand: TensorType,
+    },
     /// Input and const nodes have no operands to infer from.
     #[error("{op} nodes are created with an explicit dtype and shape, not inferred")]
     NotInferable {

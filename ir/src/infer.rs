@@ -4,7 +4,7 @@
 
 use crate::dtype::DType;
 use crate::error::{IntList, IrError, TensorType};
-use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp, ViewOp};
+use crate::op::{BinaryOp, Op, PadMode, ReduceOp, UnaryOp, ViewOp};
 use crate::shape::Shape;
 
 const CAST_FIRST: &str = "bool has no arithmetic; cast it to a number first";
@@ -75,7 +75,197 @@ pub fn infer(op: &Op, operands: &[TensorType]) -> Result<TensorType, IrError> {
                 shape: shape.clone(),
             })
         }
+        Op::Iota { len, start, step } => {
+            let last = (*len as i128 - 1).max(0) * *step as i128 + *start as i128;
+            if i64::try_from(last).is_err() || i64::try_from(*len).is_err() {
+                return Err(IrError::NotInferable { op: name });
+            }
+            Ok(TensorType {
+                dtype: DType::I64,
+                shape: Shape::new([*len]),
+            })
+        }
+        Op::Gather { axis } => {
+            let (x, idx) = (&operands[0], &operands[1]);
+            check_index(name, idx)?;
+            agree_but(name, *axis, x, idx)?;
+            Ok(TensorType {
+                dtype: x.dtype,
+                shape: idx.shape.clone(),
+            })
+        }
+        Op::ScatterAdd { axis } => {
+            let (x, idx, v) = (&operands[0], &operands[1], &operands[2]);
+            check_index(name, idx)?;
+            if x.dtype == DType::Bool {
+                return Err(IrError::BadDType {
+                    op: name,
+                    operand: x.clone(),
+                    why: CAST_FIRST,
+                });
+            }
+            same_dtype(name, x, v)?;
+            if idx.shape != v.shape {
+                return Err(IrError::ShapeMismatch {
+                    op: name,
+                    lhs: idx.clone(),
+                    rhs: v.clone(),
+                });
+            }
+            agree_but(name, *axis, x, idx)?;
+            Ok(x.clone())
+        }
+        Op::Concat { axis, .. } => {
+            let first = &operands[0];
+            let mut dims = first.shape.dims().to_vec();
+            for part in &operands[1..] {
+                same_dtype(name, first, part)?;
+                agree_but(name, *axis, first, part)?;
+                dims[*axis] += part.shape.dims()[*axis];
+            }
+            if *axis >= dims.len() {
+                return Err(IrError::AxisOutOfRange {
+                    op: name,
+                    axis: *axis as i64,
+                    operand: first.clone(),
+                });
+            }
+            Ok(TensorType {
+                dtype: first.dtype,
+                shape: Shape::new(dims),
+            })
+        }
+        Op::Pad {
+            widths,
+            mode,
+            value,
+        } => infer_pad(widths, *mode, *value, &operands[0]),
+        Op::Scan { op, axis, .. } => {
+            let x = &operands[0];
+            check_axes(op.name(), &[*axis], x)?;
+            let dtype = match x.dtype {
+                DType::Bool => {
+                    return Err(IrError::BadDType {
+                        op: op.name(),
+                        operand: x.clone(),
+                        why: CAST_FIRST,
+                    })
+                }
+                d if d.is_int() => DType::I64,
+                d => d,
+            };
+            Ok(TensorType {
+                dtype,
+                shape: x.shape.clone(),
+            })
+        }
+        Op::Argsort { axis, k, .. } => {
+            let x = &operands[0];
+            check_axes(name, &[*axis], x)?;
+            let n = x.shape.dims()[*axis];
+            if *k > n {
+                return Err(IrError::BadSlice {
+                    why: format!("k = {k} is more than the {n} positions of axis {axis}"),
+                    operand: x.clone(),
+                });
+            }
+            let mut dims = x.shape.dims().to_vec();
+            dims[*axis] = *k;
+            Ok(TensorType {
+                dtype: DType::I64,
+                shape: Shape::new(dims),
+            })
+        }
     }
+}
+
+/// An index operand must hold integers (numpy refuses float and bool indices).
+fn check_index(op: &'static str, idx: &TensorType) -> Result<(), IrError> {
+    if matches!(idx.dtype, DType::I32 | DType::I64) {
+        Ok(())
+    } else {
+        Err(IrError::BadDType {
+            op,
+            operand: idx.clone(),
+            why: "indices must be integers (i32 or i64); cast them first",
+        })
+    }
+}
+
+/// `a` and `b` have one rank, `axis` is one of its axes, and they agree on every other.
+fn agree_but(op: &'static str, axis: usize, a: &TensorType, b: &TensorType) -> Result<(), IrError> {
+    if axis >= a.shape.rank() {
+        return Err(IrError::AxisOutOfRange {
+            op,
+            axis: axis as i64,
+            operand: a.clone(),
+        });
+    }
+    let agree = a.shape.rank() == b.shape.rank()
+        && a.shape
+            .dims()
+            .iter()
+            .zip(b.shape.dims())
+            .enumerate()
+            .all(|(i, (x, y))| i == axis || x == y);
+    if agree {
+        Ok(())
+    } else {
+        Err(IrError::AxisMismatch {
+            op,
+            axis,
+            lhs: a.clone(),
+            rhs: b.clone(),
+        })
+    }
+}
+
+fn infer_pad(
+    widths: &[(usize, usize)],
+    mode: PadMode,
+    value: crate::dtype::Scalar,
+    x: &TensorType,
+) -> Result<TensorType, IrError> {
+    let bad = |why: String| {
+        Err(IrError::BadPad {
+            why,
+            operand: x.clone(),
+        })
+    };
+    if widths.len() != x.shape.rank() {
+        return bad(format!(
+            "{} pairs of widths given for {} axes",
+            widths.len(),
+            x.shape.rank()
+        ));
+    }
+    if mode == PadMode::Constant && value.cast(x.dtype) != value {
+        return bad(format!("the fill {value} is not a {} value", x.dtype));
+    }
+    let mut dims = Vec::with_capacity(widths.len());
+    for (axis, (&(lo, hi), &n)) in widths.iter().zip(x.shape.dims()).enumerate() {
+        let padded = lo > 0 || hi > 0;
+        match mode {
+            PadMode::Edge if padded && n == 0 => {
+                return bad(format!("axis {axis} is empty: it has no edge to repeat"))
+            }
+            PadMode::Reflect if padded && (lo >= n.max(1) || hi >= n.max(1)) => {
+                return bad(format!(
+                    "reflect widths ({lo}, {hi}) on axis {axis} of extent {n}: at most {} each",
+                    n.saturating_sub(1)
+                ))
+            }
+            _ => {}
+        }
+        match n.checked_add(lo).and_then(|d| d.checked_add(hi)) {
+            Some(d) => dims.push(d),
+            None => return bad(format!("widths ({lo}, {hi}) on axis {axis} overflow")),
+        }
+    }
+    Ok(TensorType {
+        dtype: x.dtype,
+        shape: Shape::new(dims),
+    })
 }
 
 /// `[..., M, K] @ [..., K, N] -> [..., M, N]` with the batch axes broadcast.

@@ -22,16 +22,20 @@
 mod contract;
 mod elementwise;
 mod error;
+mod index;
 mod kernel;
 mod random;
 mod reduce;
 mod scalar;
+mod scan;
 mod vals;
 mod views;
 
 use error::room_for;
 pub use error::InterpError;
+pub use index::pad_source;
 pub use kernel::eval_kernel;
+pub use scan::total_order_f64;
 pub use scalar::{binary_f64, binary_i64, compare_f64, compare_i64, unary_f64, unary_i64};
 
 use crate::array::HostArray;
@@ -50,8 +54,9 @@ use views::{view_of, Offsets};
 // Graph evaluation.
 // ---------------------------------------------------------------------------------------
 
-/// Computes a validated, non-input node from its operands' values.
-fn compute(node: &Node, operands: &[&Tensor]) -> Tensor {
+/// Computes a validated, non-input node from its operands' values; an index out of
+/// range is the one error.
+fn compute(node: &Node, operands: &[&Tensor]) -> Result<Tensor, InterpError> {
     let numel = node.shape.numel();
     let vals = match &node.op {
         Op::Input { name } => {
@@ -74,6 +79,33 @@ fn compute(node: &Node, operands: &[&Tensor]) -> Tensor {
         }
         Op::MatMul => contract::matmul(operands[0], operands[1], &node.shape, node.dtype),
         Op::RandomUniform { .. } => random::uniform_at(random::key_of(&operands[0].vals), 0..numel),
+        Op::Iota { len, start, step } => index::iota(*len, *start, *step),
+        Op::Gather { axis } => index::gather("gather", operands[0], operands[1], *axis)?,
+        Op::ScatterAdd { axis } => {
+            index::scatter_add(operands[0], operands[1], operands[2], *axis, node.dtype)?
+        }
+        Op::Concat { axis, .. } => index::concat(operands, *axis, &node.shape),
+        Op::Pad {
+            widths,
+            mode,
+            value,
+        } => index::pad(operands[0], widths, *mode, *value, &node.shape, node.dtype),
+        Op::Scan { op, axis, reverse } => {
+            // Integers accumulate in i64; floats keep their dtype.
+            scan::scan(
+                *op,
+                &operands[0].vals,
+                &operands[0].shape,
+                *axis,
+                *reverse,
+                node.dtype,
+            )
+        }
+        Op::Argsort {
+            axis,
+            descending,
+            k,
+        } => scan::argsort(&operands[0].vals, &operands[0].shape, *axis, *descending, *k),
     };
     debug_assert_eq!(
         vals.len(),
@@ -81,11 +113,11 @@ fn compute(node: &Node, operands: &[&Tensor]) -> Tensor {
         "{} produced a wrong element count (a bug)",
         node.op.name()
     );
-    Tensor {
+    Ok(Tensor {
         dtype: node.dtype,
         shape: node.shape.clone(),
         vals,
-    }
+    })
 }
 
 /// Evaluates the outputs of `graph`, in [`Graph::outputs`] order.
@@ -156,7 +188,7 @@ pub fn eval(
                     .iter()
                     .map(|o| values.get(o).expect("operands come first in topological order and live until their last user (a bug)"))
                     .collect();
-                compute(node, &args)
+                compute(node, &args)?
             }
         };
         values.insert(id, value);
@@ -250,5 +282,5 @@ pub fn eval_node(node: &Node, operands: &[&HostArray]) -> Result<HostArray, Inte
     room_for_node(node)?;
     let args: Vec<Tensor> = operands.iter().map(|a| Tensor::from_host(a)).collect();
     let refs: Vec<&Tensor> = args.iter().collect();
-    Ok(compute(node, &refs).into_host())
+    Ok(compute(node, &refs)?.into_host())
 }

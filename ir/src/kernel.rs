@@ -101,6 +101,90 @@ pub enum Expr {
         /// Index map from the domain into the random op's row-major positions.
         view: View,
     },
+    /// The i64 position `view.offset_of(index)`: [`Op::Iota`]'s index (its row-major
+    /// position, through the views a consumer reads it by), or a coordinate of the
+    /// domain (a view of stride 1 along one axis, 0 along the others).
+    Position {
+        /// Index map from the domain into positions.
+        view: View,
+    },
+    /// A load at a computed offset (gather, and the reads of pad and concat): element
+    /// `view.offset_of(index) + sum over j of k_j * axes[j].stride` of input `input`,
+    /// where `k_j` is the value of `axes[j].index` plus `extent` when negative, clamped
+    /// to `0..extent`. The clamp makes every read land inside the buffer whatever the
+    /// index (a pad's or concat's unselected branch reads a neighbour); a user's index
+    /// is checked against `-extent..extent` before the kernel runs
+    /// ([`GatherAxis::checked`]). Element-wise kernels only.
+    Gather {
+        /// Index into [`Kernel::inputs`].
+        input: usize,
+        /// Index map of the positions' fixed part: stride 0 along the axes indexed.
+        view: View,
+        /// The axes read at computed positions.
+        axes: Vec<GatherAxis>,
+    },
+}
+
+impl Expr {
+    /// The same expression with every operand `v` replaced by `f(v)` (for passes and
+    /// tests that rewrite a body).
+    pub fn map_operands(&self, f: impl Fn(ValueId) -> ValueId) -> Expr {
+        match self {
+            Expr::Load { .. } | Expr::Const(_) | Expr::Position { .. } => self.clone(),
+            Expr::Unary(u, a) => Expr::Unary(*u, f(*a)),
+            Expr::Binary(b, x, y) => Expr::Binary(*b, f(*x), f(*y)),
+            Expr::Where(c, x, y) => Expr::Where(f(*c), f(*x), f(*y)),
+            Expr::Cast(a) => Expr::Cast(f(*a)),
+            Expr::Reduce(acc, a) => Expr::Reduce(*acc, f(*a)),
+            Expr::ArgReduce(op, a) => Expr::ArgReduce(*op, f(*a)),
+            Expr::Random { key, view } => Expr::Random {
+                key: f(*key),
+                view: view.clone(),
+            },
+            Expr::Gather { input, view, axes } => Expr::Gather {
+                input: *input,
+                view: view.clone(),
+                axes: axes
+                    .iter()
+                    .map(|a| GatherAxis {
+                        index: f(a.index),
+                        ..a.clone()
+                    })
+                    .collect(),
+            },
+        }
+    }
+}
+
+/// One axis of an [`Expr::Gather`] read at a computed position.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GatherAxis {
+    /// The i32 or i64 value giving the position along the axis.
+    pub index: ValueId,
+    /// The axis's stride in the buffer, in elements.
+    pub stride: isize,
+    /// The axis's extent (1 at least).
+    pub extent: usize,
+    /// `Some(axis)` when `index` is a user's index (a load of an index buffer), which
+    /// the runtime checks against `-extent..extent` before the kernel runs and reports
+    /// as an error naming the gather's `axis`; `None` for positions the kernel computed
+    /// in range itself (pad, concat).
+    pub checked: Option<usize>,
+}
+
+/// A user's index a kernel reads through ([`GatherAxis::checked`]): the runtime checks
+/// every element of input `input` that `view` reaches against `-extent..extent` before
+/// the kernel runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexCheck {
+    /// The input holding the indices.
+    pub input: usize,
+    /// How the kernel reads them.
+    pub view: View,
+    /// The extent of the axis indexed.
+    pub extent: usize,
+    /// The gather's axis, for the message.
+    pub axis: usize,
 }
 
 /// The primitive combining operations of [`Expr::Reduce`]. Mean, norms, variance and
@@ -452,11 +536,17 @@ impl Kernel {
         for ins in &self.body {
             let l = match &ins.expr {
                 Expr::Const(_) | Expr::Reduce(..) | Expr::ArgReduce(..) => Level::Row,
-                Expr::Load { view, .. } | Expr::Random { view, .. } => {
+                Expr::Load { view, .. }
+                | Expr::Random { view, .. }
+                | Expr::Position { view }
+                | Expr::Gather { view, .. } => {
                     let still = !self.reduce_axes.is_empty()
                         && self.reduce_axes.iter().all(|&a| {
                             view.shape.dims().get(a) == Some(&1) || view.strides.get(a) == Some(&0)
-                        });
+                        })
+                        && Kernel::operands(&ins.expr)
+                            .iter()
+                            .all(|v| lv.get(v.index()) == Some(&Level::Row));
                     if still {
                         Level::Row
                     } else {
@@ -511,7 +601,8 @@ impl Kernel {
     /// The operands of an instruction, in order.
     pub fn operands(expr: &Expr) -> Vec<ValueId> {
         match expr {
-            Expr::Load { .. } | Expr::Const(_) => Vec::new(),
+            Expr::Load { .. } | Expr::Const(_) | Expr::Position { .. } => Vec::new(),
+            Expr::Gather { axes, .. } => axes.iter().map(|a| a.index).collect(),
             Expr::Unary(_, a)
             | Expr::Cast(a)
             | Expr::Reduce(_, a)
@@ -520,6 +611,34 @@ impl Kernel {
             Expr::Binary(_, a, b) => vec![*a, *b],
             Expr::Where(c, a, b) => vec![*c, *a, *b],
         }
+    }
+
+    /// The user indices the runtime must check before the kernel runs (see
+    /// [`GatherAxis::checked`]); `Kernel::check` makes each a load of an input.
+    pub fn index_checks(&self) -> Vec<IndexCheck> {
+        let mut out: Vec<IndexCheck> = Vec::new();
+        for ins in &self.body {
+            let Expr::Gather { axes, .. } = &ins.expr else {
+                continue;
+            };
+            for a in axes {
+                let (Some(axis), Expr::Load { input, view }) =
+                    (a.checked, &self.body[a.index.index()].expr)
+                else {
+                    continue;
+                };
+                let c = IndexCheck {
+                    input: *input,
+                    view: view.clone(),
+                    extent: a.extent,
+                    axis,
+                };
+                if !out.contains(&c) {
+                    out.push(c);
+                }
+            }
+        }
+        out
     }
 
     /// Whether the body loads input `input` only at each position's own offset (the
@@ -625,6 +744,24 @@ impl Kernel {
                         }
                     }
                 }
+                Expr::Position { view } => {
+                    if ins.dtype != DType::I64 {
+                        errs.push(format!("v{i} = position gives i64, not {}", ins.dtype));
+                    }
+                    if view.shape != self.domain || view.strides.len() != view.shape.rank() {
+                        errs.push(format!(
+                            "v{i} view {view} does not map the domain {}",
+                            self.domain
+                        ));
+                    } else if let Some((lo, hi)) = view.span() {
+                        if lo < 0 || hi > i128::from(i64::MAX) {
+                            errs.push(format!("v{i} reaches positions {lo}..={hi} (not in 0..2^63)"));
+                        }
+                    }
+                }
+                Expr::Gather { input, view, axes } => {
+                    self.check_gather(i, ins.dtype, (*input, view, axes), &mut errs)
+                }
                 Expr::Const(c) => {
                     if c.cast(ins.dtype) != *c {
                         errs.push(format!("v{i} = const {c} is not a {} value", ins.dtype));
@@ -665,7 +802,9 @@ impl Kernel {
                         | Expr::Const(_)
                         | Expr::Reduce(..)
                         | Expr::ArgReduce(..)
-                        | Expr::Random { .. } => {
+                        | Expr::Random { .. }
+                        | Expr::Position { .. }
+                        | Expr::Gather { .. } => {
                             unreachable!("matched above")
                         }
                     };
@@ -738,6 +877,63 @@ impl Kernel {
     /// The invariants of a contraction (see [`Contraction`]): operand views of the right
     /// shapes reading inside their buffers, the product as the last input, a plain
     /// element-wise body that reads the product only at its own position.
+    /// [`Kernel::check`] for a gather: its input, dtype and view as for a load, every
+    /// index an integer value (a load of an input when checked), and every offset the
+    /// clamped indices can reach inside the buffer.
+    fn check_gather(
+        &self,
+        i: usize,
+        dtype: DType,
+        (input, view, axes): (usize, &View, &[GatherAxis]),
+        errs: &mut Vec<String>,
+    ) {
+        if !self.reduce_axes.is_empty() {
+            errs.push(format!(
+                "v{i}: gathers are read by element-wise kernels only"
+            ));
+        }
+        let Some(buf) = self.inputs.get(input) else {
+            errs.push(format!("v{i} gathers from missing input in{input}"));
+            return;
+        };
+        if buf.dtype != dtype {
+            errs.push(format!("v{i} gathers {dtype} from in{input} of {}", buf.dtype));
+        }
+        for a in axes {
+            let idx = &self.body[a.index.index()];
+            if !matches!(idx.dtype, DType::I32 | DType::I64) {
+                errs.push(format!("v{i}: index {} is {}, not an integer", a.index, idx.dtype));
+            }
+            if a.extent == 0 {
+                errs.push(format!("v{i}: an axis of extent 0 has no element to gather"));
+            }
+            if a.checked.is_some() && !matches!(idx.expr, Expr::Load { .. }) {
+                errs.push(format!(
+                    "v{i}: a checked index must be a load of an input, not {}",
+                    a.index
+                ));
+            }
+        }
+        if view.shape != self.domain || view.strides.len() != view.shape.rank() {
+            errs.push(format!("v{i} view {view} does not map the domain {}", self.domain));
+            return;
+        }
+        if let Some((lo, hi)) = view.span() {
+            let (mut lo, mut hi) = (lo, hi);
+            for a in axes {
+                let far = (a.extent.max(1) as i128 - 1) * a.stride as i128;
+                lo += far.min(0);
+                hi += far.max(0);
+            }
+            if lo < 0 || hi >= buf.len as i128 {
+                errs.push(format!(
+                    "v{i} gathers offsets {lo}..={hi} of in{input} ({} elements)",
+                    buf.len
+                ));
+            }
+        }
+    }
+
     fn check_contraction(&self, c: &Contraction, errs: &mut Vec<String>) {
         let d = self.domain.dims();
         let (l, r) = (c.lhs_view.shape.dims(), c.rhs_view.shape.dims());
@@ -891,6 +1087,18 @@ impl fmt::Display for Kernel {
                 Expr::Reduce(acc, a) => write!(f, "reduce_{} {a}", acc.name())?,
                 Expr::ArgReduce(op, a) => write!(f, "{} {a}", op.name())?,
                 Expr::Random { key, view } => write!(f, "random_uniform {key} {view}")?,
+                Expr::Position { view } => write!(f, "position {view}")?,
+                Expr::Gather { input, view, axes } => {
+                    write!(f, "gather in{input} {view}")?;
+                    for a in axes {
+                        write!(f, " + {}*{}", a.index, a.stride)?;
+                        write!(f, " (0..{}", a.extent)?;
+                        if let Some(axis) = a.checked {
+                            write!(f, ", checked axis {axis}")?;
+                        }
+                        f.write_str(")")?;
+                    }
+                }
             }
             write!(f, " : {}", ins.dtype)?;
             if !self.reduce_axes.is_empty() && levels[i] == Level::Row {

@@ -27,8 +27,9 @@ pub use error::{IntList, IrError, TensorType};
 pub use graph::{Graph, NodeId, Slot};
 pub use infer::{infer, reduced_shape};
 pub use kernel::{
-    Accumulate, Buffer, Contraction, Expr, Instr, Kernel, Level, Plan, Prologue, Store, ValueId,
+    Accumulate, Buffer, Contraction, Expr, GatherAxis, IndexCheck, Instr, Kernel, Level, Plan,
+    Prologue, Store, ValueId,
 };
-pub use op::{ArgReduceOp, BinaryOp, Node, Op, ReduceOp, UnaryOp, ViewOp};
+pub use op::{ArgReduceOp, BinaryOp, Node, Op, PadMode, ReduceOp, ScanOp, UnaryOp, ViewOp};
 pub use shape::{AxisSlice, Shape, View};
 pub use verify::{verify, VerifyError, VerifyErrors};

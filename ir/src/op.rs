@@ -324,6 +324,49 @@ impl ViewOp {
     }
 }
 
+/// How [`Op::Pad`] fills the positions outside its operand (numpy's `np.pad` modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PadMode {
+    /// A constant value (the op's `value`).
+    Constant,
+    /// The edge element of the axis repeated (`np.pad(mode='edge')`).
+    Edge,
+    /// Mirrored about the edge element, which is not repeated (`np.pad(mode='reflect')`,
+    /// `[1,2,3]` padded by 2 on the left gives `[3,2,1,2,3]`); a width above `n - 1` is
+    /// an error.
+    Reflect,
+}
+
+impl PadMode {
+    /// The mode's name in dumps and in EXPR (`'constant'`, `'edge'`, `'reflect'`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            PadMode::Constant => "constant",
+            PadMode::Edge => "edge",
+            PadMode::Reflect => "reflect",
+        }
+    }
+}
+
+/// Running combinations along an axis ([`Op::Scan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ScanOp {
+    /// Running sum (`np.cumsum`).
+    Sum,
+    /// Running product (`np.cumprod`).
+    Prod,
+}
+
+impl ScanOp {
+    /// The name used in IR dumps.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ScanOp::Sum => "cumsum",
+            ScanOp::Prod => "cumprod",
+        }
+    }
+}
+
 /// What a graph node computes. One closed enum: passes and codegens match on it
 /// exhaustively.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -385,6 +428,83 @@ pub enum Op {
         /// The shape of the result.
         shape: Shape,
     },
+    /// `start + step * i` for `i` in `0..len`, as i64 (numpy's `arange`): the only op
+    /// that makes positions into values, from which `one_hot`, `tril`/`triu` and causal
+    /// masks are composites. A *read* like a constant: every kernel that reads it
+    /// computes it from the position.
+    Iota {
+        /// Number of elements.
+        len: usize,
+        /// The first value.
+        start: i64,
+        /// The difference between neighbours.
+        step: i64,
+    },
+    /// `out[p] = x[p with p[axis] := idx[p]]`: operands `x` and `idx` (i32 or i64) of one
+    /// rank that agree on every axis but `axis`; the result has `idx`'s shape and `x`'s
+    /// dtype. numpy's `take_along_axis` with the broadcasting made explicit; `take(x,
+    /// idx, axis)` is this op on views of both. A negative index counts from the end; an
+    /// index outside `-n..n` is an error of the evaluation (never a read out of bounds).
+    /// An element-wise kernel reads through it (a load at a computed offset).
+    Gather {
+        /// The axis of `x` indexed.
+        axis: usize,
+    },
+    /// `out = x` with `v[p]` added at `p with p[axis] := idx[p]` for every position `p`
+    /// of `idx` (numpy's `np.add.at` along one axis): operands `x`, `idx` (i32 or i64)
+    /// and `v` (of `idx`'s shape and `x`'s dtype). Duplicate indices accumulate, in
+    /// increasing position order along `axis` (the same bits on every thread count).
+    /// Gather's gradient. A kernel of its own.
+    ScatterAdd {
+        /// The axis of `x` indexed.
+        axis: usize,
+    },
+    /// The `parts` operands joined along `axis` (numpy's `concatenate`): one dtype, one
+    /// rank, equal extents on every other axis. A read: a kernel that consumes it picks
+    /// the operand by the position's range.
+    Concat {
+        /// The axis joined along.
+        axis: usize,
+        /// Number of operands (one at least).
+        parts: usize,
+    },
+    /// `widths[a] = (before, after)` positions added on each side of axis `a`, filled as
+    /// `mode` says (numpy's `np.pad`). A read: outside the interior a kernel returns
+    /// the fill instead of loading.
+    Pad {
+        /// Positions added before and after, one pair per axis.
+        widths: Vec<(usize, usize)>,
+        /// How the new positions are filled.
+        mode: PadMode,
+        /// The fill of [`PadMode::Constant`] (of the node's dtype; 0 for other modes).
+        value: Scalar,
+    },
+    /// Inclusive running sum or product along `axis` (numpy's `cumsum`/`cumprod`), from
+    /// the end backwards when `reverse`. Integers accumulate in i64 (numpy's platform
+    /// integer), floats in their own dtype (half types in f32, rounded at each store).
+    /// A kernel of its own.
+    Scan {
+        /// Sum or product.
+        op: ScanOp,
+        /// The axis scanned.
+        axis: usize,
+        /// Scan from the last position to the first.
+        reverse: bool,
+    },
+    /// The positions (i64) that sort `x` along `axis`, stably: numpy's
+    /// `argsort(kind='stable')` order (NaN last) when ascending; when `descending`, the
+    /// reverse order of values (NaN first, as the largest) with ties still in increasing
+    /// position. Only the first `k` positions of each row are kept: `top_k` is
+    /// `descending` with `k` below the extent. A kernel of its own; `sort` and `top_k`'s
+    /// values are a gather through it.
+    Argsort {
+        /// The axis sorted.
+        axis: usize,
+        /// Largest first.
+        descending: bool,
+        /// Positions kept per row (the extent of `axis` for a full sort).
+        k: usize,
+    },
 }
 
 /// `lowbias32` (Chris Wellons' hash-prospector): a cheap 32-bit integer mixer built from
@@ -435,6 +555,12 @@ impl Op {
             | Op::RandomUniform { .. } => 1,
             Op::Binary(_) | Op::MatMul => 2,
             Op::Where => 3,
+            Op::Iota { .. } => 0,
+            Op::Scan { .. } | Op::Argsort { .. } => 1,
+            Op::Gather { .. } => 2,
+            Op::ScatterAdd { .. } => 3,
+            Op::Concat { parts, .. } => *parts,
+            Op::Pad { .. } => 1,
         }
     }
 
@@ -467,6 +593,22 @@ impl Op {
         matches!(self, Op::RandomUniform { .. })
     }
 
+    /// Reads at computed positions (gather, concat, pad): an element-wise kernel loads
+    /// its operands through the index (or the position's range, or the interior test)
+    /// instead of at the position itself.
+    pub fn is_indexed_read(&self) -> bool {
+        matches!(self, Op::Gather { .. } | Op::Concat { .. } | Op::Pad { .. })
+    }
+
+    /// Ops that run as a routine of their own (scatter-add, scans, sorts): neither
+    /// element-wise nor a reduction of the row program.
+    pub fn is_routine(&self) -> bool {
+        matches!(
+            self,
+            Op::ScatterAdd { .. } | Op::Scan { .. } | Op::Argsort { .. }
+        )
+    }
+
     /// Graph inputs.
     pub fn is_input(&self) -> bool {
         matches!(self, Op::Input { .. })
@@ -486,6 +628,13 @@ impl Op {
             Op::View(v) => v.name(),
             Op::MatMul => "matmul",
             Op::RandomUniform { .. } => "random_uniform",
+            Op::Iota { .. } => "iota",
+            Op::Gather { .. } => "gather",
+            Op::ScatterAdd { .. } => "scatter_add",
+            Op::Concat { .. } => "concat",
+            Op::Pad { .. } => "pad",
+            Op::Scan { op, .. } => op.name(),
+            Op::Argsort { .. } => "argsort",
         }
     }
 }

@@ -70,6 +70,38 @@ fn write_op(out: &mut String, g: &Graph, id: NodeId, num: &HashMap<NodeId, usize
             ViewOp::ExpandDims(a) => write!(out, ", axis={a}"),
             ViewOp::Squeeze(a) => write!(out, ", axes={}", list(a)),
         },
+        Op::Iota { len, start, step } => write!(out, " start={start}, step={step}, len={len}"),
+        Op::Gather { axis } | Op::ScatterAdd { axis } | Op::Concat { axis, .. } => {
+            write!(out, ", axis={axis}")
+        }
+        Op::Pad {
+            widths,
+            mode,
+            value,
+        } => {
+            let w: Vec<String> = widths.iter().map(|(a, b)| format!("({a},{b})")).collect();
+            let _ = write!(out, ", [{}], {}", w.join(","), mode.name());
+            match mode {
+                crate::op::PadMode::Constant => {
+                    write!(out, ", value={}", const_text(*value, node.dtype))
+                }
+                _ => Ok(()),
+            }
+        }
+        Op::Scan { axis, reverse, .. } => write!(
+            out,
+            ", axis={axis}{}",
+            if *reverse { ", reverse" } else { "" }
+        ),
+        Op::Argsort {
+            axis,
+            descending,
+            k,
+        } => write!(
+            out,
+            ", axis={axis}, k={k}{}",
+            if *descending { ", descending" } else { "" }
+        ),
         _ => Ok(()),
     };
     let _ = write!(out, " : {}{}", node.dtype, node.shape);

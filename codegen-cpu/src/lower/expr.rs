@@ -44,9 +44,14 @@ impl<M: Module> Lowering<'_, '_, M> {
                 let (a, from) = (operand(a), kernel.body[a.index()].dtype);
                 self.cast(a, from, ins.dtype)
             }
-            Expr::Load { .. } | Expr::Reduce(..) | Expr::ArgReduce(..) | Expr::Random { .. } => {
+            Expr::Load { .. }
+            | Expr::Reduce(..)
+            | Expr::ArgReduce(..)
+            | Expr::Random { .. }
+            | Expr::Position { .. }
+            | Expr::Gather { .. } => {
                 panic!(
-                    "v{v}: loads, reductions and random ops are lowered by their callers; this is a bug"
+                    "v{v}: loads, reductions, random ops, positions and gathers are lowered by their callers; this is a bug"
                 )
             }
         })

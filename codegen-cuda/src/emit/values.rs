@@ -32,8 +32,13 @@ impl Gen<'_> {
                 name(b.index())
             ),
             Expr::Cast(a) => scalar::cast(dt(*a), ins.dtype, &name(a.index()), &mut self.needs),
-            Expr::Load { .. } | Expr::Reduce(..) | Expr::ArgReduce(..) | Expr::Random { .. } => {
-                unreachable!("loads, reductions and random ops are emitted by the plan code")
+            Expr::Load { .. }
+            | Expr::Reduce(..)
+            | Expr::ArgReduce(..)
+            | Expr::Random { .. }
+            | Expr::Position { .. }
+            | Expr::Gather { .. } => {
+                unreachable!("loads, reductions, random ops, positions and gathers are emitted by the plan code")
             }
         }
     }

@@ -39,6 +39,20 @@ pub enum InterpError {
         /// What does not fit.
         detail: String,
     },
+    /// An index of a gather or scatter-add outside `-n..n` for an axis of extent `n`.
+    #[error("{op}: index {value} is out of range for axis {axis} of extent {extent} (at position {position:?} of the indices)")]
+    IndexOutOfRange {
+        /// The op reading through the index.
+        op: &'static str,
+        /// The axis indexed.
+        axis: usize,
+        /// The index as given.
+        value: i64,
+        /// Its position in the index tensor.
+        position: Vec<usize>,
+        /// The extent of the axis.
+        extent: usize,
+    },
     /// A step's result (a node's value, a kernel's outputs), whose size comes from the
     /// user's shapes, is larger than this platform can address or than the memory to
     /// be had; nothing of it was allocated.

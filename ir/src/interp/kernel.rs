@@ -99,6 +99,12 @@ pub fn eval_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<Vec<HostArr
                 Read::Positions(view) => {
                     Vals::I(positions(view).into_iter().map(|p| p as i64).collect())
                 }
+                Read::Gather(input, view, extra) => bufs[input].gather(
+                    positions(view)
+                        .into_iter()
+                        .zip(extra)
+                        .map(|(p, e)| (p as isize + e) as usize),
+                ),
             });
             vals.push(v);
         }
@@ -133,6 +139,26 @@ enum Read<'v> {
     Buffer(usize, &'v View),
     /// The positions the view reaches (a random op's own row-major indices), as i64.
     Positions(&'v View),
+    /// The elements of input `.0` at the view's offsets plus `.2` (a gather's computed
+    /// part, one per position).
+    Gather(usize, &'v View, Vec<isize>),
+}
+
+/// The computed part of a gather's offsets over `width` positions: each axis's index,
+/// wrapped when negative and clamped into the axis, times its stride.
+fn gather_extra(axes: &[crate::kernel::GatherAxis], vals: &[Vals], width: usize) -> Vec<isize> {
+    let mut extra = vec![0isize; width];
+    for a in axes {
+        let Vals::I(ks) = &vals[a.index.index()] else {
+            unreachable!("gather indices are integers (Kernel::check)")
+        };
+        let n = a.extent as i64;
+        for (e, &k) in extra.iter_mut().zip(ks) {
+            let k = if k < 0 { k + n } else { k };
+            *e += k.clamp(0, (n - 1).max(0)) as isize * a.stride;
+        }
+    }
+    extra
 }
 
 /// One instruction of a kernel over `width` positions (a chunk of the domain, or one
@@ -155,6 +181,10 @@ fn eval_instr(
                 Vals::I(p) => super::random::uniform_at(key, p.into_iter().map(|p| p as usize)),
                 _ => unreachable!("positions are i64"),
             }
+        }
+        Expr::Position { view } => read(Read::Positions(view)),
+        Expr::Gather { input, view, axes } => {
+            read(Read::Gather(*input, view, gather_extra(axes, vals, width)))
         }
         Expr::Const(c) => Vals::fill(*c, ins.dtype, round_to, width),
         Expr::Unary(u, a) => map_unary(*u, &vals[a.index()], round_to),
@@ -235,7 +265,10 @@ fn eval_row_program(kernel: &Kernel, bufs: &[Vals]) -> Vec<HostArray> {
         .body
         .iter()
         .map(|ins| match &ins.expr {
-            Expr::Load { view, .. } | Expr::Random { view, .. } => Some(view.permute(&perm)),
+            Expr::Load { view, .. }
+            | Expr::Random { view, .. }
+            | Expr::Position { view }
+            | Expr::Gather { view, .. } => Some(view.permute(&perm)),
             _ => None,
         })
         .collect();
@@ -277,6 +310,9 @@ fn eval_row_program(kernel: &Kernel, bufs: &[Vals]) -> Vec<HostArray> {
                             );
                             bufs[input].gather(offs.take(row_len))
                         }
+                    }
+                    Read::Gather(..) => {
+                        unreachable!("gathers are in element-wise kernels only (Kernel::check)")
                     }
                     Read::Positions(_) => {
                         let offs: Vec<i64> = if row_len == 0 && levels[i] == Level::Row {

@@ -100,6 +100,20 @@ impl Fuser<'_> {
                 }
             }
         }
+        // A routine reads its operands from memory: each operand that is not an input,
+        // a routine or a kernel's value is copied into a buffer (a kernel's value is
+        // stored by the users rule above).
+        for n in self.order.clone() {
+            if self.role[&n] != Role::Routine {
+                continue;
+            }
+            for o in self.g.operands(n) {
+                if matches!(self.role[&o], Role::View | Role::Const | Role::Random) {
+                    let why = format!("read by {} (a routine reads memory)", self.g.node(n).op.name());
+                    self.store(o, why);
+                }
+            }
+        }
         // Stored views, constants and random ops are copies; resolving every read may add
         // more.
         loop {

@@ -22,6 +22,9 @@ pub(super) enum Role {
     Random,
     /// A view folded into loads (or copied, when it must be stored).
     View,
+    /// A node computed by a step of its own on materialised operands (scatter-add,
+    /// scans, sorts: `Step::Interp`, which the backends run as native routines).
+    Routine,
     /// A widening cast of a half value (f16/bf16 -> f32) read only by matrix products:
     /// a prologue the GEMM applies as it reads its operand (exact), never computed on
     /// its own.
@@ -103,6 +106,13 @@ impl<'g> Fuser<'g> {
                     | Op::Reduce { .. }
                     | Op::ArgReduce { .. }
                     | Op::MatMul => Role::Member(usize::MAX),
+                    Op::Iota { .. }
+                    | Op::Gather { .. }
+                    | Op::ScatterAdd { .. }
+                    | Op::Concat { .. }
+                    | Op::Pad { .. }
+                    | Op::Scan { .. }
+                    | Op::Argsort { .. } => Role::Routine,
                 };
                 (n, r)
             })

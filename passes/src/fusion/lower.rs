@@ -19,6 +19,21 @@ impl Fuser<'_> {
             let first = self.groups[gi].min_pos;
             lowered.push((first, self.lower_group(gi)));
         }
+        for &n in &self.order {
+            if self.role[&n] == Role::Routine {
+                let operands = self.g.operands(n);
+                let op = &self.g.node(n).op;
+                let reason = format!("{} runs as a routine of its own", op.name());
+                lowered.push((
+                    self.pos[&n],
+                    Step::Interp {
+                        node: n,
+                        operands,
+                        reason,
+                    },
+                ));
+            }
+        }
         let mut steps = order_steps(lowered, self.g);
         let mut placement: HashMap<NodeId, Placement> = self
             .g
@@ -32,6 +47,13 @@ impl Fuser<'_> {
                 Role::Const | Role::Random | Role::View | Role::Widened => Placement::Folded,
                 // Placed with the product that reads it, below.
                 Role::Member(_) | Role::Prologue => continue,
+                Role::Routine => {
+                    let step = steps
+                        .iter()
+                        .position(|s| matches!(s, Step::Interp { node, .. } if *node == n))
+                        .expect("every routine node has its step");
+                    Placement::Interp { step }
+                }
             };
             placement.insert(n, p);
         }

@@ -14,6 +14,14 @@ impl Fuser<'_> {
             }
             match &node.op {
                 Op::Input { .. } | Op::Const { .. } | Op::RandomUniform { .. } => {}
+                // Steps of their own (lowered in `lower`).
+                Op::Iota { .. }
+                | Op::Gather { .. }
+                | Op::ScatterAdd { .. }
+                | Op::Concat { .. }
+                | Op::Pad { .. }
+                | Op::Scan { .. }
+                | Op::Argsort { .. } => {}
                 Op::View(v) => self.try_alias(n, v),
                 Op::Reduce { axes, .. } => self.place_reduction(n, axes.clone()),
                 Op::ArgReduce { axis, .. } => self.place_reduction(n, vec![*axis]),
