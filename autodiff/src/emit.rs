@@ -4,7 +4,8 @@
 
 use crate::error::AutodiffError;
 use ndfuse_ir::{
-    BinaryOp, DType, Graph, HostArray, NodeId, Op, ReduceOp, Scalar, Shape, UnaryOp, ViewOp,
+    AxisSlice, BinaryOp, DType, Graph, HostArray, NodeId, Op, ReduceOp, Scalar, ScanOp, Shape,
+    UnaryOp, ViewOp,
 };
 
 /// Adds gradient nodes to a graph on behalf of one rule at a time.
@@ -150,6 +151,56 @@ impl Emit<'_> {
             self.reduce(ReduceOp::Sum, g, &axes, true)?
         };
         self.reshape(s, shape)
+    }
+
+    /// `x`'s positions `start..start + len` along `axis`, every other axis whole.
+    pub(crate) fn slice_axis(&mut self, x: NodeId, axis: usize, start: usize, len: usize) -> Built {
+        let dims = self.shape(x).dims().to_vec();
+        if start == 0 && len == dims[axis] {
+            return Ok(x);
+        }
+        let slices = dims
+            .iter()
+            .enumerate()
+            .map(|(a, &d)| {
+                if a == axis {
+                    AxisSlice {
+                        start: start as i64,
+                        step: 1,
+                        len,
+                    }
+                } else {
+                    AxisSlice::full(d)
+                }
+            })
+            .collect();
+        self.view(ViewOp::Slice(slices), x)
+    }
+
+    /// The inclusive running `op` of `x` along `axis`.
+    pub(crate) fn scan(&mut self, op: ScanOp, x: NodeId, axis: usize, reverse: bool) -> Built {
+        self.op(Op::Scan { op, axis, reverse }, &[x])
+    }
+
+    /// The i64 values `start + i` (`i` in `0..shape[axis]`) laid along `axis` of `shape`
+    /// and broadcast over its other axes: each position's coordinate on `axis`, offset.
+    pub(crate) fn positions(&mut self, shape: &Shape, axis: usize, start: i64) -> Built {
+        let len = shape.dims()[axis];
+        let iota = self.op(
+            Op::Iota {
+                len,
+                start,
+                step: 1,
+            },
+            &[],
+        )?;
+        let mut line = vec![1; shape.rank()];
+        line[axis] = len;
+        let r = self.reshape(iota, &Shape::new(line))?;
+        if &self.shape(r) == shape {
+            return Ok(r);
+        }
+        self.view(ViewOp::BroadcastTo(shape.clone()), r)
     }
 
     /// An input node holding `data`, bound by the caller (see `Backward::constants`).

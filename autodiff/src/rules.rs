@@ -12,10 +12,33 @@
 //! - `pow(a, b)`: `d/da` is 0 where `b == 0`; `d/db = y log a` is 0 where `a == 0`
 //!   (NaN where `a < 0`, as the real function has no derivative there).
 //! - `norm2`, `std` at a zero result give 0 (a subgradient), not NaN.
+//! - Indices (`gather`, `scatter_add`'s `idx`), positions (`iota`) and orders
+//!   (`argsort`) are integers: no gradient. A position read (or written) several times
+//!   gets the sum of the gradients of its reads; the same for a source that `pad`'s
+//!   edge and reflect modes repeat.
+//!
+//! `cumprod` without dividing by zero. For `y = cumprod(x)` along a row,
+//! `dx_i = sum_{j>=i} g_j prod_{k<=j, k!=i} x_k`. Let `z` be the row's first zero (in
+//! scan order; past the end when there is none) and `w = cumprod(x with x_z := 1)`, so
+//! `w_j = prod_{k<=j, k!=z} x_k` for every `j` (and `w_j = y_j` for `j < z`). Every
+//! term with `j >= z` and `i != z` has the factor `x_z = 0`, so
+//! - `i < z`: `dx_i = (sum_{i<=j<z} g_j w_j) / x_i`, dividing only by a nonzero `x_i`;
+//! - `i = z`: `dx_z = sum_{j>=z} g_j w_j` (no division; later zeros sit inside `w`);
+//! - `i > z`: `dx_i = 0` (each of its products keeps the factor `x_z`).
+//!
+//! Both sums are reversed cumsums of `g w` masked to one side of `z`; `z` is where the
+//! running count of zeros first reaches 1. This is torch's `cumprod_backward` as a
+//! handful of scans and selects (O(n) work and memory); a row with two or more zeros
+//! is exact too. Its one approximation is the division for `i < z`: `w_j / x_i` stands
+//! for `prod_{k<=j, k!=i} x_k`, equal up to rounding unless `w_j` under- or
+//! overflows where the product without `x_i` would not (as in torch).
 
 use crate::emit::Emit;
 use crate::error::AutodiffError;
-use ndfuse_ir::{AxisSlice, BinaryOp, HostArray, NodeId, Op, ReduceOp, Shape, UnaryOp, ViewOp};
+use ndfuse_ir::{
+    AxisSlice, BinaryOp, HostArray, NodeId, Op, PadMode, ReduceOp, Scalar, ScanOp, Shape, UnaryOp,
+    ViewOp,
+};
 
 type Grads = Result<Vec<Option<NodeId>>, AutodiffError>;
 
@@ -66,11 +89,44 @@ pub(crate) fn vjp(e: &mut Emit, op: &Op, x: &[NodeId], y: NodeId, g: NodeId) -> 
         // positions and orders: integers, no gradient
         Op::Iota { .. } => Ok(vec![]),
         Op::Argsort { .. } => Ok(vec![None]),
-        Op::Gather { .. }
-        | Op::ScatterAdd { .. }
-        | Op::Concat { .. }
-        | Op::Pad { .. }
-        | Op::Scan { .. } => Err(AutodiffError::NoRule { op: op.name() }),
+        // gather(x, idx): g scatter-added into zeros at the positions read (duplicates
+        // accumulate); none to the integer idx
+        Op::Gather { axis } => {
+            let z = e.full_like(x[0], 0.0);
+            let gx = e.op(Op::ScatterAdd { axis: *axis }, &[z, x[1], g])?;
+            Ok(vec![Some(gx), None])
+        }
+        // scatter_add(x, idx, v): g to x, g gathered at the positions written to v
+        Op::ScatterAdd { axis } => {
+            let gv = e.op(Op::Gather { axis: *axis }, &[g, x[1]])?;
+            Ok(vec![Some(g), None, Some(gv)])
+        }
+        // concat: each part gets its own range of g along the axis
+        Op::Concat { axis, .. } => {
+            let mut start = 0;
+            let mut gs = Vec::with_capacity(x.len());
+            for &part in x {
+                let n = e.shape(part).dims()[*axis];
+                gs.push(Some(e.slice_axis(g, *axis, start, n)?));
+                start += n;
+            }
+            Ok(gs)
+        }
+        // pad: constant, g's interior; edge/reflect, g summed onto the source each
+        // padded position reads
+        Op::Pad { widths, mode, .. } => one(pad(e, widths, *mode, x[0], g)?),
+        // cumsum: the running sum of g the other way
+        Op::Scan {
+            op: ScanOp::Sum,
+            axis,
+            reverse,
+        } => one(e.scan(ScanOp::Sum, g, *axis, !reverse)?),
+        // cumprod: the first zero's identity, dividing only by nonzeros (module docs)
+        Op::Scan {
+            op: ScanOp::Prod,
+            axis,
+            reverse,
+        } => one(cumprod(e, x[0], g, *axis, *reverse)?),
     }
 }
 
@@ -279,6 +335,90 @@ fn centered(
     let m = e.reduce(ReduceOp::Mean, x, axes, true)?;
     let m = e.spread(m, axes, shape)?;
     e.sub(x, m)
+}
+
+/// The gradient of `pad(x, widths, mode)`. Constant mode reads each source position
+/// once, at `lo` on every axis: the interior slice of `g`. Edge and reflect read some
+/// sources several times: one axis at a time, `g` is scatter-added into zeros of the
+/// source extent at the source each padded position reads (`ir::interp::pad_source`),
+/// an i64 index computed from the position (an iota from `-lo`, so `k = c - lo`):
+/// edge `clamp(k, 0, n - 1)`, reflect `(n - 1) - |(n - 1) - |k||`.
+fn pad(
+    e: &mut Emit,
+    widths: &[(usize, usize)],
+    mode: PadMode,
+    x: NodeId,
+    g: NodeId,
+) -> Result<NodeId, AutodiffError> {
+    let dims = e.shape(x).dims().to_vec();
+    let mut g = g;
+    for (axis, (&(lo, hi), &n)) in widths.iter().zip(&dims).enumerate() {
+        if lo == 0 && hi == 0 {
+            continue;
+        }
+        if mode == PadMode::Constant {
+            g = e.slice_axis(g, axis, lo, n)?;
+            continue;
+        }
+        let gshape = e.shape(g);
+        let k = e.positions(&gshape, axis, -(lo as i64))?;
+        let last = e.full_like(k, (n as f64) - 1.0);
+        let src = match mode {
+            PadMode::Edge => {
+                let z = e.full_like(k, 0.0);
+                let k = e.binary(BinaryOp::Max, k, z)?;
+                e.binary(BinaryOp::Min, k, last)?
+            }
+            _ => {
+                let a = e.unary(UnaryOp::Abs, k)?;
+                let d = e.sub(last, a)?;
+                let d = e.unary(UnaryOp::Abs, d)?;
+                e.sub(last, d)?
+            }
+        };
+        let mut to = gshape.dims().to_vec();
+        to[axis] = n;
+        let dt = e.dtype(g);
+        let zeros = e.g.add_const(Scalar::F(0.0), dt, Shape::new(to));
+        g = e.op(Op::ScatterAdd { axis }, &[zeros, src, g])?;
+    }
+    Ok(g)
+}
+
+/// The gradient of `y = cumprod(x)` along `axis` (scanning backwards when `reverse`;
+/// "first" and "before" below are in scan order), zero-safe (see the module docs):
+/// `w` is the running product with the row's first zero replaced by 1, `u = g w`;
+/// before the first zero `dx = rcumsum(u masked to before) / x` (those `x` are
+/// nonzero), at the first zero `dx = rcumsum(u masked to from it on)`, after it 0.
+fn cumprod(
+    e: &mut Emit,
+    x: NodeId,
+    g: NodeId,
+    axis: usize,
+    reverse: bool,
+) -> Result<NodeId, AutodiffError> {
+    let dt = e.dtype(x);
+    let zero = e.equals(x, 0.0)?;
+    // The number of zeros up to each position: counts of 0/1 in the float dtype, exact
+    // at 0, 1 and 2, and it never falls back to 1 once past it.
+    let count = e.cast(zero, dt)?;
+    let count = e.scan(ScanOp::Sum, count, axis, reverse)?;
+    let before = e.equals(count, 0.0)?;
+    let one_so_far = e.equals(count, 1.0)?;
+    let first = e.binary(BinaryOp::And, zero, one_so_far)?;
+    let ones = e.full_like(x, 1.0);
+    let w = e.select(first, ones, x)?;
+    let w = e.scan(ScanOp::Prod, w, axis, reverse)?;
+    let u = e.mul(g, w)?;
+    let zeros = e.full_like(x, 0.0);
+    let u_before = e.select(before, u, zeros)?;
+    let s_before = e.scan(ScanOp::Sum, u_before, axis, !reverse)?;
+    let x_before = e.select(before, x, ones)?;
+    let d_before = e.div(s_before, x_before)?;
+    let u_after = e.select(before, zeros, u)?;
+    let s_after = e.scan(ScanOp::Sum, u_after, axis, !reverse)?;
+    let d_first = e.select(first, s_after, zeros)?;
+    e.select(before, d_before, d_first)
 }
 
 fn view(e: &mut Emit, v: &ViewOp, x: NodeId, g: NodeId) -> Result<NodeId, AutodiffError> {

@@ -1,7 +1,7 @@
 //! Every rule of `rules.rs` against central finite differences in f64 on the reference
 //! interpreter (step and tolerance in `common`), over random shapes with broadcasts and
 //! views; plus the exact tie rules, the ops through which no gradient flows, and the
-//! errors.
+//! errors. The indexed and running ops' rules are checked in `index_and_scan.rs`.
 
 mod common;
 

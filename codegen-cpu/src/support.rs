@@ -13,7 +13,7 @@ pub(crate) const EMPTY_ROW_LOAD_UNSUPPORTED: &str = "a row-level load in a kerne
 /// Why kernels with reduce axes that compute a random op go to the interpreter: the
 /// row, column and split loops have no lowering of it yet (element-wise kernels and
 /// matrix-product epilogues do).
-pub(crate) const RANDOM_IN_ROW_PROGRAM_UNSUPPORTED: &str = "a random op in a kernel with reduce axes is not JIT-compiled yet (only element-wise kernels and matmul epilogues are); the interpreter runs this kernel";
+pub(crate) const RANDOM_IN_ROW_PROGRAM_UNSUPPORTED: &str = "a random op or a position in a kernel with reduce axes is not JIT-compiled yet (only element-wise kernels and matmul epilogues are); the interpreter runs this kernel";
 
 /// Whether this code generator can compile `kernel`.
 ///
@@ -59,7 +59,7 @@ pub fn supports(kernel: &Kernel) -> Result<(), String> {
         && kernel
             .body
             .iter()
-            .any(|ins| matches!(ins.expr, Expr::Random { .. }))
+            .any(|ins| matches!(ins.expr, Expr::Random { .. } | Expr::Position { .. }))
     {
         return Err(RANDOM_IN_ROW_PROGRAM_UNSUPPORTED.to_string());
     }

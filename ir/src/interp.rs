@@ -34,7 +34,7 @@ mod views;
 use error::room_for;
 pub use error::InterpError;
 pub use index::pad_source;
-pub use kernel::eval_kernel;
+pub use kernel::{check_indices, eval_kernel};
 pub use scan::total_order_f64;
 pub use scalar::{binary_f64, binary_i64, compare_f64, compare_i64, unary_f64, unary_i64};
 

@@ -10,6 +10,7 @@ pub mod cse;
 pub mod dce;
 pub mod fold;
 pub mod fusion;
+pub mod gather_views;
 pub mod manager;
 pub mod pass;
 pub mod pipeline;

@@ -4,6 +4,7 @@
 use crate::cse::Cse;
 use crate::dce::Dce;
 use crate::fold::Fold;
+use crate::gather_views::GatherViews;
 use crate::manager::{PassLog, PassManager, PassOptions};
 use crate::pass::{Pass, PassError};
 use crate::simplify::Simplify;
@@ -27,6 +28,10 @@ pub fn pipeline() -> Vec<Box<dyn Pass>> {
         // After simplify (see above); before CSE, because collapsing
         // `reshape(reshape(x))` to `reshape(x)` makes it a duplicate CSE can merge.
         Box::new(Views),
+        // After views (one collapsed view of a gather moves in one rewrite), before CSE
+        // (the gathers it makes can share their table and index views): a view of a
+        // gather becomes a gather of views, so its consumer fuses with it.
+        Box::new(GatherViews),
         // After every rewrite that canonicalises, so more duplicates look alike. Its
         // merges (two equal constants, two equal subexpressions) can enable simplify
         // rules that need identical operands (`maximum(x, x)`, `where(c, x, x)`): the

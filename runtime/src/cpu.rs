@@ -129,6 +129,8 @@ pub(crate) fn run_cpu(
                 outputs: outs,
             } => {
                 let args: Vec<&HostArray> = ins.iter().map(read).collect();
+                // A user's index out of range is an error before the kernel reads.
+                interp::check_indices(kernel, &args)?;
                 let start = Instant::now();
                 let lock = || {
                     jit.lock()

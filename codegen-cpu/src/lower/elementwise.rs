@@ -130,7 +130,10 @@ impl<M: Module> Lowering<'_, '_, M> {
             .body
             .iter()
             .filter_map(|ins| match &ins.expr {
-                Expr::Load { view, .. } | Expr::Random { view, .. } => Some(view),
+                Expr::Load { view, .. }
+                | Expr::Random { view, .. }
+                | Expr::Position { view }
+                | Expr::Gather { view, .. } => Some(view),
                 _ => None,
             })
             .collect();
@@ -150,8 +153,12 @@ impl<M: Module> Lowering<'_, '_, M> {
                 } else {
                     load_access[v] = Some(access);
                 }
-            } else if let Expr::Random { .. } = &ins.expr {
-                load_access[v] = Some(accesses.next().expect("one access per random op"));
+            } else if let Expr::Random { .. } | Expr::Position { .. } | Expr::Gather { .. } =
+                &ins.expr
+            {
+                // Computed at every position, even from a fixed part (a gather's
+                // index varies).
+                load_access[v] = Some(accesses.next().expect("one access per view"));
             }
         }
         // The key schedule of each random op whose key is loop-invariant (a fixed load)
@@ -221,6 +228,35 @@ impl<M: Module> Lowering<'_, '_, M> {
                     };
                     self.random_at(key, index, stream)
                 }
+                Expr::Position { .. } => {
+                    let access = load_access[v].take().expect("a position's access was planned");
+                    let off = self.element_offset(&access, &indices, i);
+                    match off.var {
+                        Some(var) if off.elems == 0 => var,
+                        Some(var) => self.b.ins().iadd_imm_s(var, off.elems),
+                        None => self.iconst(off.elems),
+                    }
+                }
+                Expr::Gather { input, axes, .. } => {
+                    let access = load_access[v].take().expect("a gather's access was planned");
+                    let mut off = self.element_offset(&access, &indices, i);
+                    for a in axes {
+                        let k = values[a.index.index()].expect("SSA order: the index comes first");
+                        let k = self.clamped_index(k, kernel.body[a.index.index()].dtype, a.extent);
+                        let term = match a.stride {
+                            1 => k,
+                            s => {
+                                let s = self.iconst(s as i64);
+                                self.b.ins().imul(k, s)
+                            }
+                        };
+                        off.var = Some(match off.var {
+                            None => term,
+                            Some(acc) => self.b.ins().iadd(acc, term),
+                        });
+                    }
+                    self.load_at(in_bases[*input], off, ins.dtype)
+                }
                 _ => self.compute(kernel, v, &values)?,
             };
             values[v] = Some(value);
@@ -243,6 +279,25 @@ impl<M: Module> Lowering<'_, '_, M> {
         self.b.switch_to_block(exit);
         self.b.ins().return_(&[]);
         Ok(())
+    }
+
+    /// A gather's index `k` (an i32 or i64 value) as an i64 position in `0..extent`: plus
+    /// `extent` when negative, then clamped (a user's index was checked before the
+    /// kernel ran; a computed one may be anywhere, and must never read outside).
+    fn clamped_index(&mut self, k: Value, dtype: ndfuse_ir::DType, extent: usize) -> Value {
+        let k = if dtype == ndfuse_ir::DType::I32 {
+            self.b.ins().sextend(types::I64, k)
+        } else {
+            k
+        };
+        let n = self.iconst(extent as i64);
+        let zero = self.iconst(0);
+        let last = self.iconst(extent as i64 - 1);
+        let negative = self.b.ins().icmp(IntCC::SignedLessThan, k, zero);
+        let wrapped = self.b.ins().iadd(k, n);
+        let k = self.b.ins().select(negative, wrapped, k);
+        let k = self.b.ins().smax(k, zero);
+        self.b.ins().smin(k, last)
     }
 
     /// The row loop over positions `[start, end)` (`start < end`), ending in a jump to

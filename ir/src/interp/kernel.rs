@@ -53,6 +53,7 @@ pub fn eval_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<Vec<HostArr
         kernel: kernel.name.clone(),
         detail,
     })?;
+    check_indices(kernel, inputs)?;
     // Every output as computed (8 bytes an element) and stored, and the product.
     let elem_bytes = kernel
         .outputs
@@ -131,6 +132,39 @@ pub fn eval_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<Vec<HostArr
             .into_host()
         })
         .collect())
+}
+
+/// Checks the user indices a kernel reads through ([`Kernel::index_checks`]) against
+/// their axes: every backend calls this before the kernel runs, so an index out of range
+/// is an error and never a read. `inputs` are in [`Kernel::inputs`] order (a product,
+/// if any, may be missing: indices are never products).
+pub fn check_indices(kernel: &Kernel, inputs: &[&HostArray]) -> Result<(), InterpError> {
+    for c in kernel.index_checks() {
+        let Some(a) = inputs.get(c.input) else {
+            continue;
+        };
+        let n = c.extent as i64;
+        let bad = |k: i64| k < -n || k >= n;
+        let offs = Offsets::of_view(&c.view);
+        let found = match a.storage() {
+            crate::array::Storage::I64(v) => offs.enumerate().find(|&(_, o)| bad(v[o])).map(|(p, o)| (p, v[o])),
+            crate::array::Storage::I32(v) => offs
+                .enumerate()
+                .find(|&(_, o)| bad(i64::from(v[o])))
+                .map(|(p, o)| (p, i64::from(v[o]))),
+            _ => None,
+        };
+        if let Some((p, value)) = found {
+            return Err(InterpError::IndexOutOfRange {
+                op: "gather",
+                axis: c.axis,
+                value,
+                position: super::index::unravel(&c.view.shape, p),
+                extent: c.extent,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// What [`eval_instr`] asks its caller to read through an instruction's view.

@@ -19,6 +19,13 @@ pub(super) enum Source {
         key: Box<Source>,
         view: View,
     },
+    /// An iota computed in place: `start + step * p` for the op's own row-major
+    /// position `p` that `view` maps the reader's shape to.
+    Iota {
+        start: i64,
+        step: i64,
+        view: View,
+    },
 }
 
 impl Source {
@@ -28,6 +35,7 @@ impl Source {
             Source::Const(_) => None,
             Source::Buffer { base, .. } => Some(*base),
             Source::Random { key, .. } => key.base(),
+            Source::Iota { .. } => None,
         }
     }
 }
@@ -37,6 +45,7 @@ fn with_view(source: Source, view: View) -> Source {
     match source {
         Source::Buffer { base, .. } => Source::Buffer { base, view },
         Source::Random { key, .. } => Source::Random { key, view },
+        Source::Iota { start, step, .. } => Source::Iota { start, step, view },
         Source::Const(c) => Source::Const(c),
     }
 }
@@ -45,7 +54,9 @@ fn with_view(source: Source, view: View) -> Source {
 /// strides cannot express.
 fn source_view(source: &Source, op: &ViewOp) -> Option<View> {
     match source {
-        Source::Buffer { view, .. } | Source::Random { view, .. } => apply_view(view, op),
+        Source::Buffer { view, .. } | Source::Random { view, .. } | Source::Iota { view, .. } => {
+            apply_view(view, op)
+        }
         Source::Const(_) => None,
     }
 }
@@ -94,6 +105,7 @@ impl Fuser<'_> {
                     let why = match self.resolve(o) {
                         Source::Const(_) => "a constant operand of matmul (a GEMM reads memory)",
                         Source::Random { .. } => "a random operand of matmul (a GEMM reads memory)",
+                        Source::Iota { .. } => "an iota operand of matmul (a GEMM reads memory)",
                         Source::Buffer { .. } => continue,
                     };
                     self.store(o, why.into());
@@ -108,9 +120,46 @@ impl Fuser<'_> {
                 continue;
             }
             for o in self.g.operands(n) {
-                if matches!(self.role[&o], Role::View | Role::Const | Role::Random) {
+                if matches!(
+                    self.role[&o],
+                    Role::View | Role::Const | Role::Random | Role::Iota
+                ) {
                     let why = format!("read by {} (a routine reads memory)", self.g.node(n).op.name());
                     self.store(o, why);
+                }
+            }
+        }
+        // A read at computed positions (gather, concat, pad) loads its data from memory
+        // (or takes a constant); a gather's index is a load the runtime checks first,
+        // or an iota or constant known to be in range.
+        for n in self.order.clone() {
+            let op = self.g.node(n).op.clone();
+            if !op.is_indexed_read() || self.group_of(n).is_none() {
+                continue;
+            }
+            let ops = self.g.operands(n);
+            let data: &[NodeId] = match op {
+                Op::Gather { .. } => &ops[..1],
+                _ => &ops,
+            };
+            for &o in data {
+                if !matches!(self.resolve(o), Source::Buffer { .. } | Source::Const(_)) {
+                    let why = format!("read by {} at computed positions", op.name());
+                    self.store(o, why);
+                }
+            }
+            if let Op::Gather { axis } = op {
+                let n_axis = self.g.node(ops[0]).shape.dims()[axis];
+                let ok = match self.resolve(ops[1]) {
+                    Source::Buffer { .. } => true,
+                    src => static_index_in_range(&src, n_axis),
+                };
+                if !ok {
+                    self.store(
+                        ops[1],
+                        "a gather's index not known to be in range (the runtime checks it in memory)"
+                            .into(),
+                    );
                 }
             }
         }
@@ -120,7 +169,10 @@ impl Fuser<'_> {
             let before = (self.stored.len(), self.copies.len());
             let stored: Vec<NodeId> = self.stored.keys().copied().collect();
             for n in stored {
-                if matches!(self.role[&n], Role::View | Role::Const | Role::Random) {
+                if matches!(
+                    self.role[&n],
+                    Role::View | Role::Const | Role::Random | Role::Iota
+                ) {
                     self.copies.insert(n);
                     self.resolve_below(n);
                 }
@@ -132,11 +184,14 @@ impl Fuser<'_> {
                         .is_some_and(|g| self.groups[g].reduce.is_some());
                     for o in self.g.operands(n) {
                         if self.group_of(o) != self.group_of(n) {
-                            let random = matches!(self.resolve(o), Source::Random { .. });
+                            let random = matches!(
+                                self.resolve(o),
+                                Source::Random { .. } | Source::Iota { .. }
+                            );
                             if let (true, true, Some(r)) = (reduces, random, self.random_below(o)) {
                                 self.store(
                                     r,
-                                    "read by a kernel with reductions (random ops are computed in element-wise kernels)".into(),
+                                    "read by a kernel with reductions (random ops and iotas are computed in element-wise kernels)".into(),
                                 );
                             }
                         }
@@ -160,7 +215,7 @@ impl Fuser<'_> {
             let base = source.base();
             // Random ops are computed in element-wise kernels only (the row programs of
             // the codegens have no lowering of them).
-            let random = matches!(source, Source::Random { .. });
+            let random = matches!(source, Source::Random { .. } | Source::Iota { .. });
             self.role.insert(c, Role::Member(usize::MAX));
             let target = (0..self.groups.len()).find(|&gi| {
                 let grp = &self.groups[gi];
@@ -210,6 +265,13 @@ impl Fuser<'_> {
             }
             match (&self.g.node(m).op, self.role[&m]) {
                 (Op::Const { value }, _) => break Source::Const(*value),
+                (Op::Iota { len, start, step }, _) => {
+                    break Source::Iota {
+                        start: *start,
+                        step: *step,
+                        view: View::contiguous(ndfuse_ir::Shape::new([*len])),
+                    }
+                }
                 (Op::RandomUniform { shape }, _) => {
                     let view = View::contiguous(shape.clone());
                     let key = self.resolve(self.g.operands(m)[0]);
@@ -242,7 +304,7 @@ impl Fuser<'_> {
             };
             source = match source {
                 Source::Const(c) => Source::Const(c),
-                Source::Buffer { .. } | Source::Random { .. } => match source_view(&source, v) {
+                Source::Buffer { .. } | Source::Random { .. } | Source::Iota { .. } => match source_view(&source, v) {
                     Some(view) => with_view(source, view),
                     None => {
                         // Rule 6: the reshape needs its operand contiguous.
@@ -266,12 +328,12 @@ impl Fuser<'_> {
         source
     }
 
-    /// The random op `n` reads through views (not copied ones), if any.
+    /// The random op or iota `n` reads through views (not copied ones), if any.
     fn random_below(&self, n: NodeId) -> Option<NodeId> {
         let mut m = n;
         loop {
             match self.role[&m] {
-                Role::Random => return Some(m),
+                Role::Random | Role::Iota => return Some(m),
                 Role::View if m == n || !self.copies.contains(&m) => m = self.g.operands(m)[0],
                 _ => return None,
             }
@@ -286,5 +348,24 @@ impl Fuser<'_> {
             base: n,
             view: View::contiguous(self.g.node(n).shape.clone()),
         }
+    }
+}
+
+/// Whether every index an iota or constant `src` gives, through its view, lies in
+/// `-n..n` (so a gather may read through it unchecked).
+fn static_index_in_range(src: &Source, n: usize) -> bool {
+    let n = n as i128;
+    let ok = |v: i128| -n <= v && v < n;
+    match src {
+        Source::Const(Scalar::I(v)) => ok(i128::from(*v)),
+        Source::Iota { start, step, view } => match view.span() {
+            // No position read: nothing to check.
+            None => true,
+            Some((lo, hi)) => {
+                let at = |p: i128| i128::from(*start) + i128::from(*step) * p;
+                ok(at(lo)) && ok(at(hi))
+            }
+        },
+        _ => false,
     }
 }

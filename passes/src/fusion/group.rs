@@ -20,6 +20,9 @@ pub(super) enum Role {
     /// A random op: computed from its key and position inside every kernel that reads
     /// it (rule 5), like a constant with an index.
     Random,
+    /// An iota: computed from the position inside every kernel that reads it, like a
+    /// random op.
+    Iota,
     /// A view folded into loads (or copied, when it must be stored).
     View,
     /// A node computed by a step of its own on materialised operands (scatter-add,
@@ -56,6 +59,9 @@ pub(super) struct Group {
     /// The matrix product the group is the epilogue of, if any: such a group starts
     /// at the product and takes single element-wise consumers only.
     pub(super) contract: Option<NodeId>,
+    /// Whether a member reads at computed positions (gather, concat, pad): such a
+    /// group never takes a reduction (the row programs have no lowering of it).
+    pub(super) indexed: bool,
 }
 
 impl Group {
@@ -105,14 +111,14 @@ impl<'g> Fuser<'g> {
                     | Op::Cast { .. }
                     | Op::Reduce { .. }
                     | Op::ArgReduce { .. }
-                    | Op::MatMul => Role::Member(usize::MAX),
-                    Op::Iota { .. }
+                    | Op::MatMul
                     | Op::Gather { .. }
-                    | Op::ScatterAdd { .. }
                     | Op::Concat { .. }
-                    | Op::Pad { .. }
-                    | Op::Scan { .. }
-                    | Op::Argsort { .. } => Role::Routine,
+                    | Op::Pad { .. } => Role::Member(usize::MAX),
+                    Op::Iota { .. } => Role::Iota,
+                    Op::ScatterAdd { .. } | Op::Scan { .. } | Op::Argsort { .. } => {
+                        Role::Routine
+                    }
                 };
                 (n, r)
             })
@@ -254,6 +260,40 @@ impl<'g> Fuser<'g> {
         steps
     }
 
+    /// Whether the groups `gs` and the node `extra` may be one kernel as far as indexed
+    /// reads go: no member reading at computed positions (gather, concat, pad) has an
+    /// operand computed in the union itself (it reads its operands from memory, and a
+    /// gather's indices are checked there before the kernel runs), and no reduction
+    /// joins a group with such a member.
+    pub(super) fn indexed_union_ok(&self, gs: &[usize], extra: Option<NodeId>) -> bool {
+        let in_union = |x: NodeId| Some(x) == extra || self.group_of(x).is_some_and(|g| gs.contains(&g));
+        let members = gs
+            .iter()
+            .flat_map(|&g| self.groups[g].members.iter().copied())
+            .chain(extra);
+        let mut indexed = false;
+        let mut reduces = gs.iter().any(|&g| self.groups[g].reduce.is_some());
+        for m in members {
+            let op = &self.g.node(m).op;
+            reduces |= op.is_reduce();
+            if !op.is_indexed_read() {
+                continue;
+            }
+            indexed = true;
+            for o in self.g.operands(m) {
+                // Through views that fold into loads, down to where the value lives.
+                let mut b = o;
+                while self.role.get(&b) == Some(&Role::View) && !self.copies.contains(&b) {
+                    b = self.g.operands(b)[0];
+                }
+                if in_union(b) {
+                    return false;
+                }
+            }
+        }
+        !(indexed && reduces)
+    }
+
     pub(super) fn group_of(&self, n: NodeId) -> Option<usize> {
         match self.role.get(&n) {
             Some(Role::Member(gi)) if *gi != usize::MAX => Some(*gi),
@@ -311,6 +351,7 @@ impl<'g> Fuser<'g> {
             // A product's epilogue may absorb plain element-wise groups (rule 1): the
             // union is the product's group wherever it was merged into.
             t.contract = t.contract.or(moved.contract);
+            t.indexed |= moved.indexed;
             t.members.extend(moved.members);
             t.ext.extend(moved.ext);
             t.min_pos = t.min_pos.min(moved.min_pos);

@@ -65,8 +65,14 @@ impl KernelBuilder {
         // Same rule as Kernel::levels, kept as the body grows.
         let level = match &ins.expr {
             Expr::Const(_) | Expr::Reduce(..) | Expr::ArgReduce(..) => Level::Row,
-            Expr::Load { view, .. } | Expr::Random { view, .. } => {
+            Expr::Load { view, .. }
+            | Expr::Random { view, .. }
+            | Expr::Position { view }
+            | Expr::Gather { view, .. } => {
                 let still = !self.reduce_axes.is_empty()
+                    && Kernel::operands(&ins.expr)
+                        .iter()
+                        .all(|v| self.levels[v.index()] == Level::Row)
                     && self
                         .reduce_axes
                         .iter()
@@ -122,13 +128,56 @@ impl KernelBuilder {
                         let input = self.input(base, DType::I64, g);
                         self.push(DType::I64, Expr::Load { input, view: kv })
                     }
+                    // A 0-d view of an iota is one element: a constant.
+                    Source::Iota { start, step, view } => self.push(
+                        DType::I64,
+                        Expr::Const(Scalar::I(start + step * view.offset as i64)),
+                    ),
                     Source::Random { .. } => {
                         unreachable!("a key is i64 and a random op f32 (infer checks)")
                     }
                 };
                 self.push(dtype, Expr::Random { key, view })
             }
+            Source::Iota { start, step, view } => {
+                let view = self.stretch(view, level);
+                let p = self.push(DType::I64, Expr::Position { view });
+                let p = if step == 1 {
+                    p
+                } else {
+                    let s = self.push(DType::I64, Expr::Const(Scalar::I(step)));
+                    self.push(DType::I64, Expr::Binary(BinaryOp::Mul, p, s))
+                };
+                let p = if start == 0 {
+                    p
+                } else {
+                    let s = self.push(DType::I64, Expr::Const(Scalar::I(start)));
+                    self.push(DType::I64, Expr::Binary(BinaryOp::Add, p, s))
+                };
+                if dtype == DType::I64 {
+                    p
+                } else {
+                    self.push(dtype, Expr::Cast(p))
+                }
+            }
         }
+    }
+
+    /// The i64 coordinate of each domain position along `axis`.
+    pub(super) fn coordinate(&mut self, axis: usize) -> ValueId {
+        let mut strides = vec![0isize; self.domain.rank()];
+        strides[axis] = 1;
+        let view = View {
+            shape: self.domain.clone(),
+            strides,
+            offset: 0,
+        };
+        self.push(DType::I64, Expr::Position { view })
+    }
+
+    /// An i64 constant.
+    pub(super) fn int(&mut self, v: i64) -> ValueId {
+        self.push(DType::I64, Expr::Const(Scalar::I(v)))
     }
 
     /// A row value's index map stretched over the domain (its source has the row shape).
@@ -143,7 +192,7 @@ impl KernelBuilder {
     }
 
     /// The input index of `base`'s buffer, added once.
-    fn input(&mut self, base: NodeId, dtype: DType, g: &Graph) -> usize {
+    pub(super) fn input(&mut self, base: NodeId, dtype: DType, g: &Graph) -> usize {
         match self.inputs.iter().position(|&b| b == base) {
             Some(i) => i,
             None => {

@@ -6,7 +6,10 @@ use super::group::{Fuser, Role};
 use super::kernel::KernelBuilder;
 use crate::plan::gemm_block_rows;
 use crate::schedule::{Placement, Schedule, Step};
-use ndfuse_ir::{DType, Expr, Graph, Level, NodeId, Op, Shape, ValueId};
+use ndfuse_ir::{
+    BinaryOp, DType, Expr, GatherAxis, Graph, Level, NodeId, Op, PadMode, Scalar, Shape, UnaryOp,
+    ValueId, View,
+};
 use std::collections::HashMap;
 
 impl Fuser<'_> {
@@ -44,7 +47,9 @@ impl Fuser<'_> {
         for &n in &self.order {
             let p = match self.role[&n] {
                 Role::Input => Placement::Input,
-                Role::Const | Role::Random | Role::View | Role::Widened => Placement::Folded,
+                Role::Const | Role::Random | Role::Iota | Role::View | Role::Widened => {
+                    Placement::Folded
+                }
                 // Placed with the product that reads it, below.
                 Role::Member(_) | Role::Prologue => continue,
                 Role::Routine => {
@@ -143,11 +148,18 @@ impl Fuser<'_> {
                 names.push(match node.op {
                     Op::Const { .. } => "fill",
                     Op::RandomUniform { .. } => "random_uniform",
+                    Op::Iota { .. } => "iota",
                     _ => "copy",
                 });
                 continue;
             }
             let node = self.g.node(m);
+            if node.op.is_indexed_read() {
+                let v = self.lower_indexed(&mut kb, m);
+                value.insert(m, v);
+                names.push(node.op.name());
+                continue;
+            }
             if node.op.is_contraction() {
                 let v = self.lower_contraction(&mut kb, m);
                 value.insert(m, v);
@@ -273,4 +285,158 @@ fn order_steps(mut lowered: Vec<(usize, Step)>, g: &Graph) -> Vec<Step> {
     out.into_iter()
         .map(|i| slots[i].take().expect("each step is taken once"))
         .collect()
+}
+
+impl Fuser<'_> {
+    /// A read at computed positions (gather, concat, pad) as the kernel's loads: each
+    /// operand read from its buffer through [`Expr::Gather`] with indices computed from
+    /// the position (see `mark_stores` for why each operand is in memory).
+    fn lower_indexed(&mut self, kb: &mut KernelBuilder, m: NodeId) -> ValueId {
+        let node = self.g.node(m).clone();
+        let ops = self.g.operands(m);
+        if node.shape.numel() == 0 {
+            // Nothing is read; the value is never computed.
+            return kb.push(node.dtype, Expr::Const(Scalar::I(0).cast(node.dtype)));
+        }
+        match &node.op {
+            Op::Gather { axis } => {
+                let n = self.g.node(ops[0]).shape.dims()[*axis];
+                let src = self.resolve(ops[1]);
+                let checked = matches!(src, Source::Buffer { .. }).then_some(*axis);
+                let k = kb.source(src, self.g.node(ops[1]).dtype, Level::Element, self.g);
+                self.read_at(kb, ops[0], node.dtype, &[(*axis, k, n)], checked)
+            }
+            Op::Concat { axis, .. } => {
+                let c = kb.coordinate(*axis);
+                let mut parts: Vec<(usize, ValueId)> = Vec::new();
+                let mut start = 0usize;
+                for &o in &ops {
+                    let n = self.g.node(o).shape.dims()[*axis];
+                    if n > 0 {
+                        let k = if start == 0 {
+                            c
+                        } else {
+                            let s = kb.int(start as i64);
+                            kb.push(DType::I64, Expr::Binary(BinaryOp::Sub, c, s))
+                        };
+                        let v = self.read_at(kb, o, node.dtype, &[(*axis, k, n)], None);
+                        parts.push((start + n, v));
+                    }
+                    start += n;
+                }
+                // The last part where no earlier one's range holds the position.
+                let (_, mut v) = parts.pop().expect("a non-empty concat has a non-empty part");
+                while let Some((end, w)) = parts.pop() {
+                    let e = kb.int(end as i64);
+                    let before = kb.push(DType::Bool, Expr::Binary(BinaryOp::Lt, c, e));
+                    v = kb.push(node.dtype, Expr::Where(before, w, v));
+                }
+                v
+            }
+            Op::Pad {
+                widths,
+                mode,
+                value,
+            } => {
+                let dims = self.g.node(ops[0]).shape.dims().to_vec();
+                let mut axes = Vec::new();
+                let mut inside: Option<ValueId> = None;
+                for (a, (&(lo, hi), &n)) in widths.iter().zip(&dims).enumerate() {
+                    if lo == 0 && hi == 0 {
+                        continue;
+                    }
+                    if n == 0 {
+                        // Only the constant mode pads an empty axis: all fill.
+                        return kb.push(node.dtype, Expr::Const(*value));
+                    }
+                    let c = kb.coordinate(a);
+                    let l = kb.int(lo as i64);
+                    let k = kb.push(DType::I64, Expr::Binary(BinaryOp::Sub, c, l));
+                    let k = match mode {
+                        PadMode::Constant => {
+                            let z = kb.int(0);
+                            let top = kb.int(n as i64);
+                            let ge = kb.push(DType::Bool, Expr::Binary(BinaryOp::Ge, k, z));
+                            let lt = kb.push(DType::Bool, Expr::Binary(BinaryOp::Lt, k, top));
+                            let here = kb.push(DType::Bool, Expr::Binary(BinaryOp::And, ge, lt));
+                            inside = Some(match inside {
+                                None => here,
+                                Some(i) => kb.push(DType::Bool, Expr::Binary(BinaryOp::And, i, here)),
+                            });
+                            k
+                        }
+                        // max(k, 0), then the gather's clamp to n - 1 (its wrap of a
+                        // negative index is numpy's take, not the edge rule).
+                        PadMode::Edge => {
+                            let z = kb.int(0);
+                            kb.push(DType::I64, Expr::Binary(BinaryOp::Max, k, z))
+                        }
+                        // (n-1) - |(n-1) - |k||: widths are below n (infer checks).
+                        PadMode::Reflect => {
+                            let last = kb.int(n as i64 - 1);
+                            let ak = kb.push(DType::I64, Expr::Unary(UnaryOp::Abs, k));
+                            let d = kb.push(DType::I64, Expr::Binary(BinaryOp::Sub, last, ak));
+                            let ad = kb.push(DType::I64, Expr::Unary(UnaryOp::Abs, d));
+                            kb.push(DType::I64, Expr::Binary(BinaryOp::Sub, last, ad))
+                        }
+                    };
+                    axes.push((a, k, n));
+                }
+                let v = self.read_at(kb, ops[0], node.dtype, &axes, None);
+                match inside {
+                    Some(i) => {
+                        let fill = kb.push(node.dtype, Expr::Const(*value));
+                        kb.push(node.dtype, Expr::Where(i, v, fill))
+                    }
+                    None => v,
+                }
+            }
+            other => unreachable!("{} is no indexed read (a bug otherwise)", other.name()),
+        }
+    }
+
+    /// Operand `o` (a buffer or constant) read at every domain position with the
+    /// coordinates along `axes` (axis, i64 index value, extent) computed instead.
+    fn read_at(
+        &mut self,
+        kb: &mut KernelBuilder,
+        o: NodeId,
+        dtype: DType,
+        axes: &[(usize, ValueId, usize)],
+        checked: Option<usize>,
+    ) -> ValueId {
+        match self.resolve(o) {
+            Source::Const(c) => kb.push(dtype, Expr::Const(c)),
+            Source::Buffer { base, view } => {
+                let mut strides = view.strides.clone();
+                let mut gaxes = Vec::with_capacity(axes.len());
+                for &(a, index, extent) in axes {
+                    gaxes.push(GatherAxis {
+                        index,
+                        stride: view.strides[a],
+                        extent,
+                        checked,
+                    });
+                    strides[a] = 0;
+                }
+                let view = View {
+                    shape: kb.domain.clone(),
+                    strides,
+                    offset: view.offset,
+                };
+                let input = kb.input(base, dtype, self.g);
+                kb.push(
+                    dtype,
+                    Expr::Gather {
+                        input,
+                        view,
+                        axes: gaxes,
+                    },
+                )
+            }
+            Source::Random { .. } | Source::Iota { .. } => {
+                unreachable!("mark_stores puts a computed operand of an indexed read in memory")
+            }
+        }
+    }
 }

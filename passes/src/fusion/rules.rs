@@ -14,14 +14,16 @@ impl Fuser<'_> {
             }
             match &node.op {
                 Op::Input { .. } | Op::Const { .. } | Op::RandomUniform { .. } => {}
+                // Computed in every kernel that reads it (rule 5).
+                Op::Iota { .. } => {}
                 // Steps of their own (lowered in `lower`).
-                Op::Iota { .. }
-                | Op::Gather { .. }
-                | Op::ScatterAdd { .. }
-                | Op::Concat { .. }
-                | Op::Pad { .. }
-                | Op::Scan { .. }
-                | Op::Argsort { .. } => {}
+                Op::ScatterAdd { .. } | Op::Scan { .. } | Op::Argsort { .. } => {}
+                // Reads at computed positions start a group; their consumers join it.
+                Op::Gather { .. } | Op::Concat { .. } | Op::Pad { .. } => {
+                    self.new_group(n, node.shape.clone(), None, Level::Element);
+                    let gi = self.groups.len() - 1;
+                    self.groups[gi].indexed = true;
+                }
                 Op::View(v) => self.try_alias(n, v),
                 Op::Reduce { axes, .. } => self.place_reduction(n, axes.clone()),
                 Op::ArgReduce { axis, .. } => self.place_reduction(n, vec![*axis]),
@@ -53,7 +55,7 @@ impl Fuser<'_> {
         }
         let fit = |f: &Self, gs: &[usize]| -> Option<(Level, Option<Vec<usize>>)> {
             f.elementwise_fit(n, gs)
-                .filter(|_| f.convex_union(gs, Some(n)))
+                .filter(|_| f.convex_union(gs, Some(n)) && f.indexed_union_ok(gs, Some(n)))
         };
         let choice = fit(self, &cands).map(|lv| (cands.clone(), lv)).or_else(|| {
             cands
@@ -153,6 +155,7 @@ impl Fuser<'_> {
                 && grp.contract.is_none()
                 && grp.domain == self.g.node(o).shape
                 && grp.reduce.as_ref().is_none_or(|r| *r == axes)
+                && !grp.indexed
                 && self.convex_union(&[gi], Some(n))
         });
         match joins {
@@ -188,7 +191,9 @@ impl Fuser<'_> {
                 let target = kept.iter().copied().find(|&k| {
                     let (a, b) = (&self.groups[k].reduce, &self.groups[gi].reduce);
                     let compatible = a.is_none() || b.is_none() || a == b;
-                    compatible && self.convex_union(&[k, gi], None)
+                    compatible
+                        && self.convex_union(&[k, gi], None)
+                        && self.indexed_union_ok(&[k, gi], None)
                 });
                 match target {
                     Some(k) => {
