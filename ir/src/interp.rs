@@ -34,9 +34,9 @@ mod views;
 use error::room_for;
 pub use error::InterpError;
 pub use index::pad_source;
-pub use kernel::{check_indices, eval_kernel};
-pub use scan::total_order_f64;
+pub use kernel::{check_index, check_indices, eval_kernel};
 pub use scalar::{binary_f64, binary_i64, compare_f64, compare_i64, unary_f64, unary_i64};
+pub use scan::total_order_f64;
 
 use crate::array::HostArray;
 use crate::error::TensorType;
@@ -105,7 +105,13 @@ fn compute(node: &Node, operands: &[&Tensor]) -> Result<Tensor, InterpError> {
             axis,
             descending,
             k,
-        } => scan::argsort(&operands[0].vals, &operands[0].shape, *axis, *descending, *k),
+        } => scan::argsort(
+            &operands[0].vals,
+            &operands[0].shape,
+            *axis,
+            *descending,
+            *k,
+        ),
     };
     debug_assert_eq!(
         vals.len(),

@@ -824,6 +824,22 @@ pub(crate) fn run(
                         bufs.insert(*n, dbuf);
                     }
                 }
+                // A user's index out of range is an error before the kernel reads: the
+                // index buffers are checked on the host (downloaded when on the device).
+                for c in kernel.index_checks() {
+                    let n = ins[c.input];
+                    let ty = g.ty(n);
+                    let host = match bufs.get(&n) {
+                        Some(Buf::Host(a)) => a.clone(),
+                        Some(b) => {
+                            dev.download(b.device().expect("on the device"), ty.dtype, ty.shape)?
+                        }
+                        None => HostArray::clone(inputs.get(&n).unwrap_or_else(|| {
+                            panic!("step {i} reads {n} before it is written (a scheduling bug)")
+                        })),
+                    };
+                    ndfuse_ir::interp::check_index(&c, &host)?;
+                }
                 let lt_product = if kernel.contraction.is_some() {
                     dev.lt().zip(cublas::plan(kernel))
                 } else {

@@ -61,7 +61,7 @@ fn view(g: &mut Graph, v: ViewOp, x: NodeId) -> NodeId {
 /// frontend builds `take`: ONE kernel, no intermediate buffer.
 #[test]
 fn embedding_lookup_scale_and_positions_is_one_kernel() {
-    let (v, d, p, b, t) = (50, 8, 7, 3, 5);
+    let (v, d, p, b, t) = (50, 19, 7, 3, 5);
     let mut g = Graph::new();
     let emb = g.add_input("emb", DType::F32, Shape::new([v, d]));
     let pos = g.add_input("pos", DType::F32, Shape::new([p, d]));

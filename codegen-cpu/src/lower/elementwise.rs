@@ -65,21 +65,62 @@ pub(super) fn row_loop_type(
     plan: &IndexPlan,
     load_access: &[Option<Access>],
 ) -> Option<Type> {
-    let dtype = kernel.body.first()?.dtype;
+    let dtype = kernel.body[kernel.stores.first()?.value.index()].dtype;
     let vt = lane_vector(dtype)?;
     let inner = *plan.extents.last()?;
     if plan.extents.len() < 2 || inner < i64::from(vt.lane_count()) * UNROLL {
         return None;
     }
+    let inv = row_invariant(kernel, load_access);
     let ok = kernel.body.iter().enumerate().all(|(v, ins)| {
+        // Computed once per row as scalars (indices, positions, their arithmetic);
+        // a float one is splatted.
+        if inv[v] {
+            return ins.dtype == dtype || !ins.dtype.is_float();
+        }
+        let operands_ok = Kernel::operands(&ins.expr)
+            .iter()
+            .all(|o| !inv[o.index()] || kernel.body[o.index()].dtype == dtype);
         ins.dtype == dtype
             && match &ins.expr {
                 Expr::Load { .. } => along(&load_access[v]).is_some() || load_access[v].is_none(),
+                // Indices the same along the row: a per-row base pointer.
+                Expr::Gather { axes, .. } => {
+                    matches!(along(&load_access[v]), Some(Along::Row))
+                        && axes.iter().all(|a| inv[a.index.index()])
+                }
                 Expr::Const(_) => true,
-                e => vector_op(kernel, e, dtype),
+                Expr::Position { .. } => false,
+                e => operands_ok && vector_op(kernel, e, dtype),
             }
     });
     ok.then_some(vt)
+}
+
+/// Which values are the same at every position of a row (the innermost group): loads
+/// and positions with stride 0 along it, constants, fixed loads, and what is computed
+/// from those alone (a gather whose indices are such values and whose own stride along
+/// the row is 0 included).
+fn row_invariant(kernel: &Kernel, load_access: &[Option<Access>]) -> Vec<bool> {
+    let mut inv = vec![false; kernel.body.len()];
+    for (v, ins) in kernel.body.iter().enumerate() {
+        let operands = Kernel::operands(&ins.expr);
+        inv[v] = match &ins.expr {
+            Expr::Const(_) => true,
+            Expr::Load { .. } | Expr::Position { .. } => {
+                load_access[v].is_none() || matches!(along(&load_access[v]), Some(Along::Splat))
+            }
+            Expr::Gather { .. } => {
+                matches!(along(&load_access[v]), Some(Along::Splat))
+                    && operands.iter().all(|o| inv[o.index()])
+            }
+            Expr::Unary(..) | Expr::Binary(..) | Expr::Where(..) | Expr::Cast(_) => {
+                operands.iter().all(|o| inv[o.index()])
+            }
+            Expr::Reduce(..) | Expr::ArgReduce(..) | Expr::Random { .. } => false,
+        };
+    }
+    inv
 }
 
 /// How `access` reads along the inner group, if the row loop can take it.
@@ -229,7 +270,9 @@ impl<M: Module> Lowering<'_, '_, M> {
                     self.random_at(key, index, stream)
                 }
                 Expr::Position { .. } => {
-                    let access = load_access[v].take().expect("a position's access was planned");
+                    let access = load_access[v]
+                        .take()
+                        .expect("a position's access was planned");
                     let off = self.element_offset(&access, &indices, i);
                     match off.var {
                         Some(var) if off.elems == 0 => var,
@@ -238,23 +281,11 @@ impl<M: Module> Lowering<'_, '_, M> {
                     }
                 }
                 Expr::Gather { input, axes, .. } => {
-                    let access = load_access[v].take().expect("a gather's access was planned");
-                    let mut off = self.element_offset(&access, &indices, i);
-                    for a in axes {
-                        let k = values[a.index.index()].expect("SSA order: the index comes first");
-                        let k = self.clamped_index(k, kernel.body[a.index.index()].dtype, a.extent);
-                        let term = match a.stride {
-                            1 => k,
-                            s => {
-                                let s = self.iconst(s as i64);
-                                self.b.ins().imul(k, s)
-                            }
-                        };
-                        off.var = Some(match off.var {
-                            None => term,
-                            Some(acc) => self.b.ins().iadd(acc, term),
-                        });
-                    }
+                    let access = load_access[v]
+                        .take()
+                        .expect("a gather's access was planned");
+                    let off = self.element_offset(&access, &indices, i);
+                    let off = self.gather_offset(kernel, off, axes, &values);
                     self.load_at(in_bases[*input], off, ins.dtype)
                 }
                 _ => self.compute(kernel, v, &values)?,
@@ -279,6 +310,32 @@ impl<M: Module> Lowering<'_, '_, M> {
         self.b.switch_to_block(exit);
         self.b.ins().return_(&[]);
         Ok(())
+    }
+
+    /// `off` plus each gather axis's clamped index times its stride.
+    fn gather_offset(
+        &mut self,
+        kernel: &Kernel,
+        mut off: Offset,
+        axes: &[ndfuse_ir::GatherAxis],
+        values: &[Option<Value>],
+    ) -> Offset {
+        for a in axes {
+            let k = values[a.index.index()].expect("SSA order: the index comes first");
+            let k = self.clamped_index(k, kernel.body[a.index.index()].dtype, a.extent);
+            let term = match a.stride {
+                1 => k,
+                s => {
+                    let s = self.iconst(s as i64);
+                    self.b.ins().imul(k, s)
+                }
+            };
+            off.var = Some(match off.var {
+                None => term,
+                Some(acc) => self.b.ins().iadd(acc, term),
+            });
+        }
+        off
     }
 
     /// A gather's index `k` (an i32 or i64 value) as an i64 position in `0..extent`: plus
@@ -331,9 +388,13 @@ impl<M: Module> Lowering<'_, '_, M> {
                 _ => None,
             };
         }
+        let lane_dtype = kernel.body[kernel.stores[0].value.index()].dtype;
         let mut vectors = scalars.clone();
-        for x in vectors.iter_mut().flatten() {
-            *x = self.b.ins().splat(vt, *x);
+        for (v, x) in vectors.iter_mut().enumerate() {
+            *x = match *x {
+                Some(s) if kernel.body[v].dtype == lane_dtype => Some(self.b.ins().splat(vt, s)),
+                _ => None,
+            };
         }
         let (consts, scaled) = (self.consts.clone(), self.scaled.clone());
         let head = self.b.create_block();
@@ -351,6 +412,8 @@ impl<M: Module> Lowering<'_, '_, M> {
         // Per load: a base pointer with the row's offset folded in (minus row_start, so
         // that the position itself indexes it), or the row's one value.
         let mut bases: Vec<Option<Value>> = vec![None; kernel.body.len()];
+        // A gather's constant offset (its base pointer's immediate).
+        let mut gather_elems: Vec<i64> = vec![0; kernel.body.len()];
         let mut row_scalars = scalars.clone();
         let mut row_vectors = vectors.clone();
         for (v, ins) in kernel.body.iter().enumerate() {
@@ -371,7 +434,7 @@ impl<M: Module> Lowering<'_, '_, M> {
                 Along::Splat => {
                     let x = self.load_at(in_bases[*input], off, ins.dtype);
                     row_scalars[v] = Some(x);
-                    row_vectors[v] = Some(self.b.ins().splat(vt, x));
+                    row_vectors[v] = (ins.dtype == lane_dtype).then(|| self.b.ins().splat(vt, x));
                 }
                 Along::Row => {
                     let var = match off.var {
@@ -389,11 +452,74 @@ impl<M: Module> Lowering<'_, '_, M> {
                 Along::Flat => {}
             }
         }
+        // The rest of the row's invariant values, as scalars (splatted when of the
+        // lanes' dtype); then each gather's base pointer for the row.
+        let inv = row_invariant(kernel, load_access);
+        for (v, ins) in kernel.body.iter().enumerate() {
+            if !inv[v] || row_scalars[v].is_some() || matches!(ins.expr, Expr::Load { .. }) {
+                continue;
+            }
+            let x = match &ins.expr {
+                Expr::Position { .. } | Expr::Gather { .. } => {
+                    let Some(Access::Strided { offset, strides }) = &load_access[v] else {
+                        unreachable!("a row-invariant position or gather has a strided access")
+                    };
+                    let outer_access = Access::Strided {
+                        offset: *offset,
+                        strides: strides[..strides.len() - 1].to_vec(),
+                    };
+                    let off = self.element_offset(&outer_access, &idx, row);
+                    match &ins.expr {
+                        Expr::Gather { input, axes, .. } => {
+                            let off = self.gather_offset(kernel, off, axes, &row_scalars);
+                            self.load_at(in_bases[*input], off, ins.dtype)
+                        }
+                        _ => match off.var {
+                            Some(var) => self.b.ins().iadd_imm_s(var, off.elems),
+                            None => self.iconst(off.elems),
+                        },
+                    }
+                }
+                _ => self.compute(kernel, v, &row_scalars)?,
+            };
+            row_scalars[v] = Some(x);
+            row_vectors[v] = (ins.dtype == lane_dtype).then(|| self.b.ins().splat(vt, x));
+        }
+        for (v, ins) in kernel.body.iter().enumerate() {
+            let Expr::Gather { input, axes, .. } = &ins.expr else {
+                continue;
+            };
+            if inv[v] {
+                continue;
+            }
+            let Some(Access::Strided { offset, strides }) = &load_access[v] else {
+                unreachable!("a gather of the row loop has a strided access (row_loop_type)")
+            };
+            let outer_access = Access::Strided {
+                offset: *offset,
+                strides: strides[..strides.len() - 1].to_vec(),
+            };
+            let off = self.element_offset(&outer_access, &idx, row);
+            let off = self.gather_offset(kernel, off, axes, &row_scalars);
+            // As a load with stride 1 along the row: minus row_start, so that the
+            // position itself indexes it; the constant part stays in the immediate.
+            let var = match off.var {
+                Some(o) => self.b.ins().isub(o, row_start),
+                None => self.b.ins().ineg(row_start),
+            };
+            let shift = self.iconst(i64::from(ins.dtype.size_bytes().trailing_zeros()));
+            let bytes = self.b.ins().ishl(var, shift);
+            bases[v] = Some(self.b.ins().iadd(in_bases[*input], bytes));
+            gather_elems[v] = off.elems;
+            row_scalars[v] = None;
+        }
         let len = self.b.ins().isub(row_end, i);
         let vlen = self.b.ins().band_imm_s(len, -step);
         let vend = self.b.ins().iadd(i, vlen);
         let env = RowEnv {
             load_access,
+            invariant: &inv,
+            gather_elems: &gather_elems,
             bases: &bases,
             in_bases,
             out_bases,
@@ -427,13 +553,14 @@ impl<M: Module> Lowering<'_, '_, M> {
     ) -> Result<(), String> {
         let mut vals = invariant.to_vec();
         for (v, ins) in kernel.body.iter().enumerate() {
-            if vals[v].is_some() {
+            if vals[v].is_some() || env.invariant[v] {
                 continue;
             }
             let value = match &ins.expr {
-                Expr::Load { input, .. } => {
-                    let (base, elems) = match (&env.load_access[v], env.bases[v]) {
-                        (Some(Access::Strided { offset, .. }), Some(b)) => (b, *offset),
+                Expr::Load { input, .. } | Expr::Gather { input, .. } => {
+                    let (base, elems) = match (&ins.expr, &env.load_access[v], env.bases[v]) {
+                        (Expr::Gather { .. }, _, Some(b)) => (b, env.gather_elems[v]),
+                        (_, Some(Access::Strided { offset, .. }), Some(b)) => (b, *offset),
                         _ => (env.in_bases[*input], 0),
                     };
                     let off = Offset {
@@ -478,7 +605,12 @@ impl<M: Module> Lowering<'_, '_, M> {
 /// What every position of a row segment reads.
 struct RowEnv<'a> {
     load_access: &'a [Option<Access>],
-    /// Per load with stride 1 along the row: its base pointer for the row.
+    /// Which values are the same along the row (`row_invariant`): computed at the
+    /// row's head; those not of the lanes' dtype (indices) have no vector form.
+    invariant: &'a [bool],
+    /// Per gather: the constant part of its offset.
+    gather_elems: &'a [i64],
+    /// Per load (or gather) with stride 1 along the row: its base pointer for the row.
     bases: &'a [Option<Value>],
     in_bases: &'a [Value],
     out_bases: &'a [Value],

@@ -140,31 +140,40 @@ pub fn eval_kernel(kernel: &Kernel, inputs: &[&HostArray]) -> Result<Vec<HostArr
 /// if any, may be missing: indices are never products).
 pub fn check_indices(kernel: &Kernel, inputs: &[&HostArray]) -> Result<(), InterpError> {
     for c in kernel.index_checks() {
-        let Some(a) = inputs.get(c.input) else {
-            continue;
-        };
-        let n = c.extent as i64;
-        let bad = |k: i64| k < -n || k >= n;
-        let offs = Offsets::of_view(&c.view);
-        let found = match a.storage() {
-            crate::array::Storage::I64(v) => offs.enumerate().find(|&(_, o)| bad(v[o])).map(|(p, o)| (p, v[o])),
-            crate::array::Storage::I32(v) => offs
-                .enumerate()
-                .find(|&(_, o)| bad(i64::from(v[o])))
-                .map(|(p, o)| (p, i64::from(v[o]))),
-            _ => None,
-        };
-        if let Some((p, value)) = found {
-            return Err(InterpError::IndexOutOfRange {
-                op: "gather",
-                axis: c.axis,
-                value,
-                position: super::index::unravel(&c.view.shape, p),
-                extent: c.extent,
-            });
+        if let Some(a) = inputs.get(c.input) {
+            check_index(&c, a)?;
         }
     }
     Ok(())
+}
+
+/// [`check_indices`] for one check, on its index array `a` (the kernel's input
+/// `c.input`, wherever it was read from).
+pub fn check_index(c: &crate::kernel::IndexCheck, a: &HostArray) -> Result<(), InterpError> {
+    let n = c.extent as i64;
+    let bad = |k: i64| k < -n || k >= n;
+    let offs = Offsets::of_view(&c.view);
+    let found = match a.storage() {
+        crate::array::Storage::I64(v) => offs
+            .enumerate()
+            .find(|&(_, o)| bad(v[o]))
+            .map(|(p, o)| (p, v[o])),
+        crate::array::Storage::I32(v) => offs
+            .enumerate()
+            .find(|&(_, o)| bad(i64::from(v[o])))
+            .map(|(p, o)| (p, i64::from(v[o]))),
+        _ => None,
+    };
+    match found {
+        Some((p, value)) => Err(InterpError::IndexOutOfRange {
+            op: "gather",
+            axis: c.axis,
+            value,
+            position: super::index::unravel(&c.view.shape, p),
+            extent: c.extent,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// What [`eval_instr`] asks its caller to read through an instruction's view.
