@@ -601,6 +601,33 @@ fn expression_errors_name_the_column() {
         ("a.T", 2, "write transpose(x) for x.T"),
         ("sum(a, keepdims=1)", 17, "keepdims must be true or false"),
         ("a + 1 = 2", 7, "use == to compare"),
+        (
+            "take(a, b, axis=1)",
+            1,
+            "take: f32[8] is not allowed: indices must be integers",
+        ),
+        (
+            "concat([a, b], axis=1)",
+            1,
+            "concat: f32[4,8] and f32[8] must agree on every axis but axis 1",
+        ),
+        ("concat([], axis=0)", 1, "concat: no tensors to join"),
+        ("pad(a, [[1, -1], [0, 0]])", 13, "pad width -1 is negative"),
+        ("pad(a, 1, mode='wrap')", 16, "unknown pad mode 'wrap'"),
+        ("pad(a, 1, mode='edge)", 16, "unterminated string"),
+        (
+            "pad(a, [[0, 0], [8, 0]], mode=\"reflect\")",
+            1,
+            "pad: reflect widths (8, 0) on axis 1 of extent 8: at most 7 each for f32[4,8]",
+        ),
+        (
+            "top_k(a, 9)",
+            1,
+            "top_k: k = 9 is more than the 8 positions of the last axis (axis 1) of f32[4,8]",
+        ),
+        ("arange(0, 4, 0)", 14, "the step must not be zero"),
+        ("one_hot(a, 3)", 1, "one_hot: f32[4,8] is not allowed"),
+        ("a + 'x'", 5, "a string is only allowed as an argument"),
     ];
     for (expr, col, want) in cases {
         let r = ndfuse(&[
@@ -976,4 +1003,123 @@ fn deep_nesting_is_one_line_not_a_stack_overflow() {
     // The limit itself evaluates.
     let r = ndfuse(&["eval", &deep("exp(", 99, ")"), "--random", "x=3"]);
     assert!(r.ok, "{}", r.stderr);
+}
+
+/// The indexing family through the command, with values worked out by hand from
+/// numpy's semantics (inputs written here, so no new fixture is needed), on the cpu
+/// backend and the interpreter.
+#[test]
+fn indexing_expressions_evaluate_on_every_backend() {
+    let dir = scratch("indexing");
+    let x = ndfuse::Context::new()
+        .from_vec(vec![3.0f32, 1.0, 2.0, 0.0, 5.0, 4.0], &[2, 3])
+        .and_then(|t| t.eval())
+        .expect("input");
+    let xs = dir.join("x.npy");
+    ndfuse::npy::write_npy(&xs, &x).expect("write input");
+    let input = format!("x={}", xs.display());
+    let cases: &[(&str, &[usize], &[f64])] = &[
+        ("take(x, arange(-1, 1), axis=1)", &[2, 2], &[2., 3., 4., 0.]),
+        (
+            "take_along_axis(x, argsort(x, axis=1), axis=1)",
+            &[2, 3],
+            &[1., 2., 3., 0., 4., 5.],
+        ),
+        (
+            "index_add(x, arange(1, -1, -1), x, axis=0)",
+            &[2, 3],
+            &[3., 6., 6., 3., 6., 6.],
+        ),
+        (
+            "concat([x, x], axis=1)",
+            &[2, 6],
+            &[3., 1., 2., 3., 1., 2., 0., 5., 4., 0., 5., 4.],
+        ),
+        (
+            "stack([x, x], axis=0)",
+            &[2, 2, 3],
+            &[3., 1., 2., 0., 5., 4., 3., 1., 2., 0., 5., 4.],
+        ),
+        (
+            "pad(x, [[0, 0], [2, 1]], mode='reflect')",
+            &[2, 6],
+            &[2., 1., 3., 1., 2., 1., 4., 5., 0., 5., 4., 5.],
+        ),
+        (
+            "pad(x, [[1, 0], [0, 0]], value=9)",
+            &[3, 3],
+            &[9., 9., 9., 3., 1., 2., 0., 5., 4.],
+        ),
+        ("cumsum(x, axis=1)", &[2, 3], &[3., 4., 6., 0., 5., 9.]),
+        ("cumprod(x, axis=0)", &[2, 3], &[3., 1., 2., 0., 5., 8.]),
+        (
+            "one_hot(arange(3), 3) * 2",
+            &[3, 3],
+            &[2., 0., 0., 0., 2., 0., 0., 0., 2.],
+        ),
+        (
+            "tril(x, k=0) + triu(x, k=1)",
+            &[2, 3],
+            &[3., 1., 2., 0., 5., 4.],
+        ),
+        ("sort(x, axis=-1)", &[2, 3], &[1., 2., 3., 0., 4., 5.]),
+        ("top_k(x, 2)", &[2, 2], &[3., 2., 5., 4.]),
+        ("arange(6) * 1.0", &[6], &[0., 1., 2., 3., 4., 5.]),
+    ];
+    for backend in ["cpu", "interp"] {
+        for (k, (expr, shape, want)) in cases.iter().enumerate() {
+            let out = dir.join(format!("out-{k}-{backend}.npy"));
+            let out_s = out.to_string_lossy().into_owned();
+            let r = ndfuse(&[
+                "eval",
+                expr,
+                "--input",
+                &input,
+                "--output",
+                &out_s,
+                "--backend",
+                backend,
+            ]);
+            assert!(r.ok, "{expr} on {backend}: {}", r.stderr);
+            let got = load(&out);
+            assert_eq!(got.shape(), *shape, "{expr} on {backend}");
+            assert_eq!(
+                values(got.as_host().storage()),
+                *want,
+                "{expr} on {backend}"
+            );
+        }
+    }
+}
+
+/// An index out of range is found when the expression runs: one line, a non-zero
+/// exit, no output file.
+#[test]
+fn an_index_out_of_range_fails_with_one_line_and_no_output() {
+    for backend in ["cpu", "interp"] {
+        assert_fails(
+            &format!("take-oob-{backend}"),
+            &[
+                "eval",
+                "take(b, arange(4) * 3, axis=0)",
+                "--input",
+                "b=b.npy",
+                "--backend",
+                backend,
+            ],
+            "index 9 is out of range for axis 0 of extent 8",
+        );
+        assert_fails(
+            &format!("index-add-oob-{backend}"),
+            &[
+                "eval",
+                "index_add(a, arange(-5, -1), a, axis=0)",
+                "--input",
+                "a=a.npy",
+                "--backend",
+                backend,
+            ],
+            "index -5 is out of range",
+        );
+    }
 }

@@ -12,6 +12,13 @@
 //! lane by lane; stores are `V`-element accesses too. Otherwise one position per
 //! iteration.
 //!
+//! Positions (`Expr::Position`) and gathers (`Expr::Gather`) take part in the same index
+//! space as loads, lane by lane: a position is its view's offset widened to i64; a
+//! gather loads at its view's offset plus, per axis, the index wrapped and clamped into
+//! the axis in 64 bits (`nd_gather_index`) times the axis's stride, so that no index
+//! reads outside the buffer and the sum needs no wider type than the buffer's offsets.
+//! Only a position's span (like a random op's) can ask for 64-bit `nd_idx`.
+//!
 //! ## Kernels with reductions: the row program on a group of threads
 //!
 //! A row (a TAD) is reduced by a *group* of `G` threads: lane `l` of the group takes
@@ -97,16 +104,18 @@ pub fn emit(kernel: &Kernel, opts: &CudaOptions) -> Result<CudaKernel, CudaError
         kernel: kernel.name.clone(),
         problems: problems.join("; "),
     })?;
-    // The passes compute random ops in element-wise kernels and matmul epilogues only
-    // (a kernel with reductions reads their values from a buffer).
-    let random = kernel
-        .body
-        .iter()
-        .any(|ins| matches!(ins.expr, ndfuse_ir::Expr::Random { .. }));
-    if random && !kernel.reduce_axes.is_empty() {
+    // The passes compute random ops, positions and gathers in element-wise kernels and
+    // matmul epilogues only (a kernel with reductions reads their values from a buffer).
+    let computed = kernel.body.iter().find_map(|ins| match ins.expr {
+        ndfuse_ir::Expr::Random { .. } => Some("a random op"),
+        ndfuse_ir::Expr::Position { .. } => Some("a position"),
+        ndfuse_ir::Expr::Gather { .. } => Some("a gather"),
+        _ => None,
+    });
+    if let Some(what) = computed.filter(|_| !kernel.reduce_axes.is_empty()) {
         return Err(CudaError::Invalid {
             kernel: kernel.name.clone(),
-            problems: "a random op in a kernel with reduce axes: the CUDA emitter computes random ops in element-wise kernels and matmul epilogues only (as the passes place them)".into(),
+            problems: format!("{what} in a kernel with reduce axes: the CUDA emitter computes random ops, positions and gathers in element-wise kernels and matmul epilogues only (as the passes place them)"),
         });
     }
     let mut g = Gen::new(kernel, opts);

@@ -64,6 +64,8 @@ pub(crate) enum Helper {
     Arg,
     /// `random_uniform`'s counter-based hash.
     Random,
+    /// A gather's index, wrapped once when negative and clamped into its axis.
+    GatherIndex,
 }
 
 /// The helpers' source, in [`Helper`] order.
@@ -133,6 +135,11 @@ __device__ __forceinline__ float nd_random_uniform(long long key, long long i) {
 \x20 return (float)(bits >> 8) * 5.9604644775390625e-8f;\n\
 }\n"
             }
+            Helper::GatherIndex => {
+                "// a gather's index k along an axis of n: k + n when negative, then clamped to 0..n-1,\n\
+// so that no index, checked or not, reads outside the buffer.\n\
+__device__ __forceinline__ long long nd_gather_index(long long k, long long n) { k = k < 0 ? k + n : k; return k < 0 ? 0LL : k >= n ? n - 1 : k; }\n"
+            }
         });
     }
     s
@@ -175,6 +182,28 @@ fn unsigned_type(d: DType) -> &'static str {
 pub(crate) fn random(key: &str, index: &str, needs: &mut BTreeSet<Helper>) -> String {
     needs.insert(Helper::Random);
     format!("nd_random_uniform({key}, (long long)({index}))")
+}
+
+/// The i64 value of a position: `index`, an `nd_idx` expression, widened.
+pub(crate) fn position(index: &str) -> String {
+    format!("(long long)({index})")
+}
+
+/// The term `k * stride` a gather adds to its offset for an axis of `extent`, `k` being
+/// the index value `index` (an i32 or i64 expression) wrapped and clamped into the axis,
+/// as an `nd_idx` expression.
+pub(crate) fn gather_term(
+    index: &str,
+    extent: usize,
+    stride: isize,
+    needs: &mut BTreeSet<Helper>,
+) -> String {
+    needs.insert(Helper::GatherIndex);
+    let k = format!("(nd_idx)nd_gather_index({index}, {extent})");
+    match stride {
+        1 => k,
+        s => format!("{k} * {s}"),
+    }
 }
 
 /// `x`, a stored element of `d`, as its compute type.

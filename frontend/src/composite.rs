@@ -1,8 +1,12 @@
 //! Composite ops built from primitives, so that fusion, not a hand-written kernel, is
-//! what makes them fast: softmax, log_softmax, layernorm, gelu, dropout.
+//! what makes them fast: softmax, log_softmax, layernorm, gelu, dropout, and the masks
+//! made from positions (`one_hot`, `tril`, `triu`: comparisons of iotas).
 
 use crate::error::Error;
+use crate::index::{check_index, iota_at};
+use crate::ops::Operand;
 use crate::tensor::Tensor;
+use ndfuse_ir::{DType, IrError};
 use std::panic::Location;
 
 impl Tensor {
@@ -85,4 +89,94 @@ impl Tensor {
     pub fn gelu_erf(&self) -> Tensor {
         self * 0.5 * ((self * std::f64::consts::FRAC_1_SQRT_2).erf() + 1.0)
     }
+
+    /// One-hot rows: `out[..., j] = (self[...] == j)` for `j` in `0..n`, in the
+    /// context's default float dtype (`cast(eq(idx[..., None], arange(n)))`). The index
+    /// is i32 or i64; an index outside `0..n` gives a row of zeros.
+    ///
+    /// ```
+    /// let ctx = ndfuse::Context::new();
+    /// let idx = ctx.from_vec(vec![2i64, 0], &[2])?;
+    /// let y = idx.one_hot(3).eval()?;
+    /// assert_eq!(y.to_vec::<f32>()?, vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+    /// # Ok::<(), ndfuse::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn one_hot(&self, n: usize) -> Tensor {
+        let at = Location::caller();
+        let ty = match self.ty() {
+            Ok(t) => t,
+            Err(e) => return Tensor::poisoned(&self.ctx, e),
+        };
+        if let Err(t) = check_index("one_hot", self, &ty, at) {
+            return t;
+        }
+        let classes = iota_at(&self.ctx, n, 0, 1, at);
+        self.expand_dims(-1)
+            .eq(&classes)
+            .cast(self.ctx.default_dtype())
+    }
+
+    /// The lower triangle over the last two axes (numpy's `tril`): elements with
+    /// `column - row <= k` kept, the rest zero (false for bool). `k = 0` keeps the
+    /// diagonal, `k < 0` drops diagonals below it too.
+    #[track_caller]
+    pub fn tril(&self, k: i64) -> Tensor {
+        self.triangle("tril", k, Location::caller())
+    }
+
+    /// The upper triangle over the last two axes (numpy's `triu`): elements with
+    /// `column - row >= k` kept, the rest zero (false for bool).
+    #[track_caller]
+    pub fn triu(&self, k: i64) -> Tensor {
+        self.triangle("triu", k, Location::caller())
+    }
+
+    /// `where(cols - rows <= k, x, 0)` (tril) or `>= k` (triu), the positions from iotas.
+    fn triangle(&self, op: &'static str, k: i64, at: &'static Location<'static>) -> Tensor {
+        let ty = match self.ty() {
+            Ok(t) => t,
+            Err(e) => return Tensor::poisoned(&self.ctx, e),
+        };
+        let d = ty.shape.dims();
+        if d.len() < 2 {
+            return self.fail(
+                IrError::BadDType {
+                    op,
+                    operand: ty,
+                    why: "it takes a tensor of 2 axes or more (rows and columns last)",
+                },
+                at,
+            );
+        }
+        let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+        let rows = iota_at(&self.ctx, m, 0, 1, at).expand_dims(-1);
+        let cols = iota_at(&self.ctx, n, 0, 1, at);
+        let diff = &cols - &rows;
+        let keep = if op == "tril" { diff.le(k) } else { diff.ge(k) };
+        let zero = if ty.dtype == DType::Bool {
+            Operand::from(false)
+        } else {
+            Operand::from(0i64)
+        };
+        keep.where_(self, zero)
+    }
+}
+
+/// [`Tensor::one_hot`] as a free function: `one_hot(idx, n)`.
+#[track_caller]
+pub fn one_hot(idx: &Tensor, n: usize) -> Tensor {
+    idx.one_hot(n)
+}
+
+/// [`Tensor::tril`] as a free function (numpy spelling).
+#[track_caller]
+pub fn tril(x: &Tensor, k: i64) -> Tensor {
+    x.tril(k)
+}
+
+/// [`Tensor::triu`] as a free function (numpy spelling).
+#[track_caller]
+pub fn triu(x: &Tensor, k: i64) -> Tensor {
+    x.triu(k)
 }

@@ -5,6 +5,7 @@
 use crate::array::Array;
 use crate::context::Context;
 use crate::error::{shape_bytes, try_storage, Error, Result};
+use crate::index::iota_at;
 use crate::random::SplitMix64;
 use crate::tensor::Tensor;
 use ndfuse_ir::{DType, Element, HostArray, Op, Scalar, Shape, Storage};
@@ -111,6 +112,51 @@ impl Context {
             |i| start + i as f64 * step,
         )?;
         Ok(self.leaf(data, Shape(vec![n])))
+    }
+
+    /// `start, start + step, ...` below `stop` (above it for a negative step) as i64,
+    /// numpy's integer `arange`: `ceil((stop - start) / step)` values (none when that
+    /// is not positive). Nothing is stored: every kernel that reads the values computes
+    /// them from their positions. `Err` for a zero step.
+    ///
+    /// ```
+    /// let ctx = ndfuse::Context::new();
+    /// let r = ctx.arange_i64(5, -2, -3)?.eval()?;
+    /// assert_eq!(r.to_vec::<i64>()?, vec![5, 2, -1]);
+    /// # Ok::<(), ndfuse::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn arange_i64(&self, start: i64, stop: i64, step: i64) -> Result<Tensor> {
+        let at = Location::caller();
+        if step == 0 {
+            return Err(Error::Argument {
+                what: "arange",
+                why: format!("start {start}, stop {stop}, step 0: the step must not be zero"),
+                at,
+            });
+        }
+        let (span, stride) = if step > 0 {
+            (i128::from(stop) - i128::from(start), i128::from(step))
+        } else {
+            (i128::from(start) - i128::from(stop), -i128::from(step))
+        };
+        let len = if span <= 0 {
+            0
+        } else {
+            (span + stride - 1) / stride
+        };
+        // `len` is below 2^64 and its last value lies between start and stop.
+        let t = iota_at(self, len as usize, start, step, at);
+        match t.error() {
+            Some(e) => Err(e.clone()),
+            None => Ok(t),
+        }
+    }
+
+    /// `0, 1, ..., n - 1` as i64: numpy's `arange(n)` (see [`Context::arange_i64`]).
+    #[track_caller]
+    pub fn arange_n(&self, n: usize) -> Tensor {
+        iota_at(self, n, 0, 1, Location::caller())
     }
 
     /// Uniform random values in `[low, high)` of the default dtype, from `seed`: the

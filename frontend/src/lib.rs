@@ -32,22 +32,26 @@ mod eval;
 pub mod expr;
 mod grad;
 mod graph_cache;
+mod index;
 #[cfg(feature = "ndarray")]
 mod interop;
 pub mod npy;
 mod ops;
 mod random;
 mod report;
+mod scan;
 mod tensor;
 
 pub use array::Array;
 pub use compiled::Compiled;
+pub use composite::{one_hot, tril, triu};
 pub use context::{Context, ContextBuilder};
 pub use contract::matmul;
 pub use error::{Error, Result};
 pub use expr::{Expr, ExprError};
 pub use grad::grad;
-pub use ndfuse_ir::{DType, ReduceOp};
+pub use index::{concat, stack};
+pub use ndfuse_ir::{DType, PadMode, ReduceOp};
 pub use ndfuse_runtime::{
     bind_thread, bound_device, unbind_thread, BackendKind, CacheStats, CodeCacheStats,
     CompileCacheStats, Config, ConfigSource, CpuDevice, Device, DeviceId, DeviceKind, DeviceMove,

@@ -136,7 +136,12 @@ impl From<std::ops::RangeFull> for SliceArg {
 const BOOL_ARITH: &str = "bool has no arithmetic; cast it to a number first";
 
 /// Normalises one axis (`-1` is the last) against `rank` positions.
-fn norm_axis(op: &'static str, axis: i64, rank: usize, x: &TensorType) -> Result<usize, IrError> {
+pub(crate) fn norm_axis(
+    op: &'static str,
+    axis: i64,
+    rank: usize,
+    x: &TensorType,
+) -> Result<usize, IrError> {
     let r = rank as i64;
     let a = if axis < 0 { axis + r } else { axis };
     if (0..r).contains(&a) {
@@ -317,14 +322,14 @@ impl Tensor {
         Tensor::binary_any(Operand::Tensor(self.clone()), rhs.into(), op, at)
     }
 
-    fn cast_at(&self, dtype: DType, at: &'static Location<'static>) -> Tensor {
+    pub(crate) fn cast_at(&self, dtype: DType, at: &'static Location<'static>) -> Tensor {
         match self.dtype() {
             Ok(d) if d == dtype => self.clone(),
             _ => Tensor::build(Op::Cast { to: dtype }, &[self], at),
         }
     }
 
-    fn broadcast_at(&self, shape: &Shape, at: &'static Location<'static>) -> Tensor {
+    pub(crate) fn broadcast_at(&self, shape: &Shape, at: &'static Location<'static>) -> Tensor {
         match self.expr() {
             Ok(e) if &e.shape == shape => self.clone(),
             _ => Tensor::build(Op::View(ViewOp::BroadcastTo(shape.clone())), &[self], at),
@@ -384,7 +389,7 @@ impl Tensor {
         }
     }
 
-    fn view(&self, v: ViewOp, at: &'static Location<'static>) -> Tensor {
+    pub(crate) fn view(&self, v: ViewOp, at: &'static Location<'static>) -> Tensor {
         Tensor::build(Op::View(v), &[self], at)
     }
 

@@ -15,6 +15,7 @@ pub mod graph;
 pub mod infer;
 pub mod interp;
 pub mod kernel;
+mod kernel_check;
 pub mod op;
 mod print;
 pub mod round;

@@ -6,6 +6,9 @@ use ndfuse_ir::{Graph, Kernel, NodeId};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+/// The end of the reason of a step that runs a routine (see [`Schedule::to_text`]).
+pub const ROUTINE: &str = "runs as a routine of its own";
+
 /// One unit of work, in execution order.
 // A schedule holds a handful of steps, built once per compile: boxing the kernel would
 // only add an indirection to every match.
@@ -131,7 +134,7 @@ impl Schedule {
                 let Step::Interp { reason, .. } = &self.steps[*step] else {
                     unreachable!("Interp placement points at an interp step (a bug otherwise)");
                 };
-                let _ = write!(s, "interp: {reason}");
+                let _ = write!(s, "{}: {reason}", self.step_kind(*step));
             }
         }
         Some(s)
@@ -144,6 +147,16 @@ impl Schedule {
 }
 
 impl Schedule {
+    /// How a step that is not a kernel runs: `routine` for the ops the backends run as
+    /// native routines of their own (scatter-add, scans, sorts; recorded as
+    /// [`Step::Interp`] with the node), `interp` for the reference interpreter.
+    fn step_kind(&self, step: usize) -> &'static str {
+        match &self.steps[step] {
+            Step::Interp { reason, .. } if reason.ends_with(ROUTINE) => "routine",
+            _ => "interp",
+        }
+    }
+
     /// Every step in order: kernels in full, interpreter steps as one line, with node
     /// numbers as in the graph's printed form.
     pub fn to_text(&self, g: &Graph) -> String {
@@ -158,7 +171,8 @@ impl Schedule {
                     let n = num.get(node).copied().unwrap_or(usize::MAX);
                     let _ = writeln!(
                         out,
-                        "step {i}: interp %{n} {} ; {reason}",
+                        "step {i}: {} %{n} {} ; {reason}",
+                        self.step_kind(i),
                         g.node(*node).op.name()
                     );
                 }

@@ -16,6 +16,7 @@ use crate::device_id::DeviceId;
 use crate::error::RuntimeError;
 use crate::evaluation::Evaluation;
 use crate::gemm::run_contraction;
+use crate::routines::run_routine;
 use crate::step_path::StepPath;
 use ndfuse_codegen_cpu::CompiledKernel;
 use ndfuse_ir::interp;
@@ -173,7 +174,18 @@ pub(crate) fn run_cpu(
             Step::Interp { node, operands, .. } => {
                 let args: Vec<&HostArray> = operands.iter().map(read).collect();
                 let start = Instant::now();
-                let out = interp::eval_node(g.node(*node), &args)?;
+                let n = g.node(*node);
+                // Scatter-add, scans and argsort have native routines (on the same
+                // pool as kernels); any other node is interpreted.
+                let native = || run_routine(n, &args);
+                let routine = match pool {
+                    Some(pool) => pool.install(native),
+                    None => native(),
+                };
+                let out = match routine {
+                    Some(out) => out?,
+                    None => interp::eval_node(n, &args)?,
+                };
                 run_time += start.elapsed();
                 (vec![(*node, out)], StepPath::Interp)
             }

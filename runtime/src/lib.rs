@@ -30,6 +30,7 @@ mod evaluation;
 mod executor;
 mod gemm;
 mod gemm_packed;
+mod routines;
 mod step_path;
 mod target;
 
@@ -59,4 +60,5 @@ pub use evaluation::Evaluation;
 pub use executor::{execute, explain, Explanation};
 /// The CPU code generator's error, which [`RuntimeError::Codegen`] carries.
 pub use ndfuse_codegen_cpu::CodegenError;
+pub use routines::{run_routine, RADIX_MIN, SCAN_BLOCK};
 pub use step_path::StepPath;

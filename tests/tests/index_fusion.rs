@@ -53,6 +53,15 @@ fn check(g: &Graph, inputs: &Inputs) -> usize {
     schedule.kernel_count()
 }
 
+/// The graph after the clean-up passes, annotated with where each node went, then the
+/// kernels: the fusion report a snapshot pins.
+fn report(g: &Graph) -> String {
+    let mut g = g.clone();
+    ndfuse_passes::optimize(&mut g, &ndfuse_passes::PassOptions::default()).expect("passes");
+    let s = ndfuse_passes::schedule(&g);
+    format!("{}\n{}", s.annotate(&g, &|_| None), s.to_text(&g))
+}
+
 fn view(g: &mut Graph, v: ViewOp, x: NodeId) -> NodeId {
     g.add(Op::View(v), &[x]).expect("view")
 }
@@ -103,6 +112,7 @@ fn embedding_lookup_scale_and_positions_is_one_kernel() {
         (tok, Arc::new(ints(&[b, t], &toks))),
     ]);
     assert_eq!(check(&g, &inputs), 1);
+    insta::assert_snapshot!(report(&g));
 }
 
 /// An index out of range is an error naming the op, the axis, the value and its
@@ -158,6 +168,9 @@ fn pad_and_concat_are_reads() {
         g.add_output(y);
         let inputs: Inputs = HashMap::from([(x, Arc::new(floats(&[4, 5], 4)))]);
         assert_eq!(check(&g, &inputs), 1, "{mode:?}");
+        if mode == PadMode::Reflect {
+            insta::assert_snapshot!("pad_reflect", report(&g));
+        }
     }
     let mut g = Graph::new();
     let a = g.add_input("a", DType::F32, Shape::new([3, 2]));
@@ -170,4 +183,48 @@ fn pad_and_concat_are_reads() {
         (b, Arc::new(floats(&[3, 4], 6))),
     ]);
     assert_eq!(check(&g, &inputs), 1);
+    insta::assert_snapshot!("concat", report(&g));
+}
+
+/// A causal mask from two iotas (`where(col <= row, x, -inf)`, as `tril` builds it):
+/// the iotas are positions inside the one kernel, nothing is stored but the output.
+#[test]
+fn a_causal_mask_from_iotas_is_one_kernel() {
+    let t = 6;
+    let mut g = Graph::new();
+    let x = g.add_input("x", DType::F32, Shape::new([2, t, t]));
+    let r = g.add(Op::Iota { len: t, start: 0, step: 1 }, &[]).unwrap();
+    let r = view(&mut g, ViewOp::Reshape(Shape::new([t, 1])), r);
+    let r = view(&mut g, ViewOp::BroadcastTo(Shape::new([2, t, t])), r);
+    let c = g.add(Op::Iota { len: t, start: 0, step: 1 }, &[]).unwrap();
+    let c = view(&mut g, ViewOp::BroadcastTo(Shape::new([2, t, t])), c);
+    let keep = g.add(Op::Binary(ndfuse_ir::BinaryOp::Le), &[c, r]).unwrap();
+    let ninf = g.add_const(Scalar::F(f64::NEG_INFINITY), DType::F32, Shape::new([2, t, t]));
+    let y = g.add(Op::Where, &[keep, x, ninf]).unwrap();
+    g.add_output(y);
+    let inputs: Inputs = HashMap::from([(x, Arc::new(floats(&[2, t, t], 7)))]);
+    assert_eq!(check(&g, &inputs), 1);
+    insta::assert_snapshot!(report(&g));
+}
+
+/// Scatter-add, scans and sorts are steps of their own; the element-wise work around
+/// them stays in kernels.
+#[test]
+fn routines_are_steps_of_their_own() {
+    let mut g = Graph::new();
+    let x = g.add_input("x", DType::F32, Shape::new([4, 6]));
+    let e = g.add(Op::Unary(ndfuse_ir::UnaryOp::Neg), &[x]).unwrap();
+    let s = g.add(Op::Scan { op: ndfuse_ir::ScanOp::Sum, axis: 1, reverse: false }, &[e]).unwrap();
+    let o = g.add(Op::Argsort { axis: 1, descending: true, k: 3 }, &[s]).unwrap();
+    let top = g.add(Op::Gather { axis: 1 }, &[s, o]).unwrap();
+    g.add_output(top);
+    let inputs: Inputs = HashMap::from([(x, Arc::new(floats(&[4, 6], 8)))]);
+    let want = execute(&g, &inputs, BackendKind::Interp).expect("reference evaluates");
+    let got = execute(&g, &inputs, BackendKind::Cpu).expect("cpu evaluates");
+    // The running sum rounds to f32 at each step in the routine, once in the
+    // reference: within a few ulp of the sums' magnitude (at most 12).
+    for (a, b) in got.outputs[0].to_f64s().iter().zip(want.outputs[0].to_f64s()) {
+        assert!((a - b).abs() <= 1e-5 * 12.0, "{a} vs {b}");
+    }
+    insta::assert_snapshot!(report(&g));
 }

@@ -13,15 +13,18 @@ impl Gen<'_> {
     pub(super) fn elementwise(&mut self) -> (Vec<Launch>, String) {
         let k = self.k;
         let n = k.domain.numel();
-        // Random ops index their own positions through their views as loads index
-        // buffers: both take part in one index space (`input` is unused for them).
+        // Random ops and positions index their own positions through their views as
+        // loads index buffers, and a gather's fixed part is a load's offset: all take
+        // part in one index space (`input` is unused for random ops and positions).
         let loads: Vec<(usize, usize, &View)> = k
             .body
             .iter()
             .enumerate()
             .filter_map(|(i, ins)| match &ins.expr {
-                Expr::Load { input, view } => Some((i, *input, view)),
-                Expr::Random { view, .. } => Some((i, usize::MAX, view)),
+                Expr::Load { input, view } | Expr::Gather { input, view, .. } => {
+                    Some((i, *input, view))
+                }
+                Expr::Random { view, .. } | Expr::Position { view } => Some((i, usize::MAX, view)),
                 _ => None,
             })
             .collect();
@@ -87,6 +90,19 @@ impl Gen<'_> {
                     let at = format!("o{i} + l * {inner_stride}");
                     lane_src[i] =
                         Some(scalar::random(&format!("v{}", key.0), &at, &mut self.needs));
+                    continue;
+                }
+                if matches!(k.body[i].expr, Expr::Position { .. } | Expr::Gather { .. }) {
+                    // Lane l's offset is the lane's own; a gather adds its indices there.
+                    let inner_stride = space.strides[li].last().copied().unwrap_or(0);
+                    let off = space.offset(li, "p", "i", view.offset);
+                    let _ = writeln!(self.body, "{ind2}const nd_idx o{i} = {off};");
+                    let at = match inner_stride {
+                        0 => format!("o{i}"),
+                        1 => format!("o{i} + l"),
+                        s => format!("o{i} + l * {s}"),
+                    };
+                    lane_src[i] = Some(self.computed_read(i, &at));
                     continue;
                 }
                 let st = scalar::storage_type(k.inputs[input].dtype);
@@ -159,6 +175,7 @@ impl Gen<'_> {
                     Expr::Random { key, .. } => {
                         scalar::random(&format!("v{}", key.0), &off, &mut self.needs)
                     }
+                    Expr::Position { .. } | Expr::Gather { .. } => self.computed_read(i, &off),
                     _ => self.load_expr(input, &off),
                 });
             }

@@ -440,9 +440,10 @@ impl Gen<'_> {
         }
     }
 
-    /// Where each load and random op of the body gets its value at element `(m, n)` of
-    /// C (batch position `b{a}`): the product's load is `product`, other loads read
-    /// their buffers through their views. `None` for the other instructions.
+    /// Where each load, random op, position and gather of the body gets its value at
+    /// element `(m, n)` of C (batch position `b{a}`): the product's load is `product`,
+    /// other loads read their buffers through their views. `None` for the other
+    /// instructions.
     fn epilogue_sources(
         &mut self,
         c: &Contraction,
@@ -451,33 +452,29 @@ impl Gen<'_> {
     ) -> Vec<Option<String>> {
         let k = self.k;
         let rank = k.domain.rank();
-        let mut src: Vec<Option<String>> = vec![None; k.body.len()];
-        for (i, ins) in k.body.iter().enumerate() {
-            if let Expr::Random { key, view } = &ins.expr {
-                let mut off = vec![view.offset.to_string()];
-                for &a in batch_axes {
-                    term(&mut off, &format!("b{a}"), view.strides[a]);
-                }
-                term(&mut off, "m", view.strides[rank - 2]);
-                term(&mut off, "n", view.strides[rank - 1]);
-                let key = format!("v{}", key.0);
-                src[i] = Some(scalar::random(&key, &sum(off), &mut self.needs));
-                continue;
-            }
-            let Expr::Load { input, view } = &ins.expr else {
-                continue;
-            };
-            if *input == c.product {
-                src[i] = Some(product.to_string());
-                continue;
-            }
+        let offset = |view: &ndfuse_ir::View| {
             let mut off = vec![view.offset.to_string()];
             for &a in batch_axes {
                 term(&mut off, &format!("b{a}"), view.strides[a]);
             }
             term(&mut off, "m", view.strides[rank - 2]);
             term(&mut off, "n", view.strides[rank - 1]);
-            src[i] = Some(self.load_expr(*input, &sum(off)));
+            sum(off)
+        };
+        let mut src: Vec<Option<String>> = vec![None; k.body.len()];
+        for (i, ins) in k.body.iter().enumerate() {
+            src[i] = match &ins.expr {
+                Expr::Random { key, view } => {
+                    let key = format!("v{}", key.0);
+                    Some(scalar::random(&key, &offset(view), &mut self.needs))
+                }
+                Expr::Position { view } | Expr::Gather { view, .. } => {
+                    Some(self.computed_read(i, &offset(view)))
+                }
+                Expr::Load { input, .. } if *input == c.product => Some(product.to_string()),
+                Expr::Load { input, view } => Some(self.load_expr(*input, &offset(view))),
+                _ => None,
+            };
         }
         src
     }

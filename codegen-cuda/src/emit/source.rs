@@ -27,10 +27,14 @@ impl<'k> Gen<'k> {
     pub(super) fn new(k: &'k Kernel, opts: &CudaOptions) -> Gen<'k> {
         let (stage, sweeps) = k.stages();
         let limit = (i32::MAX / 2) as usize;
-        // A random op's positions are offsets too, into no buffer (a slice of a huge op
-        // may reach past 2^31 from a small domain).
+        // Random ops' and positions' offsets are offsets too, into no buffer (a slice of
+        // a huge op may reach past 2^31 from a small domain). A gather's offsets stay in
+        // its buffer (`Kernel::check`), and its indices are clamped in 64 bits before
+        // they are narrowed.
         let random_reach = k.body.iter().any(|ins| match &ins.expr {
-            Expr::Random { view, .. } => view.span().is_some_and(|(_, hi)| hi > limit as i128),
+            Expr::Random { view, .. } | Expr::Position { view } => {
+                view.span().is_some_and(|(_, hi)| hi > limit as i128)
+            }
             _ => false,
         });
         let wide = k.domain.numel() > limit

@@ -54,6 +54,39 @@ impl Gen<'_> {
         scalar::load_conv(self.k.inputs[input].dtype, &format!("in{input}[{offset}]"))
     }
 
+    /// The value of position or gather instruction `i` (an [`Expr::Position`] or
+    /// [`Expr::Gather`]) when its view reaches offset `offset` (an `nd_idx` expression):
+    /// the position widened to i64, or the gather's element at `offset` plus each axis's
+    /// clamped index times its stride (operands named `v{n}`, defined before it).
+    pub(super) fn computed_read(&mut self, i: usize, offset: &str) -> String {
+        match &self.k.body[i].expr {
+            Expr::Position { .. } => scalar::position(offset),
+            Expr::Gather { input, axes, .. } => {
+                let mut terms: Vec<String> = Vec::new();
+                if offset != "0" {
+                    terms.push(offset.to_string());
+                }
+                for a in axes {
+                    let index = format!("v{}", a.index.0);
+                    if a.stride != 0 {
+                        terms.push(scalar::gather_term(
+                            &index,
+                            a.extent,
+                            a.stride,
+                            &mut self.needs,
+                        ));
+                    }
+                }
+                if terms.is_empty() {
+                    terms.push("0".into());
+                }
+                let at = terms.join(" + ").replace("+ -", "- ");
+                self.load_expr(*input, &at)
+            }
+            _ => unreachable!("computed_read of a position or gather (a bug)"),
+        }
+    }
+
     /// One position of an element-wise body: each load from its expression in
     /// `load_src`, the other values computed, then every store into `target` (with `{}`
     /// standing for the output's number).

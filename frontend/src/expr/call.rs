@@ -1,10 +1,10 @@
 //! Arguments of function calls in expressions: binding positional and keyword
 //! arguments to a signature, reading the literal arguments (axes, shapes, dtypes,
-//! flags), and the list of function names for "did you mean" hints.
+//! flags, strings, pad widths), and the list of function names for "did you mean" hints.
 
 use super::parse::{ExprError, Kind, Kwarg, Lit, Node};
 use crate::ops::Axes;
-use ndfuse_ir::DType;
+use ndfuse_ir::{DType, PadMode};
 
 /// Every function the language knows, by family, for "did you mean" hints.
 #[rustfmt::skip]
@@ -22,6 +22,11 @@ pub const FUNCTIONS: &[&str] = &[
     "argmax", "argmin",
     // views
     "reshape", "transpose", "permute", "broadcast_to", "expand_dims", "squeeze",
+    // indexing, joining, padding, scans and sorts
+    "take", "take_along_axis", "index_add", "concat", "concatenate", "stack", "pad", "cumsum",
+    "cumprod", "sort", "argsort", "top_k",
+    // positions
+    "arange", "one_hot", "tril", "triu",
     // composites
     "softmax", "log_softmax", "layernorm", "dropout",
     // differentiation
@@ -221,4 +226,69 @@ pub fn parse_dtype(s: &str) -> Option<DType> {
         "int64" => Some(DType::I64),
         _ => None,
     })
+}
+
+/// A quoted string literal (`'reflect'` or `"reflect"`).
+pub fn str_literal<'n>(n: &'n Node, what: &str) -> Result<&'n str, ExprError> {
+    match &n.kind {
+        Kind::Str(s) => Ok(s),
+        _ => Err(ExprError::new(
+            n.pos,
+            format!("{what} must be a quoted string like 'reflect'"),
+        )),
+    }
+}
+
+/// A pad mode by its numpy name.
+pub fn pad_mode(n: &Node) -> Result<PadMode, ExprError> {
+    let s = str_literal(n, "mode")?;
+    [PadMode::Constant, PadMode::Edge, PadMode::Reflect]
+        .into_iter()
+        .find(|m| m.name() == s)
+        .ok_or_else(|| {
+            ExprError::new(
+                n.pos,
+                format!("unknown pad mode '{s}' (use 'constant', 'edge' or 'reflect')"),
+            )
+        })
+}
+
+/// numpy's `pad_width` for `rank` axes: `[[before, after], ...]` one pair per axis,
+/// `[before, after]` for every axis, or `n` on both sides of every axis. Each width
+/// is a non-negative integer literal; a negative one is refused at its column.
+pub fn pad_widths(n: &Node, rank: usize) -> Result<Vec<(usize, usize)>, ExprError> {
+    let width = |w: &Node| -> Result<usize, ExprError> {
+        let v = int_literal(w, "each pad width")?;
+        usize::try_from(v).map_err(|_| {
+            ExprError::new(
+                w.pos,
+                format!("pad width {v} is negative (widths are >= 0)"),
+            )
+        })
+    };
+    let pair = |p: &Node| -> Result<(usize, usize), ExprError> {
+        match &p.kind {
+            Kind::List(v) if v.len() == 2 => Ok((width(&v[0])?, width(&v[1])?)),
+            _ => Err(ExprError::new(
+                p.pos,
+                "each pad width entry must be a pair [before, after]",
+            )),
+        }
+    };
+    match &n.kind {
+        Kind::List(items) if items.iter().all(|i| matches!(i.kind, Kind::List(_))) => {
+            if items.len() != rank {
+                return Err(ExprError::new(
+                    n.pos,
+                    format!("pad: {} pairs of widths given for {rank} axes", items.len()),
+                ));
+            }
+            items.iter().map(pair).collect()
+        }
+        Kind::List(_) => Ok(vec![pair(n)?; rank]),
+        _ => {
+            let w = width(n)?;
+            Ok(vec![(w, w); rank])
+        }
+    }
 }

@@ -9,11 +9,12 @@
 
 use super::call::{
     axes_literal, axis_literal, bind, bool_literal, dtype_literal, float_literal, int_list,
-    int_literal, is_none, opt, req, unknown_function, FUNCTIONS,
+    int_literal, is_none, opt, pad_mode, pad_widths, req, unknown_function, FUNCTIONS,
 };
 use super::parse::{BinOp, ExprError, IndexItem, Kind, Kwarg, Lit, Node};
 use crate::context::Context;
 use crate::error::Error;
+use crate::index::{concat, stack};
 use crate::ops::{Axes, Operand, SliceArg};
 use crate::tensor::Tensor;
 use ndfuse_ir::DType;
@@ -157,7 +158,11 @@ impl<'a> Lowerer<'a> {
             },
             Kind::List(_) => Err(ExprError::new(
                 pos,
-                "a list is only allowed as a shape or axes argument (reshape(x, [2, 3]), axis=[0, 1])",
+                "a list is only allowed as an argument: a shape or axes (reshape(x, [2, 3]), axis=[0, 1]), pad widths, or the tensors of concat([a, b]) and stack",
+            )),
+            Kind::Str(_) => Err(ExprError::new(
+                pos,
+                "a string is only allowed as an argument such as mode='reflect'",
             )),
             Kind::Unary { negate, operand } => {
                 let v = self.value(operand)?;
@@ -533,6 +538,137 @@ impl<'a> Lowerer<'a> {
                 };
                 x.dropout(p, &key)
             }
+            "take" => {
+                // numpy: no axis takes from the flattened array.
+                let a = bind(name, pos, args, kwargs, &["x", "idx", "axis=None"])?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                let idx = self.tensor_arg(req(&a, 1))?;
+                match opt(&a, 2).map(|n| axis_literal(n, "axis")).transpose()? {
+                    Some(axis) => x.take(&idx, axis),
+                    None => x.reshape(&[-1]).take(&idx, 0),
+                }
+            }
+            "take_along_axis" => {
+                let a = bind(name, pos, args, kwargs, &["x", "idx", "axis=-1"])?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                let idx = self.tensor_arg(req(&a, 1))?;
+                x.take_along_axis(&idx, self.axis_or(&a, 2, -1)?)
+            }
+            "index_add" => {
+                let a = bind(name, pos, args, kwargs, &["x", "idx", "v", "axis=0"])?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                let idx = self.tensor_arg(req(&a, 1))?;
+                let v = self.tensor_arg(req(&a, 2))?;
+                x.index_add(&idx, &v, self.axis_or(&a, 3, 0)?)
+            }
+            "concat" | "concatenate" | "stack" => {
+                let a = bind(name, pos, args, kwargs, &["arrays", "axis=0"])?;
+                let parts = self.tensor_list(req(&a, 0), name)?;
+                let refs: Vec<&Tensor> = parts.iter().collect();
+                let axis = self.axis_or(&a, 1, 0)?;
+                if name == "stack" {
+                    stack(&refs, axis)
+                } else {
+                    concat(&refs, axis)
+                }
+            }
+            "pad" => {
+                let a = bind(
+                    name,
+                    pos,
+                    args,
+                    kwargs,
+                    &["x", "pad_width", "mode='constant'", "value=0"],
+                )?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                let rank = x.rank().map_err(|e| ExprError::new(pos, e.reason()))?;
+                let widths = pad_widths(req(&a, 1), rank)?;
+                let mode = opt(&a, 2)
+                    .map(pad_mode)
+                    .transpose()?
+                    .unwrap_or(ndfuse_ir::PadMode::Constant);
+                let value = opt(&a, 3)
+                    .map(|n| float_literal(n, "value"))
+                    .transpose()?
+                    .unwrap_or(0.0);
+                x.pad(&widths, mode, value)
+            }
+            "cumsum" | "cumprod" | "sort" | "argsort" => {
+                // numpy: cumsum and cumprod default to the flattened array, sorts to
+                // the last axis; axis=None flattens for all four.
+                let default = if name.starts_with("cum") {
+                    "axis=None"
+                } else {
+                    "axis=-1"
+                };
+                let a = bind(name, pos, args, kwargs, &["x", default])?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                let axis = match a[1] {
+                    Some(n) if is_none(n) => None,
+                    Some(n) => Some(axis_literal(n, "axis")?),
+                    None if name.starts_with("cum") => None,
+                    None => Some(-1),
+                };
+                let (x, axis) = match axis {
+                    Some(axis) => (x, axis),
+                    None => (x.reshape(&[-1]), 0),
+                };
+                match name {
+                    "cumsum" => x.cumsum(axis),
+                    "cumprod" => x.cumprod(axis),
+                    "sort" => x.sort(axis),
+                    _ => x.argsort(axis),
+                }
+            }
+            "top_k" => {
+                let a = bind(name, pos, args, kwargs, &["x", "k"])?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                let k = count_literal(req(&a, 1), "k")?;
+                x.top_k(k).0
+            }
+            "arange" => {
+                // arange(n) or arange(start, stop, step): i64, numpy's integer arange.
+                let a = bind(name, pos, args, kwargs, &["start", "stop=None", "step=1"])?;
+                let first = int_literal(req(&a, 0), "start")?;
+                let (start, stop) = match opt(&a, 1) {
+                    Some(n) => (first, int_literal(n, "stop")?),
+                    None => (0, first),
+                };
+                let step = match opt(&a, 2) {
+                    Some(n) => {
+                        let s = int_literal(n, "step")?;
+                        if s == 0 {
+                            return Err(ExprError::new(
+                                n.pos,
+                                "arange(): the step must not be zero",
+                            ));
+                        }
+                        s
+                    }
+                    None => 1,
+                };
+                self.ctx
+                    .arange_i64(start, stop, step)
+                    .map_err(|e| ExprError::new(pos, e.reason()))?
+            }
+            "one_hot" => {
+                let a = bind(name, pos, args, kwargs, &["idx", "n"])?;
+                let idx = self.tensor_arg(req(&a, 0))?;
+                idx.one_hot(count_literal(req(&a, 1), "n")?)
+            }
+            "tril" | "triu" => {
+                let a = bind(name, pos, args, kwargs, &["x", "k=0"])?;
+                let x = self.tensor_arg(req(&a, 0))?;
+                let k = opt(&a, 1)
+                    .map(|n| int_literal(n, "k"))
+                    .transpose()?
+                    .unwrap_or(0);
+                if name == "tril" {
+                    x.tril(k)
+                } else {
+                    x.triu(k)
+                }
+            }
             "grad" => {
                 // grad(f, x): the gradient of the 0-d float `f` with respect to input `x`.
                 let a = bind(name, pos, args, kwargs, &["f", "x"])?;
@@ -557,6 +693,25 @@ impl<'a> Lowerer<'a> {
         self.checked(t, pos).map(Value::T)
     }
 
+    /// The axis in slot `i`, or `default` when it is not given.
+    fn axis_or(&self, slots: &[Option<&Node>], i: usize, default: i64) -> Result<i64, ExprError> {
+        Ok(opt(slots, i)
+            .map(|n| axis_literal(n, "axis"))
+            .transpose()?
+            .unwrap_or(default))
+    }
+
+    /// `[a, b, ...]`: the tensors of `concat` and `stack`.
+    fn tensor_list(&mut self, n: &Node, name: &str) -> Result<Vec<Tensor>, ExprError> {
+        let Kind::List(items) = &n.kind else {
+            return Err(ExprError::new(
+                n.pos,
+                format!("{name}() takes a list of tensors like [a, b]"),
+            ));
+        };
+        items.iter().map(|i| self.tensor_arg(i)).collect()
+    }
+
     fn tensor_arg(&mut self, n: &Node) -> Result<Tensor, ExprError> {
         let v = self.value(n)?;
         self.as_tensor(v, n.pos)
@@ -568,6 +723,12 @@ impl<'a> Lowerer<'a> {
             Value::L(l) => lit_operand(l),
         })
     }
+}
+
+/// A non-negative integer literal (a count such as `k` or `n`).
+fn count_literal(n: &Node, what: &str) -> Result<usize, ExprError> {
+    let v = int_literal(n, what)?;
+    usize::try_from(v).map_err(|_| ExprError::new(n.pos, format!("{what} = {v} is negative")))
 }
 
 fn lit_operand(l: Lit) -> Operand {

@@ -150,8 +150,10 @@ pub enum Kind {
     Lit(Lit),
     /// An input name (or, as a call argument, a dtype name such as `f16`).
     Name(String),
-    /// `[a, b, ...]`: shapes and axis lists.
+    /// `[a, b, ...]`: shapes, axis lists, pad widths and the tensors of `concat`.
     List(Vec<Node>),
+    /// `'reflect'` or `"reflect"`: a string argument such as a pad mode.
+    Str(String),
     /// Unary minus (`negate: true`) or plus.
     Unary {
         negate: bool,
@@ -177,6 +179,8 @@ pub enum Kind {
 enum Tok {
     Ident(String),
     Lit(Lit),
+    /// A quoted string, without its quotes.
+    Str(String),
     /// Punctuation and operators, by their spelling.
     Sym(&'static str),
     End,
@@ -187,6 +191,7 @@ impl fmt::Display for Tok {
         match self {
             Tok::Ident(s) => write!(f, "'{s}'"),
             Tok::Lit(l) => write!(f, "'{l}'"),
+            Tok::Str(s) => write!(f, "the string '{s}'"),
             Tok::Sym(s) => write!(f, "'{s}'"),
             Tok::End => f.write_str("the end of the expression"),
         }
@@ -227,6 +232,23 @@ fn lex(src: &str) -> Result<Vec<(Tok, usize)>, ExprError> {
             let (lit, end) = lex_number(src, start)?;
             toks.push((Tok::Lit(lit), start));
             i = end;
+            continue;
+        }
+        if c == b'\'' || c == b'"' {
+            // A string runs to the next quote of the same kind; there are no escapes
+            // (no argument needs one).
+            let body = start + 1;
+            let Some(len) = src[body..].find(char::from(c)) else {
+                return Err(ExprError::new(
+                    start,
+                    format!(
+                        "unterminated string: no closing {} for this one",
+                        char::from(c)
+                    ),
+                ));
+            };
+            toks.push((Tok::Str(src[body..body + len].to_string()), start));
+            i = body + len + 1;
             continue;
         }
         if let Some(sym) = SYMBOLS.iter().find(|s| src[i..].starts_with(**s)) {
@@ -375,7 +397,7 @@ struct Parser {
 /// The children of a node, for walks that must not recurse.
 fn children(n: &Node) -> Vec<&Node> {
     match &n.kind {
-        Kind::Lit(_) | Kind::Name(_) => Vec::new(),
+        Kind::Lit(_) | Kind::Name(_) | Kind::Str(_) => Vec::new(),
         Kind::List(v) => v.iter().collect(),
         Kind::Unary { operand, .. } => vec![&**operand],
         Kind::Binary { lhs, rhs, .. } => vec![&**lhs, &**rhs],
@@ -658,6 +680,7 @@ impl Parser {
         let (tok, pos) = self.bump();
         let kind = match tok {
             Tok::Lit(l) => Kind::Lit(l),
+            Tok::Str(text) => Kind::Str(text),
             Tok::Ident(name) => {
                 if self.peek() == &Tok::Sym("(") {
                     self.bump();
@@ -787,6 +810,7 @@ mod tests {
         match &n.kind {
             Kind::Lit(l) => l.to_string(),
             Kind::Name(s) => s.clone(),
+            Kind::Str(s) => format!("'{s}'"),
             Kind::List(v) => format!("[{}]", v.iter().map(show).collect::<Vec<_>>().join(", ")),
             Kind::Unary { negate, operand } => {
                 format!("({}{})", if *negate { "-" } else { "+" }, show(operand))
@@ -853,6 +877,15 @@ mod tests {
         assert_eq!(p("layernorm(x, eps=1e-5)"), "layernorm(x, eps=1e-5)");
         assert_eq!(p(".5 + 5. + 2E3"), "((0.5 + 5.0) + 2000.0)");
         assert_eq!(p("f(a,)"), "f(a)");
+        assert_eq!(
+            p("pad(x, [[1, 2]], mode='reflect')"),
+            "pad(x, [[1, 2]], mode='reflect')"
+        );
+        assert_eq!(p("f(\"edge\", 'a b')"), "f('edge', 'a b')");
+        assert_eq!(
+            p("concat([a, b * 2], axis=1)"),
+            "concat([a, (b * 2)], axis=1)"
+        );
     }
 
     #[test]
@@ -873,6 +906,11 @@ mod tests {
         assert_eq!(col("").0, 1);
         assert_eq!(col("99999999999999999999").0, 1);
         assert_eq!(col("é + (").0, 1);
+        assert_eq!(
+            col("pad(x, [1, 1], mode='edge)"),
+            (21, "unterminated string: no closing ' for this one".into())
+        );
+        assert_eq!(col("f('a' 'b')").0, 7);
     }
 
     #[test]

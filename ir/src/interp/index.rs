@@ -202,9 +202,15 @@ pub(super) fn pad(
     let fill = Vals::fill(value, dtype, dtype, 1);
     let n = out.numel();
     match (&x.vals, fill) {
-        (Vals::F(v), Vals::F(f)) => Vals::F((0..n).map(|p| source(p).map_or(f[0], |o| v[o])).collect()),
-        (Vals::I(v), Vals::I(f)) => Vals::I((0..n).map(|p| source(p).map_or(f[0], |o| v[o])).collect()),
-        (Vals::B(v), Vals::B(f)) => Vals::B((0..n).map(|p| source(p).map_or(f[0], |o| v[o])).collect()),
+        (Vals::F(v), Vals::F(f)) => {
+            Vals::F((0..n).map(|p| source(p).map_or(f[0], |o| v[o])).collect())
+        }
+        (Vals::I(v), Vals::I(f)) => {
+            Vals::I((0..n).map(|p| source(p).map_or(f[0], |o| v[o])).collect())
+        }
+        (Vals::B(v), Vals::B(f)) => {
+            Vals::B((0..n).map(|p| source(p).map_or(f[0], |o| v[o])).collect())
+        }
         _ => unreachable!("the fill has the operand's dtype (infer checks)"),
     }
 }

@@ -92,13 +92,7 @@ pub fn total_order_f64(a: f64, b: f64) -> Ordering {
 
 /// The first `k` positions along `axis` that sort each lane stably (ties in increasing
 /// position); `descending` reverses the order of values, not of ties.
-pub(super) fn argsort(
-    x: &Vals,
-    shape: &Shape,
-    axis: usize,
-    descending: bool,
-    k: usize,
-) -> Vals {
+pub(super) fn argsort(x: &Vals, shape: &Shape, axis: usize, descending: bool, k: usize) -> Vals {
     let (starts, n, stride) = lanes(shape, axis);
     let d = shape.dims();
     let inner: usize = d[axis + 1..].iter().product();

@@ -124,7 +124,10 @@ impl Fuser<'_> {
                     self.role[&o],
                     Role::View | Role::Const | Role::Random | Role::Iota
                 ) {
-                    let why = format!("read by {} (a routine reads memory)", self.g.node(n).op.name());
+                    let why = format!(
+                        "read by {} (a routine reads memory)",
+                        self.g.node(n).op.name()
+                    );
                     self.store(o, why);
                 }
             }
@@ -226,6 +229,9 @@ impl Fuser<'_> {
                     && grp.domain == domain
                     && base.is_none_or(|b| self.group_of(b) != Some(gi))
                     && self.convex_union(&[gi], Some(c))
+                    // Not into a kernel that reads the copy at computed positions (a
+                    // gather's stored index is read from memory, checked first).
+                    && self.indexed_union_ok(&[gi], Some(c))
             });
             match target {
                 Some(gi) => self.merge(&[gi], Some(c)),
@@ -304,25 +310,29 @@ impl Fuser<'_> {
             };
             source = match source {
                 Source::Const(c) => Source::Const(c),
-                Source::Buffer { .. } | Source::Random { .. } | Source::Iota { .. } => match source_view(&source, v) {
-                    Some(view) => with_view(source, view),
-                    None => {
-                        // Rule 6: the reshape needs its operand contiguous.
-                        let operand = self.g.operands(m)[0];
-                        self.store(
-                            operand,
-                            "reshaped in a way its strides cannot express".into(),
-                        );
-                        self.copies.insert(operand);
-                        let view =
-                            apply_view(&View::contiguous(self.g.node(operand).shape.clone()), v)
-                                .expect("any view of a contiguous buffer is expressible");
-                        Source::Buffer {
-                            base: operand,
-                            view,
+                Source::Buffer { .. } | Source::Random { .. } | Source::Iota { .. } => {
+                    match source_view(&source, v) {
+                        Some(view) => with_view(source, view),
+                        None => {
+                            // Rule 6: the reshape needs its operand contiguous.
+                            let operand = self.g.operands(m)[0];
+                            self.store(
+                                operand,
+                                "reshaped in a way its strides cannot express".into(),
+                            );
+                            self.copies.insert(operand);
+                            let view = apply_view(
+                                &View::contiguous(self.g.node(operand).shape.clone()),
+                                v,
+                            )
+                            .expect("any view of a contiguous buffer is expressible");
+                            Source::Buffer {
+                                base: operand,
+                                view,
+                            }
                         }
                     }
-                },
+                }
             };
         }
         source

@@ -116,9 +116,7 @@ impl<'g> Fuser<'g> {
                     | Op::Concat { .. }
                     | Op::Pad { .. } => Role::Member(usize::MAX),
                     Op::Iota { .. } => Role::Iota,
-                    Op::ScatterAdd { .. } | Op::Scan { .. } | Op::Argsort { .. } => {
-                        Role::Routine
-                    }
+                    Op::ScatterAdd { .. } | Op::Scan { .. } | Op::Argsort { .. } => Role::Routine,
                 };
                 (n, r)
             })
@@ -266,7 +264,8 @@ impl<'g> Fuser<'g> {
     /// gather's indices are checked there before the kernel runs), and no reduction
     /// joins a group with such a member.
     pub(super) fn indexed_union_ok(&self, gs: &[usize], extra: Option<NodeId>) -> bool {
-        let in_union = |x: NodeId| Some(x) == extra || self.group_of(x).is_some_and(|g| gs.contains(&g));
+        let in_union =
+            |x: NodeId| Some(x) == extra || self.group_of(x).is_some_and(|g| gs.contains(&g));
         let members = gs
             .iter()
             .flat_map(|&g| self.groups[g].members.iter().copied())

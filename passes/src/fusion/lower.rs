@@ -26,7 +26,7 @@ impl Fuser<'_> {
             if self.role[&n] == Role::Routine {
                 let operands = self.g.operands(n);
                 let op = &self.g.node(n).op;
-                let reason = format!("{} runs as a routine of its own", op.name());
+                let reason = format!("{} {}", op.name(), crate::schedule::ROUTINE);
                 lowered.push((
                     self.pos[&n],
                     Step::Interp {
@@ -325,7 +325,9 @@ impl Fuser<'_> {
                     start += n;
                 }
                 // The last part where no earlier one's range holds the position.
-                let (_, mut v) = parts.pop().expect("a non-empty concat has a non-empty part");
+                let (_, mut v) = parts
+                    .pop()
+                    .expect("a non-empty concat has a non-empty part");
                 while let Some((end, w)) = parts.pop() {
                     let e = kb.int(end as i64);
                     let before = kb.push(DType::Bool, Expr::Binary(BinaryOp::Lt, c, e));
@@ -361,7 +363,9 @@ impl Fuser<'_> {
                             let here = kb.push(DType::Bool, Expr::Binary(BinaryOp::And, ge, lt));
                             inside = Some(match inside {
                                 None => here,
-                                Some(i) => kb.push(DType::Bool, Expr::Binary(BinaryOp::And, i, here)),
+                                Some(i) => {
+                                    kb.push(DType::Bool, Expr::Binary(BinaryOp::And, i, here))
+                                }
                             });
                             k
                         }
