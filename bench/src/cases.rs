@@ -27,6 +27,10 @@ pub struct Case {
     pub flops: Option<u64>,
     /// What the row's time is also set against.
     pub versus: Option<Versus>,
+    /// The bytes the inputs must be read for when a case reads only part of one (a
+    /// gather reads the rows its indices name, not the whole table): replaces the
+    /// inputs' sizes in [`Case::ideal_bytes`]. `None`: every input is read whole.
+    pub reads: Option<u64>,
     build: Build,
 }
 
@@ -78,6 +82,10 @@ pub fn cases_on(size: Size, gpu: bool) -> Vec<Case> {
     let sq = on_gpu(&[4096, 4096], &[8192, 8192], &[16, 16]);
     let rows = on_gpu(&[4096, 4096], &[16384, 4096], &[16, 16]);
     let (f32_, f16_) = (DType::F32, DType::F16);
+    // GPT-2's vocabulary and width, 64 sequences of 512 tokens (issue 29's figure); the
+    // tiny table keeps every token in range (tokens are below 2^15).
+    let (emb_rows, emb_dim) = if full { (50304, 768) } else { (1 << 15, 4) };
+    let emb_tokens = pick(&[64, 512], &[2, 8]);
     let case = |name, expr, inputs, kind, build| Case {
         name,
         expr,
@@ -85,6 +93,7 @@ pub fn cases_on(size: Size, gpu: bool) -> Vec<Case> {
         kind,
         flops: None,
         versus: None,
+        reads: None,
         build,
     };
     let tp = Kind::Throughput;
@@ -148,6 +157,43 @@ pub fn cases_on(size: Size, gpu: bool) -> Vec<Case> {
             ],
             tp,
             |t, _| &t[0] * &t[1] + &t[2],
+        ),
+        // An embedding lookup, scaled, plus a positional table read at arange(T): one
+        // kernel (the gathers are its loads). It reads the rows the tokens name, not the
+        // table: tokens, then D floats per token, then the T rows of positions.
+        Case {
+            reads: Some({
+                let (tok, d) = (emb_tokens.iter().product::<usize>() as u64, emb_dim as u64);
+                tok * 8 + tok * d * 4 + emb_tokens[1] as u64 * d * 4
+            }),
+            ..case(
+                "embedding",
+                "take(emb, tokens, axis=0) * 8 + take(pos, arange(T), axis=0)",
+                vec![
+                    ("emb", vec![emb_rows, emb_dim], f32_),
+                    ("tokens", emb_tokens.clone(), DType::I64),
+                    ("pos", vec![emb_tokens[1], emb_dim], f32_),
+                ],
+                tp,
+                |t, _| {
+                    let len = t[1].shape().map_or(0, |s| s[1]);
+                    t[0].take(&t[1], 0) * 8.0 + t[2].take(&t[0].context().arange_n(len), 0)
+                },
+            )
+        },
+        case(
+            "scan_rows",
+            "cumsum(x, axis=1)",
+            vec![("x", sq.clone(), f32_)],
+            tp,
+            |t, _| t[0].cumsum(1),
+        ),
+        case(
+            "argsort",
+            "argsort(x)",
+            vec![("x", pick(&[1 << 22], &[1000]), f32_)],
+            tp,
+            |t, _| t[0].argsort(-1),
         ),
         Case {
             versus: gpu.then_some(Versus::Dtype("f32 values", f32_)),
@@ -218,6 +264,7 @@ fn matmul_cases(size: Size, gpu: bool) -> Vec<Case> {
         kind: Kind::Throughput,
         flops: Some(product_flops(1, sq, sq_n, sq_k)),
         versus: (dtype != DType::F32).then_some(Versus::Dtype("f32 operands", DType::F32)),
+        reads: None,
         build: |t, _| t[0].matmul(&t[1]),
     };
     let bare: Build = |t, _| t[0].matmul(&t[1]);
@@ -232,6 +279,7 @@ fn matmul_cases(size: Size, gpu: bool) -> Vec<Case> {
         kind: Kind::Throughput,
         flops: Some(product_flops(1, gm, gn, gk)),
         versus: Some(Versus::Build("bare x @ w", bare)),
+        reads: None,
         build: |t, _| (t[0].matmul(&t[1]) + &t[2]).gelu(),
     };
     let mut all = vec![
@@ -248,6 +296,7 @@ fn matmul_cases(size: Size, gpu: bool) -> Vec<Case> {
             // q @ k^T: [seq, dim] @ [dim, seq]; then [seq, seq] @ [seq, dim].
             flops: Some(2 * product_flops(heads, seq, seq, dim)),
             versus: None,
+            reads: None,
             build: |t, _| {
                 (t[0].matmul(&t[1].permute(&[0, 2, 1])) / 8.0)
                     .softmax(-1)
@@ -266,6 +315,7 @@ fn matmul_cases(size: Size, gpu: bool) -> Vec<Case> {
             kind: Kind::Cached,
             flops: Some(product_flops(1, small, small, small)),
             versus: None,
+            reads: None,
             build: bare,
         },
     ];
@@ -314,7 +364,9 @@ impl Case {
     /// The bytes the case must move at the least: every input read once and the output
     /// written once, from shapes and dtypes alone (nothing is allocated or evaluated).
     pub fn ideal_bytes(&self, ctx: &Context) -> Result<u64> {
-        let input_bytes: u64 = self.inputs.iter().map(|(_, s, d)| nbytes(s, *d)).sum();
+        let input_bytes: u64 = self
+            .reads
+            .unwrap_or_else(|| self.inputs.iter().map(|(_, s, d)| nbytes(s, *d)).sum());
         Ok(input_bytes + self.output_bytes(ctx)?)
     }
 
@@ -339,7 +391,7 @@ impl Case {
     }
 }
 
-/// Uniform values in [-1, 1) from a fixed seed, made straight into the dtype (no f64
+/// Uniform values in [-1, 1) (integers: in [0, 2^15)) from a fixed seed, made straight into the dtype (no f64
 /// staging: the largest input is 256 MiB of f32). A SplitMix64 stream, so the data is
 /// the same in every run and release.
 pub(crate) fn input_data(
@@ -363,6 +415,11 @@ pub(crate) fn input_data(
         DType::F16 => ctx.from_vec((0..n).map(|_| f16::from_f32(next())).collect(), shape),
         DType::BF16 => ctx.from_vec((0..n).map(|_| bf16::from_f32(next())).collect(), shape),
         DType::F64 => ctx.from_vec((0..n).map(|_| f64::from(next())).collect(), shape),
+        // Indices (token ids): uniform in [0, 2^15), in range for the tables they name.
+        DType::I64 => ctx.from_vec(
+            (0..n).map(|_| ((next() + 1.0) * 16384.0) as i64).collect(),
+            shape,
+        ),
         _ => ctx.from_vec((0..n).map(|_| next()).collect(), shape),
     }
 }

@@ -152,7 +152,21 @@ pub fn check_indices(kernel: &Kernel, inputs: &[&HostArray]) -> Result<(), Inter
 pub fn check_index(c: &crate::kernel::IndexCheck, a: &HostArray) -> Result<(), InterpError> {
     let n = c.extent as i64;
     let bad = |k: i64| k < -n || k >= n;
-    let offs = Offsets::of_view(&c.view);
+    // Each index once: the axes the view broadcasts (stride 0) are walked at 0 only.
+    let view = View {
+        shape: Shape::new(
+            c.view
+                .shape
+                .dims()
+                .iter()
+                .zip(&c.view.strides)
+                .map(|(&d, &st)| if st == 0 { d.min(1) } else { d })
+                .collect::<Vec<_>>(),
+        ),
+        strides: c.view.strides.clone(),
+        offset: c.view.offset,
+    };
+    let offs = Offsets::of_view(&view);
     let found = match a.storage() {
         crate::array::Storage::I64(v) => offs
             .enumerate()
@@ -169,7 +183,7 @@ pub fn check_index(c: &crate::kernel::IndexCheck, a: &HostArray) -> Result<(), I
             op: "gather",
             axis: c.axis,
             value,
-            position: super::index::unravel(&c.view.shape, p),
+            position: super::index::unravel(&view.shape, p),
             extent: c.extent,
         }),
         None => Ok(()),
