@@ -136,6 +136,7 @@ impl BenchReport {
                     "backend": r.backend,
                     "kernels": r.kernels,
                     "interp_steps": r.interp_steps,
+                    "routine_steps": r.routine_steps,
                     "compiled_kernels": r.compiled_kernels,
                     "runs": r.runs,
                     "median_ms": r.median_ms,
@@ -331,14 +332,16 @@ impl BenchReport {
             s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
         }
         for r in &self.rows {
-            let kernels = match r.interp_steps {
-                0 => r.kernels.to_string(),
-                n => format!(
-                    "{} ({n} step{} interpreted)",
-                    r.kernels,
-                    if n == 1 { "" } else { "s" }
-                ),
-            };
+            let plural = |n: usize| if n == 1 { "" } else { "s" };
+            let mut kernels = r.kernels.to_string();
+            if r.routine_steps > 0 {
+                let n = r.routine_steps;
+                kernels.push_str(&format!(" + {n} routine{}", plural(n)));
+            }
+            if r.interp_steps > 0 {
+                let n = r.interp_steps;
+                kernels.push_str(&format!(" ({n} step{} interpreted)", plural(n)));
+            }
             let versus = r.versus.as_ref().map(|v| {
                 format!(
                     "{:.3}x {} (turns {:.2}-{:.2}x; {} ms)",

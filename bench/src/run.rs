@@ -32,6 +32,9 @@ pub struct Row {
     /// Steps of one evaluation that ran in the reference interpreter (whole nodes, or
     /// kernels the codegen cannot compile yet).
     pub interp_steps: usize,
+    /// Steps of one evaluation run by a native routine of the backend (scatter-add,
+    /// scans, sorts).
+    pub routine_steps: usize,
     /// Kernels JIT-compiled by the last timed run (cache misses): one or more for
     /// `compile_new`, none for the cases whose kernels the warm-up cached.
     pub compiled_kernels: usize,
@@ -610,6 +613,11 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> R
             .paths
             .iter()
             .filter(|p| matches!(p, StepPath::Interp | StepPath::KernelInterp { .. }))
+            .count(),
+        routine_steps: ev
+            .paths
+            .iter()
+            .filter(|p| matches!(p, StepPath::Routine { .. }))
             .count(),
         compiled_kernels: ev
             .paths

@@ -182,12 +182,17 @@ pub(crate) fn run_cpu(
                     Some(pool) => pool.install(native),
                     None => native(),
                 };
-                let out = match routine {
-                    Some(out) => out?,
-                    None => interp::eval_node(n, &args)?,
+                let (out, path) = match routine {
+                    Some(out) => (
+                        out?,
+                        StepPath::Routine {
+                            device: "cpu".into(),
+                        },
+                    ),
+                    None => (interp::eval_node(n, &args)?, StepPath::Interp),
                 };
                 run_time += start.elapsed();
-                (vec![(*node, out)], StepPath::Interp)
+                (vec![(*node, out)], path)
             }
         };
         for (n, a) in results {

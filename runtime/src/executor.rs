@@ -171,7 +171,7 @@ pub fn explain(g: &Graph, backend: BackendKind) -> Result<Explanation, RuntimeEr
                         }
                         path
                     }
-                    Step::Interp { .. } => StepPath::Interp,
+                    Step::Interp { node, .. } => routine_path(&graph, *node, "cpu"),
                 });
             }
             Ok(Explanation {
@@ -183,6 +183,18 @@ pub fn explain(g: &Graph, backend: BackendKind) -> Result<Explanation, RuntimeEr
                 code,
             })
         }
+    }
+}
+
+/// How `explain` says a step of its own will run: a native routine of `device` for the
+/// ops that have one (scatter-add, scans, sorts), the interpreter for anything else.
+fn routine_path(g: &Graph, node: ndfuse_ir::NodeId, device: &str) -> StepPath {
+    if g.node(node).op.is_routine() {
+        StepPath::Routine {
+            device: device.into(),
+        }
+    } else {
+        StepPath::Interp
     }
 }
 
@@ -227,7 +239,7 @@ fn explain_cuda(g: &Graph, cfg: &Config) -> Result<Explanation, RuntimeError> {
                 ));
                 StepPath::CudaSource
             }
-            Step::Interp { .. } => StepPath::Interp,
+            Step::Interp { node, .. } => routine_path(&c.graph, *node, "cuda"),
         });
     }
     Ok(Explanation {

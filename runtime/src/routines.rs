@@ -622,19 +622,41 @@ trait Item: Copy + Ord + Default + Send + Sync {
     /// The radix digit of the key starting at bit `shift`.
     fn digit(self, shift: u32) -> usize;
     fn pos(self) -> usize;
+    /// `f` of two buffers of `n` items (contents unspecified).
+    fn with_buffers<R>(
+        n: usize,
+        f: impl FnOnce(&mut [Self], &mut [Self]) -> R,
+    ) -> Result<R, RuntimeError>;
 }
 
-/// A 32-bit key above a 32-bit position.
-impl Item for u64 {
+/// The top bit of an i64 item, flipped so that signed order is the unsigned order of
+/// (key, position).
+const TOP: u64 = 1 << 63;
+
+/// A 32-bit key above a 32-bit position, the top bit flipped. An i64 rather than a
+/// u64 so that its buffers come from the host cache (mapped already, huge pages).
+impl Item for i64 {
     const KEY_BITS: u32 = 32;
-    fn pack(key: u64, pos: usize) -> u64 {
-        (key << 32) | pos as u64
+    fn pack(key: u64, pos: usize) -> i64 {
+        (((key << 32) | pos as u64) ^ TOP) as i64
     }
     fn digit(self, shift: u32) -> usize {
-        ((self >> (32 + shift)) as usize) & (BUCKETS - 1)
+        (((self as u64 ^ TOP) >> (32 + shift)) as usize) & (BUCKETS - 1)
     }
     fn pos(self) -> usize {
-        (self & 0xFFFF_FFFF) as usize
+        (self as u64 & 0xFFFF_FFFF) as usize
+    }
+    fn with_buffers<R>(
+        n: usize,
+        f: impl FnOnce(&mut [i64], &mut [i64]) -> R,
+    ) -> Result<R, RuntimeError> {
+        let shape = Shape::new([n]);
+        let mut a = host_cache().array(DType::I64, shape.clone())?;
+        let mut b = host_cache().array(DType::I64, shape)?;
+        match (a.storage_mut(), b.storage_mut()) {
+            (Storage::I64(a), Storage::I64(b)) => Ok(f(a, b)),
+            _ => unreachable!("the host cache gives an i64 array the i64 storage"),
+        }
     }
 }
 
@@ -649,6 +671,12 @@ impl Item for u128 {
     }
     fn pos(self) -> usize {
         self as u64 as usize
+    }
+    fn with_buffers<R>(
+        n: usize,
+        f: impl FnOnce(&mut [u128], &mut [u128]) -> R,
+    ) -> Result<R, RuntimeError> {
+        Ok(f(&mut vec![0; n], &mut vec![0; n]))
     }
 }
 
@@ -676,15 +704,15 @@ fn argsort(
         k,
         descending,
     };
-    // 32-bit keys pack with their positions into a u64 (rows below 2^32), others into
-    // a u128.
+    // 32-bit keys pack with their positions into an i64 (rows below 2^32), others
+    // into a u128.
     let short = u32::try_from(n).is_ok();
     match x.storage() {
-        Storage::F16(v) if short => sort.run::<_, u64>(v, |a| f32_key(a.to_f32()), o),
-        Storage::BF16(v) if short => sort.run::<_, u64>(v, |a| f32_key(a.to_f32()), o),
-        Storage::F32(v) if short => sort.run::<_, u64>(v, f32_key, o),
-        Storage::I32(v) if short => sort.run::<_, u64>(v, |a| u64::from(a as u32 ^ 1 << 31), o),
-        Storage::Bool(v) if short => sort.run::<_, u64>(v, u64::from, o),
+        Storage::F16(v) if short => sort.run::<_, i64>(v, |a| f32_key(a.to_f32()), o),
+        Storage::BF16(v) if short => sort.run::<_, i64>(v, |a| f32_key(a.to_f32()), o),
+        Storage::F32(v) if short => sort.run::<_, i64>(v, f32_key, o),
+        Storage::I32(v) if short => sort.run::<_, i64>(v, |a| u64::from(a as u32 ^ 1 << 31), o),
+        Storage::Bool(v) if short => sort.run::<_, i64>(v, u64::from, o),
         Storage::F16(v) => sort.run::<_, u128>(v, |a| f32_key(a.to_f32()), o),
         Storage::BF16(v) => sort.run::<_, u128>(v, |a| f32_key(a.to_f32()), o),
         Storage::F32(v) => sort.run::<_, u128>(v, f32_key, o),
@@ -692,7 +720,7 @@ fn argsort(
         Storage::Bool(v) => sort.run::<_, u128>(v, u64::from, o),
         Storage::F64(v) => sort.run::<_, u128>(v, f64_key, o),
         Storage::I64(v) => sort.run::<_, u128>(v, |a| a as u64 ^ 1 << 63, o),
-    }
+    }?;
     Ok(out)
 }
 
@@ -707,7 +735,12 @@ struct Lanes {
 
 impl Lanes {
     /// Sorts every lane of `x` by `key` (of [`Item::KEY_BITS`] bits at most) into `out`.
-    fn run<T, I>(&self, x: &[T], key: impl Fn(T) -> u64 + Sync, out: &mut [i64])
+    fn run<T, I>(
+        &self,
+        x: &[T],
+        key: impl Fn(T) -> u64 + Sync,
+        out: &mut [i64],
+    ) -> Result<(), RuntimeError>
     where
         T: Copy + Sync,
         I: Item,
@@ -727,30 +760,33 @@ impl Lanes {
         };
         let key = |a: T| key(a) ^ flip;
         let lanes = outer * inner;
-        if lanes < rayon::current_num_threads() {
+        let threads = rayon::current_num_threads();
+        if lanes < threads && n >= RADIX_MIN {
             // Few long lanes: each sorted with every thread (the order is the same).
-            let (mut items, mut scratch) = (Vec::new(), Vec::new());
-            for l in 0..lanes {
-                let (o, i) = (l / inner, l % inner);
-                let base = o * n * inner + i;
-                (0..n)
-                    .into_par_iter()
-                    .with_min_len(TASK_MIN)
-                    .map(|j| I::pack(key(x[base + j * inner]), j))
-                    .collect_into_vec(&mut items);
-                sort_items(&mut items, &mut scratch, rayon::current_num_threads());
-                let dst = Disjoint::new(out);
-                items[..k]
-                    .par_iter()
-                    .with_min_len(TASK_MIN)
-                    .enumerate()
-                    .for_each(|(j, it)| {
-                        // SAFETY: position j of lane l is written by this iteration
-                        // alone (j < k, lanes one after another).
-                        unsafe { dst.write((o * k + j) * inner + i, it.pos() as i64) }
-                    });
-            }
-            return;
+            return I::with_buffers(n, |items, scratch| {
+                for l in 0..lanes {
+                    let (o, i) = (l / inner, l % inner);
+                    let base = o * n * inner + i;
+                    items
+                        .par_iter_mut()
+                        .with_min_len(TASK_MIN)
+                        .enumerate()
+                        .for_each(|(j, it)| *it = I::pack(key(x[base + j * inner]), j));
+                    let sorted = radix_sort(items, scratch, threads);
+                    let pos = |(e, it): (&mut i64, &I)| *e = it.pos() as i64;
+                    if inner == 1 {
+                        out[o * k..(o + 1) * k]
+                            .par_iter_mut()
+                            .zip(&sorted[..k])
+                            .with_min_len(TASK_MIN)
+                            .for_each(pos);
+                    } else {
+                        for (j, it) in sorted[..k].iter().enumerate() {
+                            out[(o * k + j) * inner + i] = it.pos() as i64;
+                        }
+                    }
+                }
+            });
         }
         let dst = Disjoint::new(out);
         (0..lanes)
@@ -763,37 +799,42 @@ impl Lanes {
                     let base = o * n * inner + i;
                     items.clear();
                     items.extend((0..n).map(|j| I::pack(key(x[base + j * inner]), j)));
-                    sort_items(items, scratch, 1);
-                    for (j, it) in items[..k].iter().enumerate() {
+                    let sorted = if n < RADIX_MIN {
+                        // Items are distinct (positions differ): an unstable sort is
+                        // the stable one.
+                        items.sort_unstable();
+                        &items[..]
+                    } else {
+                        scratch.resize(n, I::default());
+                        radix_sort(items, scratch, 1)
+                    };
+                    for (j, it) in sorted[..k].iter().enumerate() {
                         // SAFETY: lane l's outputs are written by its task alone, and
                         // (o * k + j) * inner + i < outer * k * inner = out.len().
                         unsafe { dst.write((o * k + j) * inner + i, it.pos() as i64) }
                     }
                 },
             );
-    }
-}
-
-/// Sorts packed items: by comparison when short, else by LSD radix split into `chunks`
-/// pieces (the result does not depend on `chunks`: items are distinct).
-fn sort_items<I: Item>(items: &mut Vec<I>, scratch: &mut Vec<I>, chunks: usize) {
-    if items.len() < RADIX_MIN {
-        // Items are distinct (positions differ), so an unstable sort is the stable one.
-        items.sort_unstable();
-    } else {
-        radix_sort(items, scratch, chunks);
+        Ok(())
     }
 }
 
 /// LSD radix sort of `items` by key, [`DIGIT_BITS`] bits a pass, stable by
-/// construction; each pass histograms and scatters `chunks` pieces in parallel, and a
-/// pass whose digit is the same for every item is skipped. `scratch` is the other
-/// buffer of the ping-pong.
-fn radix_sort<I: Item>(items: &mut Vec<I>, scratch: &mut Vec<I>, chunks: usize) {
+/// construction; each pass histograms and scatters `chunks` pieces in parallel (the
+/// result does not depend on `chunks`), and a pass whose digit is the same for every
+/// item is skipped. `scratch` (as long as `items`) is the other buffer of the
+/// ping-pong; the sorted items are in whichever of the two is returned.
+fn radix_sort<'a, I: Item>(
+    mut items: &'a mut [I],
+    mut scratch: &'a mut [I],
+    chunks: usize,
+) -> &'a mut [I] {
     let n = items.len();
-    scratch.clear();
-    scratch.resize(n, I::default());
-    let piece = n.div_ceil(chunks.clamp(1, n.div_ceil(TASK_MIN).max(1)));
+    assert_eq!(scratch.len(), n, "radix scratch of another length (a bug)");
+    if n == 0 {
+        return items;
+    }
+    let piece = n.div_ceil(chunks.clamp(1, n.div_ceil(TASK_MIN)));
     let histogram = |shift: u32, c: &[I]| {
         let mut h = Box::new([0usize; BUCKETS]);
         for it in c {
@@ -835,7 +876,8 @@ fn radix_sort<I: Item>(items: &mut Vec<I>, scratch: &mut Vec<I>, chunks: usize) 
                     next[d] += 1;
                 }
             });
-        std::mem::swap(items, scratch);
+        std::mem::swap(&mut items, &mut scratch);
         shift += DIGIT_BITS;
     }
+    items
 }

@@ -15,6 +15,12 @@ pub enum StepPath {
     },
     /// A node the passes left to the interpreter.
     Interp,
+    /// A node run by a native routine of the backend (scatter-add, a scan, a sort);
+    /// `device` names where: `cpu` or `cuda:N`.
+    Routine {
+        /// Where it ran.
+        device: String,
+    },
     /// A kernel compiled with NVRTC and launched on CUDA device `device`; `cached` when
     /// the loaded module was reused.
     Cuda {
@@ -34,6 +40,7 @@ impl StepPath {
             StepPath::Jit { cached: false } => "jit",
             StepPath::Jit { cached: true } => "jit, cached",
             StepPath::KernelInterp { .. } | StepPath::Interp => "interp",
+            StepPath::Routine { .. } => "routine",
             StepPath::Cuda { cached: false, .. } => "cuda",
             StepPath::Cuda { cached: true, .. } => "cuda, cached",
             StepPath::CudaSource => "cuda",
@@ -48,6 +55,7 @@ impl std::fmt::Display for StepPath {
             StepPath::Jit { cached: true } => f.write_str("jit, cached"),
             StepPath::KernelInterp { reason } => write!(f, "interp: {reason}"),
             StepPath::Interp => f.write_str("interp"),
+            StepPath::Routine { device } => write!(f, "routine ({device})"),
             StepPath::Cuda { cached, device } => {
                 write!(f, "cuda:{device}{}", if *cached { ", cached" } else { "" })
             }
