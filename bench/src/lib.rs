@@ -104,9 +104,9 @@ mod tests {
             ("broadcast", 2 * 64 * M + 2 * 4096 * 4), // a and out, b and c
             // tokens (i64), a row of 768 f32 per token read and written, 512 positions
             ("embedding", 32768 * 8 + 2 * 32768 * 768 * 4 + 512 * 768 * 4),
-            ("scan_rows", 2 * 64 * M),              // [4096,4096] in and out
-            ("argsort", 16 * M + 32 * M),           // 4M f32 in, 4M i64 out
-            ("gelu_f16", 2 * 32 * M),                 // 16M f16 in and out
+            ("scan_rows", 2 * 64 * M),    // [4096,4096] in and out
+            ("argsort", 16 * M + 32 * M), // 4M f32 in, 4M i64 out
+            ("gelu_f16", 2 * 32 * M),     // 16M f16 in and out
             ("compile_new", 2 * 4000),
             ("compile_cached", 2 * 4000),
             ("matmul_f32", 3 * 16 * M), // x, w, out: 2048^2 f32 each
@@ -231,9 +231,12 @@ mod tests {
             let (floor, which) = r.floor().expect("throughput rows have floors");
             // A routine (a scan, a sort) runs no compiled kernel whose operations the
             // cost model counts: its one floor is the memory's.
-            if matches!(&*r.name, "scan_rows" | "argsort") {
+            if matches!(r.name, "scan_rows" | "argsort") {
                 assert!(r.ops.is_none(), "{}", r.name);
-                assert_eq!((floor, which), (r.memory_floor_ms.expect("memory"), "memory"));
+                assert_eq!(
+                    (floor, which),
+                    (r.memory_floor_ms.expect("memory"), "memory")
+                );
                 continue;
             }
             let larger = r

@@ -102,8 +102,14 @@ fn the_json_object_has_the_wide_probe_the_read_bandwidth_and_both_floors() {
     // A routine (a scan, a sort) runs no compiled kernel whose operations are counted:
     // it has the memory floor only.
     let routine = |r: &&serde_json::Value| r["name"] == "scan_rows" || r["name"] == "argsort";
-    for r in rows.iter().filter(|r| r["kind"] == "throughput" && routine(r)) {
-        assert!(r["floor_128_ms"].is_null() && number(r, "memory_floor_ms") > 0.0, "{r}");
+    for r in rows
+        .iter()
+        .filter(|r| r["kind"] == "throughput" && routine(r))
+    {
+        assert!(
+            r["floor_128_ms"].is_null() && number(r, "memory_floor_ms") > 0.0,
+            "{r}"
+        );
     }
     for r in rows
         .iter()

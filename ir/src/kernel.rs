@@ -646,7 +646,6 @@ impl Kernel {
     pub fn reads_in_place(&self, input: usize) -> bool {
         loads_in_place(&self.domain, &self.body, input)
     }
-
 }
 
 impl fmt::Display for Kernel {

@@ -1,10 +1,10 @@
 //! Checking a kernel description: every invariant a codegen relies on, memory safety
 //! included ([`Kernel::check`]), with the checks of gathers and contractions.
 
-use crate::kernel::{Buffer, Contraction, Expr, GatherAxis, Kernel, Level, Prologue};
 use crate::dtype::{DType, Scalar};
 use crate::error::TensorType;
 use crate::infer::infer;
+use crate::kernel::{Buffer, Contraction, Expr, GatherAxis, Kernel, Level, Prologue};
 use crate::op::Op;
 use crate::shape::{Shape, View};
 
@@ -116,7 +116,9 @@ impl Kernel {
                         ));
                     } else if let Some((lo, hi)) = view.span() {
                         if lo < 0 || hi > i128::from(i64::MAX) {
-                            errs.push(format!("v{i} reaches positions {lo}..={hi} (not in 0..2^63)"));
+                            errs.push(format!(
+                                "v{i} reaches positions {lo}..={hi} (not in 0..2^63)"
+                            ));
                         }
                     }
                 }
@@ -253,15 +255,23 @@ impl Kernel {
             return;
         };
         if buf.dtype != dtype {
-            errs.push(format!("v{i} gathers {dtype} from in{input} of {}", buf.dtype));
+            errs.push(format!(
+                "v{i} gathers {dtype} from in{input} of {}",
+                buf.dtype
+            ));
         }
         for a in axes {
             let idx = &self.body[a.index.index()];
             if !matches!(idx.dtype, DType::I32 | DType::I64) {
-                errs.push(format!("v{i}: index {} is {}, not an integer", a.index, idx.dtype));
+                errs.push(format!(
+                    "v{i}: index {} is {}, not an integer",
+                    a.index, idx.dtype
+                ));
             }
             if a.extent == 0 {
-                errs.push(format!("v{i}: an axis of extent 0 has no element to gather"));
+                errs.push(format!(
+                    "v{i}: an axis of extent 0 has no element to gather"
+                ));
             }
             if a.checked.is_some() && !matches!(idx.expr, Expr::Load { .. }) {
                 errs.push(format!(
@@ -271,7 +281,10 @@ impl Kernel {
             }
         }
         if view.shape != self.domain || view.strides.len() != view.shape.rank() {
-            errs.push(format!("v{i} view {view} does not map the domain {}", self.domain));
+            errs.push(format!(
+                "v{i} view {view} does not map the domain {}",
+                self.domain
+            ));
             return;
         }
         if let Some((lo, hi)) = view.span() {

@@ -193,13 +193,35 @@ fn a_causal_mask_from_iotas_is_one_kernel() {
     let t = 6;
     let mut g = Graph::new();
     let x = g.add_input("x", DType::F32, Shape::new([2, t, t]));
-    let r = g.add(Op::Iota { len: t, start: 0, step: 1 }, &[]).unwrap();
+    let r = g
+        .add(
+            Op::Iota {
+                len: t,
+                start: 0,
+                step: 1,
+            },
+            &[],
+        )
+        .unwrap();
     let r = view(&mut g, ViewOp::Reshape(Shape::new([t, 1])), r);
     let r = view(&mut g, ViewOp::BroadcastTo(Shape::new([2, t, t])), r);
-    let c = g.add(Op::Iota { len: t, start: 0, step: 1 }, &[]).unwrap();
+    let c = g
+        .add(
+            Op::Iota {
+                len: t,
+                start: 0,
+                step: 1,
+            },
+            &[],
+        )
+        .unwrap();
     let c = view(&mut g, ViewOp::BroadcastTo(Shape::new([2, t, t])), c);
     let keep = g.add(Op::Binary(ndfuse_ir::BinaryOp::Le), &[c, r]).unwrap();
-    let ninf = g.add_const(Scalar::F(f64::NEG_INFINITY), DType::F32, Shape::new([2, t, t]));
+    let ninf = g.add_const(
+        Scalar::F(f64::NEG_INFINITY),
+        DType::F32,
+        Shape::new([2, t, t]),
+    );
     let y = g.add(Op::Where, &[keep, x, ninf]).unwrap();
     g.add_output(y);
     let inputs: Inputs = HashMap::from([(x, Arc::new(floats(&[2, t, t], 7)))]);
@@ -214,8 +236,26 @@ fn routines_are_steps_of_their_own() {
     let mut g = Graph::new();
     let x = g.add_input("x", DType::F32, Shape::new([4, 6]));
     let e = g.add(Op::Unary(ndfuse_ir::UnaryOp::Neg), &[x]).unwrap();
-    let s = g.add(Op::Scan { op: ndfuse_ir::ScanOp::Sum, axis: 1, reverse: false }, &[e]).unwrap();
-    let o = g.add(Op::Argsort { axis: 1, descending: true, k: 3 }, &[s]).unwrap();
+    let s = g
+        .add(
+            Op::Scan {
+                op: ndfuse_ir::ScanOp::Sum,
+                axis: 1,
+                reverse: false,
+            },
+            &[e],
+        )
+        .unwrap();
+    let o = g
+        .add(
+            Op::Argsort {
+                axis: 1,
+                descending: true,
+                k: 3,
+            },
+            &[s],
+        )
+        .unwrap();
     let top = g.add(Op::Gather { axis: 1 }, &[s, o]).unwrap();
     g.add_output(top);
     let inputs: Inputs = HashMap::from([(x, Arc::new(floats(&[4, 6], 8)))]);
@@ -223,7 +263,11 @@ fn routines_are_steps_of_their_own() {
     let got = execute(&g, &inputs, BackendKind::Cpu).expect("cpu evaluates");
     // The running sum rounds to f32 at each step in the routine, once in the
     // reference: within a few ulp of the sums' magnitude (at most 12).
-    for (a, b) in got.outputs[0].to_f64s().iter().zip(want.outputs[0].to_f64s()) {
+    for (a, b) in got.outputs[0]
+        .to_f64s()
+        .iter()
+        .zip(want.outputs[0].to_f64s())
+    {
         assert!((a - b).abs() <= 1e-5 * 12.0, "{a} vs {b}");
     }
     insta::assert_snapshot!(report(&g));

@@ -55,7 +55,14 @@ fn gen_step() -> impl Strategy<Value = Gen> {
         i.clone().prop_map(Gen::Transpose),
         (i.clone(), ax.clone()).prop_map(|(a, x)| Gen::Gather(a, x)),
         (i.clone(), ax.clone(), any::<bool>()).prop_map(|(a, x, d)| Gen::Sort(a, x, d)),
-        (i.clone(), ax.clone(), 0..3usize, 0..4usize, 0..4usize, 0..8usize)
+        (
+            i.clone(),
+            ax.clone(),
+            0..3usize,
+            0..4usize,
+            0..4usize,
+            0..8usize
+        )
             .prop_map(|(a, x, m, lo, hi, at)| Gen::Pad(a, x, m, lo, hi, at)),
         (i.clone(), i.clone(), ax.clone(), 0..8usize)
             .prop_map(|(a, b, x, at)| Gen::Concat(a, b, x, at)),
@@ -124,8 +131,12 @@ impl Builder {
                     self.idx
                 } else {
                     let n = r as i64;
-                    let lo = self.g.add_const(Scalar::I(-n), DType::I64, self.full.clone());
-                    let hi = self.g.add_const(Scalar::I(n - 1), DType::I64, self.full.clone());
+                    let lo = self
+                        .g
+                        .add_const(Scalar::I(-n), DType::I64, self.full.clone());
+                    let hi = self
+                        .g
+                        .add_const(Scalar::I(n - 1), DType::I64, self.full.clone());
                     let k = self.add(Op::Binary(BinaryOp::Max), &[self.idx, lo]);
                     self.add(Op::Binary(BinaryOp::Min), &[k, hi])
                 };
@@ -134,7 +145,14 @@ impl Builder {
             Gen::Gather(a, _) => v(a),
             Gen::Sort(a, axis, descending) => {
                 let n = self.dims[axis];
-                let o = self.add(Op::Argsort { axis, descending, k: n }, &[v(a)]);
+                let o = self.add(
+                    Op::Argsort {
+                        axis,
+                        descending,
+                        k: n,
+                    },
+                    &[v(a)],
+                );
                 self.add(Op::Gather { axis }, &[v(a), o])
             }
             Gen::Pad(a, axis, m, lo, hi, at) => {
@@ -151,7 +169,11 @@ impl Builder {
                     Op::Pad {
                         widths,
                         mode,
-                        value: Scalar::F(if mode == PadMode::Constant { -0.75 } else { 0.0 }),
+                        value: Scalar::F(if mode == PadMode::Constant {
+                            -0.75
+                        } else {
+                            0.0
+                        }),
                     },
                     &[v(a)],
                 );
@@ -164,7 +186,14 @@ impl Builder {
             }
             Gen::Iota(a, axis) => {
                 let n = self.dims[axis];
-                let io = self.add(Op::Iota { len: n, start: -2, step: 3 }, &[]);
+                let io = self.add(
+                    Op::Iota {
+                        len: n,
+                        start: -2,
+                        step: 3,
+                    },
+                    &[],
+                );
                 let io = if axis == 0 {
                     self.view(ViewOp::Reshape(Shape::new([n, 1])), io)
                 } else {
@@ -182,8 +211,12 @@ impl Builder {
             Gen::ScatterAdd(a, b, axis) if self.dims[axis] > 0 => {
                 // Rows of v(b) added at rows idx (clamped like the gather's on axis 0).
                 let n = self.dims[axis] as i64;
-                let lo = self.g.add_const(Scalar::I(-n), DType::I64, self.full.clone());
-                let hi = self.g.add_const(Scalar::I(n - 1), DType::I64, self.full.clone());
+                let lo = self
+                    .g
+                    .add_const(Scalar::I(-n), DType::I64, self.full.clone());
+                let hi = self
+                    .g
+                    .add_const(Scalar::I(n - 1), DType::I64, self.full.clone());
                 let k = self.add(Op::Binary(BinaryOp::Max), &[self.idx, lo]);
                 let k = self.add(Op::Binary(BinaryOp::Min), &[k, hi]);
                 self.add(Op::ScatterAdd { axis }, &[v(a), k, v(b)])
@@ -218,7 +251,10 @@ fn build(
         let xs: Vec<f64> = (0..r * c)
             .map(|_| (next() >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0)
             .collect();
-        data.insert(id, Arc::new(HostArray::new(full.clone(), Storage::F64(xs)).expect("r * c")));
+        data.insert(
+            id,
+            Arc::new(HostArray::new(full.clone(), Storage::F64(xs)).expect("r * c")),
+        );
         vals.push(id);
     }
     let idx = g.add_input("idx", DType::I64, full.clone());
@@ -228,7 +264,10 @@ fn build(
             c => (next() % (2 * c as u64)) as i64 - c as i64,
         })
         .collect();
-    data.insert(idx, Arc::new(HostArray::new(full.clone(), Storage::I64(ks)).expect("r * c")));
+    data.insert(
+        idx,
+        Arc::new(HostArray::new(full.clone(), Storage::I64(ks)).expect("r * c")),
+    );
     let mut b = Builder {
         g,
         full,
