@@ -92,35 +92,13 @@ impl Kernel {
                             ins.dtype
                         ));
                     }
-                    if view.shape != self.domain || view.strides.len() != view.shape.rank() {
-                        errs.push(format!(
-                            "v{i} view {view} does not map the domain {}",
-                            self.domain
-                        ));
-                    } else if let Some((lo, hi)) = view.span() {
-                        if lo < 0 || hi > i128::from(i64::MAX) {
-                            errs.push(format!(
-                                "v{i} reaches positions {lo}..={hi} of a random op (not in 0..2^63)"
-                            ));
-                        }
-                    }
+                    self.check_positions(i, view, " of a random op", &mut errs);
                 }
                 Expr::Position { view } => {
                     if ins.dtype != DType::I64 {
                         errs.push(format!("v{i} = position gives i64, not {}", ins.dtype));
                     }
-                    if view.shape != self.domain || view.strides.len() != view.shape.rank() {
-                        errs.push(format!(
-                            "v{i} view {view} does not map the domain {}",
-                            self.domain
-                        ));
-                    } else if let Some((lo, hi)) = view.span() {
-                        if lo < 0 || hi > i128::from(i64::MAX) {
-                            errs.push(format!(
-                                "v{i} reaches positions {lo}..={hi} (not in 0..2^63)"
-                            ));
-                        }
-                    }
+                    self.check_positions(i, view, "", &mut errs);
                 }
                 Expr::Gather { input, view, axes } => {
                     self.check_gather(i, ins.dtype, (*input, view, axes), &mut errs)
@@ -232,6 +210,23 @@ impl Kernel {
             Ok(())
         } else {
             Err(errs)
+        }
+    }
+
+    /// `view` maps the domain to positions in `0..2^63` (a random op's or a position's:
+    /// `what` says whose in the message).
+    fn check_positions(&self, i: usize, view: &View, what: &str, errs: &mut Vec<String>) {
+        if view.shape != self.domain || view.strides.len() != view.shape.rank() {
+            errs.push(format!(
+                "v{i} view {view} does not map the domain {}",
+                self.domain
+            ));
+        } else if let Some((lo, hi)) = view.span() {
+            if lo < 0 || hi > i128::from(i64::MAX) {
+                errs.push(format!(
+                    "v{i} reaches positions {lo}..={hi}{what} (not in 0..2^63)"
+                ));
+            }
         }
     }
 

@@ -38,6 +38,29 @@ impl Shape {
         self.0.iter().product()
     }
 
+    /// `(outer, n, inner)`: the element counts before, at and after `axis`, the three
+    /// extents an op along one axis (a gather, a scan, a sort) walks.
+    pub fn around_axis(&self, axis: usize) -> (usize, usize, usize) {
+        let d = self.dims();
+        (
+            d[..axis].iter().product(),
+            d[axis],
+            d[axis + 1..].iter().product(),
+        )
+    }
+
+    /// The multi-index of row-major position `p` (for messages that name a position).
+    pub fn unravel(&self, mut p: usize) -> Vec<usize> {
+        let mut idx = vec![0; self.rank()];
+        for (a, &d) in self.dims().iter().enumerate().rev() {
+            if d > 0 {
+                idx[a] = p % d;
+                p /= d;
+            }
+        }
+        idx
+    }
+
     /// Row-major (C order) strides of a contiguous tensor of this shape.
     pub fn contiguous_strides(&self) -> Vec<isize> {
         let mut strides = vec![0isize; self.rank()];

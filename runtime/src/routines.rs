@@ -79,28 +79,6 @@ pub fn run_routine(
     })
 }
 
-/// `(outer, n, inner)`: the extents before, at and after `axis`.
-fn split_at(shape: &Shape, axis: usize) -> (usize, usize, usize) {
-    let d = shape.dims();
-    (
-        d[..axis].iter().product(),
-        d[axis],
-        d[axis + 1..].iter().product(),
-    )
-}
-
-/// The multi-index of row-major position `p` of `shape` (for error messages).
-fn unravel(shape: &Shape, mut p: usize) -> Vec<usize> {
-    let mut idx = vec![0; shape.rank()];
-    for (a, &d) in shape.dims().iter().enumerate().rev() {
-        if d > 0 {
-            idx[a] = p % d;
-            p /= d;
-        }
-    }
-    idx
-}
-
 /// Least work (elements) worth handing to a rayon task of its own.
 const TASK_MIN: usize = 1 << 14;
 
@@ -236,7 +214,7 @@ fn scatter_add(
     v: &HostArray,
     axis: usize,
 ) -> Result<HostArray, RuntimeError> {
-    let (outer, n, inner) = split_at(x.shape(), axis);
+    let (outer, n, inner) = x.shape().around_axis(axis);
     let m = idx.shape().dims()[axis];
     let bad = match idx.storage() {
         Storage::I32(ks) => first_out_of_range(ks, n),
@@ -248,7 +226,7 @@ fn scatter_add(
             op: "scatter_add",
             axis,
             value,
-            position: unravel(idx.shape(), p),
+            position: idx.shape().unravel(p),
             extent: n,
         }
         .into());
@@ -427,7 +405,7 @@ fn scan(op: ScanOp, x: &HostArray, axis: usize, reverse: bool) -> Result<HostArr
     if out.is_empty() {
         return Ok(out);
     }
-    let dims = split_at(x.shape(), axis);
+    let dims = x.shape().around_axis(axis);
     macro_rules! by_op {
         ($xs:expr, $os:expr) => {
             scan_typed($xs, $os, dims, reverse, op)
@@ -687,7 +665,7 @@ fn argsort(
     descending: bool,
     k: usize,
 ) -> Result<HostArray, RuntimeError> {
-    let (outer, n, inner) = split_at(x.shape(), axis);
+    let (outer, n, inner) = x.shape().around_axis(axis);
     let mut dims = x.shape().dims().to_vec();
     dims[axis] = k;
     let mut out = host_cache().array(DType::I64, Shape::new(dims))?;

@@ -123,6 +123,18 @@ fn row_invariant(kernel: &Kernel, load_access: &[Option<Access>]) -> Vec<bool> {
     inv
 }
 
+/// A strided access without its inner group: where a row starts. Positions and gathers
+/// of the row loop always have one (`row_loop_type`, `row_invariant`).
+fn outer_access(access: &Option<Access>) -> Access {
+    let Some(Access::Strided { offset, strides }) = access else {
+        unreachable!("a position or gather of the row loop has a strided access")
+    };
+    Access::Strided {
+        offset: *offset,
+        strides: strides[..strides.len() - 1].to_vec(),
+    }
+}
+
 /// How `access` reads along the inner group, if the row loop can take it.
 fn along(access: &Option<Access>) -> Option<Along> {
     match access {
@@ -461,14 +473,8 @@ impl<M: Module> Lowering<'_, '_, M> {
             }
             let x = match &ins.expr {
                 Expr::Position { .. } | Expr::Gather { .. } => {
-                    let Some(Access::Strided { offset, strides }) = &load_access[v] else {
-                        unreachable!("a row-invariant position or gather has a strided access")
-                    };
-                    let outer_access = Access::Strided {
-                        offset: *offset,
-                        strides: strides[..strides.len() - 1].to_vec(),
-                    };
-                    let off = self.element_offset(&outer_access, &idx, row);
+                    let outer = outer_access(&load_access[v]);
+                    let off = self.element_offset(&outer, &idx, row);
                     match &ins.expr {
                         Expr::Gather { input, axes, .. } => {
                             let off = self.gather_offset(kernel, off, axes, &row_scalars);
@@ -492,14 +498,8 @@ impl<M: Module> Lowering<'_, '_, M> {
             if inv[v] {
                 continue;
             }
-            let Some(Access::Strided { offset, strides }) = &load_access[v] else {
-                unreachable!("a gather of the row loop has a strided access (row_loop_type)")
-            };
-            let outer_access = Access::Strided {
-                offset: *offset,
-                strides: strides[..strides.len() - 1].to_vec(),
-            };
-            let off = self.element_offset(&outer_access, &idx, row);
+            let outer = outer_access(&load_access[v]);
+            let off = self.element_offset(&outer, &idx, row);
             let off = self.gather_offset(kernel, off, axes, &row_scalars);
             // As a load with stride 1 along the row: minus row_start, so that the
             // position itself indexes it; the constant part stays in the immediate.

@@ -9,28 +9,6 @@ use crate::op::PadMode;
 use crate::round::{round_f64, wrap_int};
 use crate::shape::Shape;
 
-/// `(outer, n, inner)`: the extents before, at and after `axis`.
-fn split_at(shape: &Shape, axis: usize) -> (usize, usize, usize) {
-    let d = shape.dims();
-    (
-        d[..axis].iter().product(),
-        d[axis],
-        d[axis + 1..].iter().product(),
-    )
-}
-
-/// The multi-index of row-major position `p` of `shape`.
-pub(super) fn unravel(shape: &Shape, mut p: usize) -> Vec<usize> {
-    let mut idx = vec![0; shape.rank()];
-    for (a, &d) in shape.dims().iter().enumerate().rev() {
-        if d > 0 {
-            idx[a] = p % d;
-            p /= d;
-        }
-    }
-    idx
-}
-
 /// The index `k` along an axis of extent `n`, wrapped when negative; the error names
 /// the op, the axis, the value and the position of the index in its tensor.
 pub(super) fn wrap_index(
@@ -69,14 +47,14 @@ pub(super) fn gather(
     idx: &Tensor,
     axis: usize,
 ) -> Result<Vals, InterpError> {
-    let (_, n, inner) = split_at(&x.shape, axis);
-    let (_, m, _) = split_at(&idx.shape, axis);
+    let (_, n, inner) = x.shape.around_axis(axis);
+    let (_, m, _) = idx.shape.around_axis(axis);
     let ks = ints(&idx.vals);
     let mut offsets = Vec::with_capacity(ks.len());
     for (p, &k) in ks.iter().enumerate() {
         let (o, j_i) = (p / (m * inner).max(1), p % (m * inner).max(1));
         let i = j_i % inner.max(1);
-        let kk = wrap_index(op, axis, k, n, || unravel(&idx.shape, p))?;
+        let kk = wrap_index(op, axis, k, n, || idx.shape.unravel(p))?;
         offsets.push((o * n + kk) * inner + i);
     }
     Ok(x.vals.gather(offsets.into_iter()))
@@ -91,14 +69,14 @@ pub(super) fn scatter_add(
     axis: usize,
     dtype: DType,
 ) -> Result<Vals, InterpError> {
-    let (_, n, inner) = split_at(&x.shape, axis);
-    let (_, m, _) = split_at(&idx.shape, axis);
+    let (_, n, inner) = x.shape.around_axis(axis);
+    let (_, m, _) = idx.shape.around_axis(axis);
     let ks = ints(&idx.vals);
     let mut targets = Vec::with_capacity(ks.len());
     for (p, &k) in ks.iter().enumerate() {
         let (o, j_i) = (p / (m * inner).max(1), p % (m * inner).max(1));
         let i = j_i % inner.max(1);
-        let kk = wrap_index("scatter_add", axis, k, n, || unravel(&idx.shape, p))?;
+        let kk = wrap_index("scatter_add", axis, k, n, || idx.shape.unravel(p))?;
         targets.push((o * n + kk) * inner + i);
     }
     Ok(match (&x.vals, &v.vals) {
@@ -122,7 +100,7 @@ pub(super) fn scatter_add(
 
 /// The parts joined along `axis` (`out` is the result's shape).
 pub(super) fn concat(parts: &[&Tensor], axis: usize, out: &Shape) -> Vals {
-    let (outer, _, inner) = split_at(out, axis);
+    let (outer, _, inner) = out.around_axis(axis);
     let mut offsets: Vec<(usize, usize)> = Vec::with_capacity(out.numel());
     for o in 0..outer {
         for (pi, part) in parts.iter().enumerate() {
@@ -191,7 +169,7 @@ pub(super) fn pad(
 ) -> Vals {
     let strides = x.shape.contiguous_strides();
     let source = |p: usize| -> Option<usize> {
-        let idx = unravel(out, p);
+        let idx = out.unravel(p);
         let mut off = 0isize;
         for (a, &c) in idx.iter().enumerate() {
             let k = pad_source(mode, c, widths[a].0, x.shape.dims()[a])?;

@@ -183,7 +183,7 @@ pub fn check_index(c: &crate::kernel::IndexCheck, a: &HostArray) -> Result<(), I
             op: "gather",
             axis: c.axis,
             value,
-            position: super::index::unravel(&view.shape, p),
+            position: view.shape.unravel(p),
             extent: c.extent,
         }),
         None => Ok(()),

@@ -222,7 +222,7 @@ impl Fuser<'_> {
             self.role.insert(c, Role::Member(usize::MAX));
             let target = (0..self.groups.len()).find(|&gi| {
                 let grp = &self.groups[gi];
-                self.fuse
+                self.share
                     && !grp.members.is_empty()
                     && grp.contract.is_none()
                     && !(random && grp.reduce.is_some())

@@ -91,6 +91,9 @@ pub(super) struct Fuser<'g> {
     pub(super) target: TargetDesc,
     /// Whether nodes may share kernels at all.
     pub(super) fuse: bool,
+    /// Whether sibling groups may merge and copies join other groups (off on the
+    /// retry after a circle of kernels, see `schedule_with`).
+    pub(super) share: bool,
 }
 
 impl<'g> Fuser<'g> {
@@ -133,6 +136,7 @@ impl<'g> Fuser<'g> {
             copies: BTreeSet::new(),
             target,
             fuse: true,
+            share: true,
         }
     }
 

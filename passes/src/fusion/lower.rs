@@ -7,14 +7,15 @@ use super::kernel::KernelBuilder;
 use crate::plan::gemm_block_rows;
 use crate::schedule::{Placement, Schedule, Step};
 use ndfuse_ir::{
-    BinaryOp, DType, Expr, GatherAxis, Graph, Level, NodeId, Op, PadMode, Scalar, Shape, UnaryOp,
-    ValueId, View,
+    BinaryOp, DType, Expr, GatherAxis, Level, NodeId, Op, PadMode, Scalar, Shape, UnaryOp, ValueId,
+    View,
 };
 use std::collections::HashMap;
 
 impl Fuser<'_> {
-    /// Builds the steps in dependency order.
-    pub(super) fn lower(mut self) -> Schedule {
+    /// Builds the steps in dependency order; `None` when the kernels would wait for
+    /// each other.
+    pub(super) fn lower(mut self) -> Option<Schedule> {
         // Units: groups and copies, each keyed by its first node in topological order so
         // that the schedule follows the graph.
         let mut lowered: Vec<(usize, Step)> = Vec::new();
@@ -37,7 +38,7 @@ impl Fuser<'_> {
                 ));
             }
         }
-        let mut steps = order_steps(lowered, self.g);
+        let mut steps = order_steps(lowered)?;
         let mut placement: HashMap<NodeId, Placement> = self
             .g
             .node_ids()
@@ -124,7 +125,7 @@ impl Fuser<'_> {
                 k += 1;
             }
         }
-        Schedule { steps, placement }
+        Some(Schedule { steps, placement })
     }
 
     fn lower_group(&mut self, gi: usize) -> Step {
@@ -257,8 +258,8 @@ impl Fuser<'_> {
 }
 
 /// Steps sorted so that each comes after the steps writing what it reads; ties keep
-/// graph order. Units of a convex grouping always admit such an order.
-fn order_steps(mut lowered: Vec<(usize, Step)>, g: &Graph) -> Vec<Step> {
+/// graph order. `None` when no such order exists (kernels that read each other).
+fn order_steps(mut lowered: Vec<(usize, Step)>) -> Option<Vec<Step>> {
     lowered.sort_by_key(|(first, _)| *first);
     let writer: HashMap<NodeId, usize> = lowered
         .iter()
@@ -268,23 +269,23 @@ fn order_steps(mut lowered: Vec<(usize, Step)>, g: &Graph) -> Vec<Step> {
     let mut done = vec![false; lowered.len()];
     let mut out = Vec::with_capacity(lowered.len());
     while out.len() < lowered.len() {
-        let next = (0..lowered.len())
-            .find(|&i| {
-                !done[i]
-                    && lowered[i]
-                        .1
-                        .reads()
-                        .iter()
-                        .all(|r| writer.get(r).is_none_or(|&w| done[w]))
-            })
-            .unwrap_or_else(|| panic!("fusion produced a dependency cycle (a bug):\n{g}"));
+        let next = (0..lowered.len()).find(|&i| {
+            !done[i]
+                && lowered[i]
+                    .1
+                    .reads()
+                    .iter()
+                    .all(|r| writer.get(r).is_none_or(|&w| done[w]))
+        })?;
         done[next] = true;
         out.push(next);
     }
     let mut slots: Vec<Option<Step>> = lowered.into_iter().map(|(_, s)| Some(s)).collect();
-    out.into_iter()
-        .map(|i| slots[i].take().expect("each step is taken once"))
-        .collect()
+    Some(
+        out.into_iter()
+            .map(|i| slots[i].take().expect("each step is taken once"))
+            .collect(),
+    )
 }
 
 impl Fuser<'_> {

@@ -86,8 +86,27 @@ pub fn schedule_for(g: &Graph, target: &TargetDesc) -> Schedule {
 /// (`NDFUSE_DISABLE_PASSES=fusion`): every op is its own kernel, views still fold into
 /// loads. For bisecting a wrong result to fusion, and for measuring what it buys.
 pub fn schedule_with(g: &Graph, target: &TargetDesc, fuse: bool) -> Schedule {
+    // The rules' convexity checks prune their backward search by position (a group
+    // placed wholly before the candidate is not followed), which a kernel whose members
+    // span the graph (made by a sibling merge, or by a copy absorbed into a group) can
+    // defeat: two kernels that read each other through a third. Lowering finds such a
+    // circle when it orders the kernels; the grouping is then made again without sibling
+    // merges and shared copies, and, failing that, unfused (always acyclic).
+    let attempts = [(fuse, true), (fuse, false), (false, false)];
+    for (fuse, share) in attempts {
+        if let Some(s) = attempt(g, target, fuse, share) {
+            return s;
+        }
+    }
+    unreachable!("an unfused schedule follows the graph, which has no cycle (a bug otherwise)")
+}
+
+/// One grouping of `g`; `share` allows sibling merges and copies joining other groups.
+/// `None` when the kernels would wait for each other (see [`schedule_with`]).
+fn attempt(g: &Graph, target: &TargetDesc, fuse: bool, share: bool) -> Option<Schedule> {
     let mut f = Fuser::new(g, target.clone());
     f.fuse = fuse;
+    f.share = share && fuse;
     if fuse {
         // Before grouping: a widened operand or a prologue step is never a group
         // member.
@@ -95,7 +114,7 @@ pub fn schedule_with(g: &Graph, target: &TargetDesc, fuse: bool) -> Schedule {
         f.mark_prologues();
     }
     f.form_groups();
-    if fuse {
+    if f.share {
         f.merge_siblings();
     }
     f.mark_stores();
