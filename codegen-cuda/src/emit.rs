@@ -77,7 +77,9 @@
 //! another: `elementwise`, `rows`, `columns`, `split`, and `gemm` for matrix products
 //! (with `gemm_wmma`, its tensor-core variant, which shares its staging, tile loop and
 //! epilogue body).
-//! This file picks the plan's file.
+//! This file picks the plan's file. `routine` stands apart: scatter-add, scans and
+//! argsort, graph nodes of their own rather than kernel descriptions, on `launch` and the
+//! per-op table only.
 
 use crate::CudaError;
 use launch::{CudaKernel, CudaOptions};
@@ -90,6 +92,7 @@ mod gemm;
 mod gemm_wmma;
 mod group;
 pub(crate) mod launch;
+pub(crate) mod routine;
 mod row_index;
 mod row_program;
 mod rows;

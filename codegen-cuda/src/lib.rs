@@ -41,6 +41,9 @@ mod scalar;
 
 pub use emit::emit;
 pub use emit::launch::{CudaKernel, CudaOptions, Launch};
+pub use emit::routine::{
+    emit_routine, RoutineCode, ARGSORT_MAX_ROW, SCAN_CHUNK, SCAN_SHORT, SCAN_SLOTS,
+};
 pub use error::CudaError;
 #[cfg(feature = "nvrtc")]
 pub use nvrtc::{

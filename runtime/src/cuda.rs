@@ -9,9 +9,9 @@
 //! An evaluation uploads the graph's inputs once, runs every kernel step on device
 //! buffers (intermediates never visit the host; each goes back to the device cache right
 //! after its last reader is launched, which is safe because everything runs in order on
-//! one stream), and downloads the outputs. Steps the CUDA codegen does not take (graph
-//! nodes the passes leave to the interpreter) run on the host between downloads and
-//! uploads.
+//! one stream), and downloads the outputs. Routine steps (scatter-add, scans, argsort)
+//! run emitted routines on the device; what has no CUDA code runs on the host
+//! (`cuda_host`: the CPU routine or the interpreter) between downloads and uploads.
 //!
 //! Errors: a launch that the driver rejects is an `Err` at once; a fault inside a kernel
 //! surfaces at the next synchronisation (the download of the outputs, or right after
@@ -23,6 +23,7 @@ use crate::alloc::{AllocError, Cache, Limits, Pooled, RawAlloc};
 use crate::code_cache::{CodeCacheLimits, Lru};
 use crate::config::Config;
 use crate::cublas::{self, Lt, LtProduct};
+use crate::cuda_host::{check_routine_sizes, check_scatter_indices, check_sizes, run_on_host};
 use crate::error::RuntimeError;
 use crate::step_path::StepPath;
 use cudarc::driver::{
@@ -576,41 +577,6 @@ impl CudaDevice {
     }
 }
 
-/// One buffer per parameter of the emitted functions (every input but a contraction's
-/// product, which has no buffer and no parameter; every output), each holding at least
-/// what the kernel description reads or writes.
-fn check_sizes(k: &ndfuse_ir::Kernel, ins: &[&CudaSlice<u8>], outs: &[&CudaSlice<u8>]) {
-    let bound = k.inputs.len() - usize::from(k.contraction.is_some());
-    assert!(
-        ins.len() == bound && outs.len() == k.outputs.len(),
-        "kernel {}: {} input and {} output buffers for {bound} inputs and {} outputs (a runtime bug)",
-        k.name,
-        ins.len(),
-        outs.len(),
-        k.outputs.len()
-    );
-    for (b, s) in k.inputs.iter().zip(ins) {
-        assert!(
-            s.len() >= b.len * b.dtype.size_bytes(),
-            "kernel {}: an input buffer of {} bytes for {} x {} (a runtime bug)",
-            k.name,
-            s.len(),
-            b.len,
-            b.dtype
-        );
-    }
-    for (b, s) in k.outputs.iter().zip(outs) {
-        assert!(
-            s.len() >= b.len * b.dtype.size_bytes(),
-            "kernel {}: an output buffer of {} bytes for {} x {} (a runtime bug)",
-            k.name,
-            s.len(),
-            b.len,
-            b.dtype
-        );
-    }
-}
-
 /// What a CUDA evaluation produced.
 pub(crate) struct CudaRun {
     pub outputs: Vec<HostArray>,
@@ -934,24 +900,66 @@ pub(crate) fn run(
                 });
             }
             Step::Interp { node, operands, .. } => {
-                let mut args: Vec<HostArray> = Vec::new();
-                for n in operands {
-                    let a = match bufs.get(n) {
-                        Some(Buf::Host(a)) => a.clone(),
-                        Some(b @ (Buf::Device(_) | Buf::Resident(_))) => {
-                            let ty = g.ty(*n);
-                            dev.download(b.device().expect("on the device"), ty.dtype, ty.shape)?
+                // A routine runs on the device where emitted, else on the host (cuda_host).
+                let n = g.node(*node);
+                let types: Vec<_> = operands.iter().map(|o| g.ty(*o)).collect();
+                let host = |o: &NodeId, bufs: &HashMap<NodeId, Buf>| match (bufs.get(o), g.ty(*o)) {
+                    (Some(Buf::Host(a)), _) => Ok(a.clone()),
+                    (Some(b), t) => {
+                        dev.download(b.device().expect("on the device"), t.dtype, t.shape)
+                    }
+                    (None, _) => Ok(HostArray::clone(&inputs[o])),
+                };
+                let reason = match ndfuse_codegen_cuda::emit_routine(n, &types, &opts)? {
+                    ndfuse_codegen_cuda::RoutineCode::Kernel(ck) => {
+                        if let ndfuse_ir::Op::ScatterAdd { axis } = n.op {
+                            let idx = host(&operands[1], &bufs)?;
+                            check_scatter_indices(&idx, axis, types[0].shape.dims()[axis])?;
                         }
-                        None => HostArray::clone(inputs.get(n).unwrap_or_else(|| {
-                            panic!("step {i} reads {n} before it is written (a scheduling bug)")
-                        })),
-                    };
-                    args.push(a);
-                }
+                        let out = dev.alloc(n.shape.numel() * n.dtype.size_bytes())?;
+                        for o in operands {
+                            let b = match (bufs.get(o), inputs.get(o)) {
+                                (Some(Buf::Host(a)), _) => Buf::Device(dev.upload(a, &mut staged)?),
+                                (None, Some(a)) => match dev.resident_copy(a) {
+                                    Some(r) => Buf::Resident(r),
+                                    None => Buf::Device(dev.upload(a, &mut staged)?),
+                                },
+                                _ => continue,
+                            };
+                            bufs.insert(*o, b);
+                        }
+                        let t = Instant::now();
+                        let loaded = dev.load(&ck, cfg)?;
+                        compile_time += t.elapsed();
+                        let cached = loaded.origin == ndfuse_codegen_cuda::Origin::Memory;
+                        let scratch = (ck.scratch_bytes > 0)
+                            .then(|| dev.alloc(ck.scratch_bytes))
+                            .transpose()?;
+                        let mut args: Vec<&CudaSlice<u8>> = operands
+                            .iter()
+                            .map(|o| bufs[o].device().expect("uploaded above"))
+                            .collect();
+                        check_routine_sizes(&ck.name, &types, &args);
+                        args.extend(std::iter::once(&*out).chain(scratch.as_deref()));
+                        timings.push(dev.launch(&ck, &loaded, &args)?);
+                        bufs.insert(*node, Buf::Device(out));
+                        paths.push(StepPath::Cuda {
+                            cached,
+                            device: dev.ordinal,
+                        });
+                        release_reads(step, i, &last_read, g, &mut bufs);
+                        continue;
+                    }
+                    ndfuse_codegen_cuda::RoutineCode::Host(reason) => reason,
+                };
+                let args: Vec<HostArray> = operands
+                    .iter()
+                    .map(|o| host(o, &bufs))
+                    .collect::<Result<_, _>>()?;
                 let refs: Vec<&HostArray> = args.iter().collect();
-                let out = ndfuse_ir::interp::eval_node(g.node(*node), &refs)?;
+                let (out, path) = run_on_host(n, &refs, reason, debug)?;
+                paths.push(path);
                 bufs.insert(*node, Buf::Host(out));
-                paths.push(StepPath::Interp);
             }
         }
         release_reads(step, i, &last_read, g, &mut bufs);

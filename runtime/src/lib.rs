@@ -22,6 +22,8 @@ mod cpu;
 mod cublas;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_host;
 mod device_id;
 mod devices;
 mod env;

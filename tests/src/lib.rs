@@ -2,6 +2,7 @@
 //! interpreter under a stated tolerance, and distances in units in the last place.
 
 pub mod catalogue;
+pub mod hand_kernels;
 
 use ndfuse::Array;
 use ndfuse_ir::DType;

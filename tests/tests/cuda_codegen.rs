@@ -16,11 +16,10 @@ use ndfuse_codegen_cuda::{
     clear_memory_cache, compile, emit, nvrtc_version, CompileOptions, CudaError, CudaKernel,
     CudaOptions, Origin,
 };
-use ndfuse_ir::{
-    BinaryOp, Buffer, Expr, GatherAxis, Instr, Kernel, Plan, Scalar, Shape, Store, ValueId, View,
-};
+use ndfuse_ir::{Buffer, Expr, Kernel, Plan, Shape, Store, View};
 use ndfuse_passes::TargetDesc;
 use ndfuse_tests::catalogue::CATALOGUE;
+use ndfuse_tests::hand_kernels::*;
 
 /// Kernels of `outs` as the CUDA backend plans them, for no device in particular.
 fn cuda_kernels(ctx: &Context, outs: &[Tensor]) -> Vec<CudaKernel> {
@@ -633,306 +632,6 @@ fn cublaslt_takes_the_products_it_can_read() {
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// Positions and gathers: kernels built by hand (the passes do not produce them yet).
-
-/// A kernel body under construction, one instruction a `push`.
-#[derive(Default)]
-struct Body(Vec<Instr>);
-
-impl Body {
-    fn push(&mut self, dtype: DType, expr: Expr) -> ValueId {
-        self.0.push(Instr { dtype, expr });
-        ValueId(self.0.len() as u32 - 1)
-    }
-
-    fn int(&mut self, v: i64) -> ValueId {
-        self.push(DType::I64, Expr::Const(Scalar::I(v)))
-    }
-
-    fn binary(&mut self, dtype: DType, op: BinaryOp, a: ValueId, b: ValueId) -> ValueId {
-        self.push(dtype, Expr::Binary(op, a, b))
-    }
-}
-
-fn view(dims: &[usize], strides: &[isize], offset: isize) -> View {
-    View {
-        shape: Shape::new(dims.to_vec()),
-        strides: strides.to_vec(),
-        offset,
-    }
-}
-
-/// An element-wise kernel over `domain` storing `out` into its one output.
-fn elementwise_kernel(
-    name: &str,
-    domain: &[usize],
-    inputs: Vec<Buffer>,
-    body: Body,
-    out: ValueId,
-) -> Kernel {
-    let domain = Shape::new(domain.to_vec());
-    let dtype = body.0[out.index()].dtype;
-    let k = Kernel {
-        name: name.into(),
-        outputs: vec![Buffer {
-            dtype,
-            len: domain.numel(),
-        }],
-        domain,
-        reduce_axes: vec![],
-        inputs,
-        body: body.0,
-        stores: vec![Store {
-            value: out,
-            output: 0,
-        }],
-        plan: Plan::Elementwise,
-        plan_reason: "element-wise".into(),
-        contraction: None,
-    };
-    k.check()
-        .unwrap_or_else(|e| panic!("{name} is not a valid kernel: {e:?}\n{k}"));
-    k
-}
-
-/// `iota * 2 + 1` as `dtype`, the iota's positions read through `strides` from `offset`.
-fn position_kernel(dtype: DType, dims: &[usize], strides: &[isize], offset: isize) -> Kernel {
-    let mut b = Body::default();
-    let pos = b.push(
-        DType::I64,
-        Expr::Position {
-            view: view(dims, strides, offset),
-        },
-    );
-    let two = b.int(2);
-    let twice = b.binary(DType::I64, BinaryOp::Mul, pos, two);
-    let one = b.int(1);
-    let odd = b.binary(DType::I64, BinaryOp::Add, twice, one);
-    let out = b.push(dtype, Expr::Cast(odd));
-    elementwise_kernel("k0_position_mul_add_cast", dims, vec![], b, out)
-}
-
-/// `x[idx]` along axis 0: rows of `x: dtype[rows, cols]` picked by `idx: i64[n]`; a
-/// user's index when `checked` (the reference refuses one out of range), else one the
-/// clamp takes care of.
-fn gather_rows_kernel(dtype: DType, rows: usize, cols: usize, n: usize, checked: bool) -> Kernel {
-    let dims = [n, cols];
-    let mut b = Body::default();
-    let idx = b.push(
-        DType::I64,
-        Expr::Load {
-            input: 1,
-            view: view(&dims, &[1, 0], 0),
-        },
-    );
-    let out = b.push(
-        dtype,
-        Expr::Gather {
-            input: 0,
-            view: view(&dims, &[0, 1], 0),
-            axes: vec![GatherAxis {
-                index: idx,
-                stride: cols as isize,
-                extent: rows,
-                checked: checked.then_some(0),
-            }],
-        },
-    );
-    let inputs = vec![
-        Buffer {
-            dtype,
-            len: rows * cols,
-        },
-        Buffer {
-            dtype: DType::I64,
-            len: n,
-        },
-    ];
-    elementwise_kernel("k0_gather", &dims, inputs, b, out)
-}
-
-/// `take_along_axis(x, idx, -1)`: `x: dtype[6, 10]` read along its last axis at
-/// `idx: i32[6, 20]`, plus 1.
-fn gather_last_kernel(dtype: DType) -> Kernel {
-    let dims = [6, 20];
-    let mut b = Body::default();
-    let idx = b.push(
-        DType::I32,
-        Expr::Load {
-            input: 1,
-            view: View::contiguous(Shape::new(dims.to_vec())),
-        },
-    );
-    let g = b.push(
-        dtype,
-        Expr::Gather {
-            input: 0,
-            view: view(&dims, &[10, 0], 0),
-            axes: vec![GatherAxis {
-                index: idx,
-                stride: 1,
-                extent: 10,
-                checked: Some(1),
-            }],
-        },
-    );
-    let one = b.push(dtype, Expr::Const(Scalar::F(1.0)));
-    let out = b.binary(dtype, BinaryOp::Add, g, one);
-    let inputs = vec![
-        Buffer { dtype, len: 60 },
-        Buffer {
-            dtype: DType::I32,
-            len: 120,
-        },
-    ];
-    elementwise_kernel("k0_gather_add", &dims, inputs, b, out)
-}
-
-/// A constant pad of `x[1:, 1:]` (`x: dtype[8, 6]`, so 7 x 5 from offset 7) by (1, 2)
-/// rows and (3, 1) columns with 0, as the passes lower it: the coordinates shifted and
-/// clamped into the input with max / min, one gather of both axes, and a select.
-fn pad_kernel(dtype: DType) -> Kernel {
-    let dims = [10, 9];
-    let mut b = Body::default();
-    let mut inside = None;
-    let mut at = Vec::new();
-    for (axis, (before, extent)) in [(1i64, 7i64), (3, 5)].into_iter().enumerate() {
-        let mut strides = [0isize; 2];
-        strides[axis] = 1;
-        let coord = b.push(
-            DType::I64,
-            Expr::Position {
-                view: view(&dims, &strides, 0),
-            },
-        );
-        let shift = b.int(before);
-        let i = b.binary(DType::I64, BinaryOp::Sub, coord, shift);
-        let (zero, last) = (b.int(0), b.int(extent - 1));
-        let low = b.binary(DType::I64, BinaryOp::Max, i, zero);
-        at.push(b.binary(DType::I64, BinaryOp::Min, low, last));
-        let ge = b.binary(DType::Bool, BinaryOp::Ge, i, zero);
-        let le = b.binary(DType::Bool, BinaryOp::Le, i, last);
-        let both = b.binary(DType::Bool, BinaryOp::And, ge, le);
-        inside = Some(match inside {
-            None => both,
-            Some(prev) => b.binary(DType::Bool, BinaryOp::And, prev, both),
-        });
-    }
-    let g = b.push(
-        dtype,
-        Expr::Gather {
-            input: 0,
-            view: view(&dims, &[0, 0], 7),
-            axes: vec![
-                GatherAxis {
-                    index: at[0],
-                    stride: 6,
-                    extent: 7,
-                    checked: None,
-                },
-                GatherAxis {
-                    index: at[1],
-                    stride: 1,
-                    extent: 5,
-                    checked: None,
-                },
-            ],
-        },
-    );
-    let zero = b.push(dtype, Expr::Const(Scalar::F(0.0)));
-    let inside = inside.expect("two axes");
-    let out = b.push(dtype, Expr::Where(inside, g, zero));
-    elementwise_kernel(
-        "k0_position_sub_max_min_gather_where",
-        &dims,
-        vec![Buffer { dtype, len: 48 }],
-        b,
-        out,
-    )
-}
-
-/// The kernels above in `dtype`: (what, kernel).
-fn position_and_gather_kernels(dtype: DType) -> Vec<(String, Kernel)> {
-    vec![
-        (
-            format!("{dtype} iota [5, 37] from 3, scalar loop"),
-            position_kernel(dtype, &[5, 37], &[37, 1], 3),
-        ),
-        (
-            format!("{dtype} iota [64, 8] transposed, vectorised"),
-            position_kernel(dtype, &[8, 64], &[1, 8], 0),
-        ),
-        (
-            format!("{dtype} gather of rows, i64 indices, vectorised"),
-            gather_rows_kernel(dtype, 9, 16, 12, true),
-        ),
-        (
-            format!("{dtype} gather of rows, unchecked i64 indices clamped, scalar loop"),
-            gather_rows_kernel(dtype, 5, 15, 13, false),
-        ),
-        (
-            format!("{dtype} gather along the last axis, i32 indices"),
-            gather_last_kernel(dtype),
-        ),
-        (
-            format!("{dtype} pad of a slice, two-axis gather"),
-            pad_kernel(dtype),
-        ),
-    ]
-}
-
-/// `kernel`, a contraction's, with `x[m, n - 5]` added to its stored value: `x` the lhs
-/// operand read through the contraction's view at a gathered column (a coordinate of
-/// the domain minus 5: negative at first, past K for wide products, so wrapped and
-/// clamped).
-fn with_gathered_epilogue(mut kernel: Kernel) -> Kernel {
-    let c = kernel.contraction.clone().expect("a contraction kernel");
-    let rank = kernel.domain.rank();
-    let dims = kernel.domain.dims().to_vec();
-    let lhs = kernel.inputs[c.lhs].dtype;
-    let mut b = Body(std::mem::take(&mut kernel.body));
-    let mut strides = vec![0isize; rank];
-    strides[rank - 1] = 1;
-    let n = b.push(
-        DType::I64,
-        Expr::Position {
-            view: view(&dims, &strides, 0),
-        },
-    );
-    let five = b.int(5);
-    let col = b.binary(DType::I64, BinaryOp::Sub, n, five);
-    let mut fixed = c.lhs_view.strides.clone();
-    fixed[rank - 1] = 0;
-    let g = b.push(
-        lhs,
-        Expr::Gather {
-            input: c.lhs,
-            view: view(&dims, &fixed, c.lhs_view.offset),
-            axes: vec![GatherAxis {
-                index: col,
-                stride: c.lhs_view.strides[rank - 1],
-                extent: c.lhs_view.shape.dims()[rank - 1],
-                checked: None,
-            }],
-        },
-    );
-    let stored = kernel.stores[0].value;
-    let dtype = b.0[stored.index()].dtype;
-    let g = if lhs == dtype {
-        g
-    } else {
-        b.push(dtype, Expr::Cast(g))
-    };
-    kernel.stores[0].value = b.binary(dtype, BinaryOp::Add, stored, g);
-    kernel.body = b.0;
-    kernel.name.push_str("_gather_add");
-    kernel
-        .check()
-        .unwrap_or_else(|e| panic!("{} is not a valid kernel: {e:?}\n{kernel}", kernel.name));
-    kernel
-}
-
 /// The product kernel of `x[7, 65] @ w[65, 80]` in `dtype`, with a gather in its
 /// epilogue ([`with_gathered_epilogue`]).
 fn gathered_product(dtype: DType) -> Kernel {
@@ -1055,4 +754,141 @@ fn positions_and_gathers_compile_with_nvrtc() {
             &CompileOptions::for_capability(8, 0),
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Routines: scatter-add, scans and argsort (`emit_routine`).
+// ---------------------------------------------------------------------------------------
+
+/// `op` on inputs of these (dtype, shape), emitted as a routine under `opts`.
+fn routine(
+    op: ndfuse_ir::Op,
+    inputs: &[(DType, &[usize])],
+    opts: &CudaOptions,
+) -> ndfuse_codegen_cuda::RoutineCode {
+    let mut g = ndfuse_ir::Graph::new();
+    let ids: Vec<_> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, &(d, s))| g.add_input(format!("in{i}"), d, Shape::new(s.to_vec())))
+        .collect();
+    let n = g.add(op, &ids).expect("a valid routine");
+    let types: Vec<_> = ids.iter().map(|&i| g.ty(i)).collect();
+    ndfuse_codegen_cuda::emit_routine(g.node(n), &types, opts).expect("emits")
+}
+
+fn routine_kernel(op: ndfuse_ir::Op, inputs: &[(DType, &[usize])]) -> CudaKernel {
+    match routine(op, inputs, &CudaOptions::default()) {
+        ndfuse_codegen_cuda::RoutineCode::Kernel(k) => k,
+        ndfuse_codegen_cuda::RoutineCode::Host(why) => panic!("no kernel: {why}"),
+    }
+}
+
+/// Every routine kernel variant: each dtype the op takes, each strategy.
+fn routine_kernels() -> Vec<CudaKernel> {
+    use ndfuse_ir::{Op, ScanOp};
+    let floats_and_ints = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::I64,
+    ];
+    let mut ks = Vec::new();
+    for d in floats_and_ints {
+        for idx in [DType::I32, DType::I64] {
+            ks.push(routine_kernel(
+                Op::ScatterAdd { axis: 1 },
+                &[(d, &[8, 50, 16]), (idx, &[8, 70, 16]), (d, &[8, 70, 16])],
+            ));
+        }
+        for op in [ScanOp::Sum, ScanOp::Prod] {
+            for (shape, axis) in [
+                (&[8usize, 5000][..], 1),
+                (&[9, 40][..], 1),
+                (&[2, 80, 1024][..], 1),
+            ] {
+                for reverse in [false, true] {
+                    ks.push(routine_kernel(
+                        Op::Scan { op, axis, reverse },
+                        &[(d, shape)],
+                    ));
+                }
+            }
+        }
+    }
+    for d in floats_and_ints.into_iter().chain([DType::Bool]) {
+        for (shape, axis, k) in [(&[64usize, 2048][..], 1, 2048), (&[5, 300, 7][..], 1, 10)] {
+            for descending in [false, true] {
+                ks.push(routine_kernel(
+                    Op::Argsort {
+                        axis,
+                        descending,
+                        k,
+                    },
+                    &[(d, shape)],
+                ));
+            }
+        }
+    }
+    ks
+}
+
+#[test]
+fn routines_have_their_cuda_c_pinned() {
+    use ndfuse_ir::{Op, ScanOp};
+    let kernels = vec![
+        routine_kernel(
+            Op::ScatterAdd { axis: 1 },
+            &[
+                (DType::F16, &[8, 50, 16]),
+                (DType::I64, &[8, 70, 16]),
+                (DType::F16, &[8, 70, 16]),
+            ],
+        ),
+        routine_kernel(
+            Op::Scan {
+                op: ScanOp::Sum,
+                axis: 1,
+                reverse: true,
+            },
+            &[(DType::F32, &[8, 5000])],
+        ),
+        routine_kernel(
+            Op::Argsort {
+                axis: 1,
+                descending: true,
+                k: 10,
+            },
+            &[(DType::F32, &[5, 300, 7])],
+        ),
+    ];
+    insta::assert_snapshot!("cuda_routines", render(&kernels));
+}
+
+#[test]
+fn routine_emission_is_deterministic_and_long_sorts_go_to_the_host() {
+    assert_eq!(render(&routine_kernels()), render(&routine_kernels()));
+    let long = routine(
+        ndfuse_ir::Op::Argsort {
+            axis: 0,
+            descending: false,
+            k: 5000,
+        },
+        &[(DType::F32, &[5000])],
+        &CudaOptions::default(),
+    );
+    assert!(
+        matches!(&long, ndfuse_codegen_cuda::RoutineCode::Host(why) if why.contains("5000")),
+        "{long:?}"
+    );
+}
+
+#[test]
+fn routines_compile_with_nvrtc() {
+    if !nvrtc_or_skip("routines_compile_with_nvrtc") {
+        return;
+    }
+    compile_all(&routine_kernels(), "routines");
 }

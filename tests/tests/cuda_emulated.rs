@@ -24,12 +24,10 @@
 
 use ndfuse::{Context, DType, Tensor};
 use ndfuse_codegen_cuda::{emit, CudaKernel, CudaOptions};
-use ndfuse_ir::{
-    BinaryOp, Buffer, Expr, GatherAxis, HostArray, Instr, Kernel, Plan, Scalar, Shape, Storage,
-    Store, ValueId, View,
-};
+use ndfuse_ir::{Buffer, HostArray, Kernel, Shape, Storage};
 use ndfuse_passes::TargetDesc;
 use ndfuse_tests::catalogue::CATALOGUE;
+use ndfuse_tests::hand_kernels::*;
 use std::alloc::Layout;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -872,306 +870,6 @@ fn every_wmma_gemm_computes_what_the_reference_does() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-// ---------------------------------------------------------------------------------------
-// Positions and gathers: kernels built by hand (the passes do not produce them yet).
-
-/// A kernel body under construction, one instruction a `push`.
-#[derive(Default)]
-struct Body(Vec<Instr>);
-
-impl Body {
-    fn push(&mut self, dtype: DType, expr: Expr) -> ValueId {
-        self.0.push(Instr { dtype, expr });
-        ValueId(self.0.len() as u32 - 1)
-    }
-
-    fn int(&mut self, v: i64) -> ValueId {
-        self.push(DType::I64, Expr::Const(Scalar::I(v)))
-    }
-
-    fn binary(&mut self, dtype: DType, op: BinaryOp, a: ValueId, b: ValueId) -> ValueId {
-        self.push(dtype, Expr::Binary(op, a, b))
-    }
-}
-
-fn view(dims: &[usize], strides: &[isize], offset: isize) -> View {
-    View {
-        shape: Shape::new(dims.to_vec()),
-        strides: strides.to_vec(),
-        offset,
-    }
-}
-
-/// An element-wise kernel over `domain` storing `out` into its one output.
-fn elementwise_kernel(
-    name: &str,
-    domain: &[usize],
-    inputs: Vec<Buffer>,
-    body: Body,
-    out: ValueId,
-) -> Kernel {
-    let domain = Shape::new(domain.to_vec());
-    let dtype = body.0[out.index()].dtype;
-    let k = Kernel {
-        name: name.into(),
-        outputs: vec![Buffer {
-            dtype,
-            len: domain.numel(),
-        }],
-        domain,
-        reduce_axes: vec![],
-        inputs,
-        body: body.0,
-        stores: vec![Store {
-            value: out,
-            output: 0,
-        }],
-        plan: Plan::Elementwise,
-        plan_reason: "element-wise".into(),
-        contraction: None,
-    };
-    k.check()
-        .unwrap_or_else(|e| panic!("{name} is not a valid kernel: {e:?}\n{k}"));
-    k
-}
-
-/// `iota * 2 + 1` as `dtype`, the iota's positions read through `strides` from `offset`.
-fn position_kernel(dtype: DType, dims: &[usize], strides: &[isize], offset: isize) -> Kernel {
-    let mut b = Body::default();
-    let pos = b.push(
-        DType::I64,
-        Expr::Position {
-            view: view(dims, strides, offset),
-        },
-    );
-    let two = b.int(2);
-    let twice = b.binary(DType::I64, BinaryOp::Mul, pos, two);
-    let one = b.int(1);
-    let odd = b.binary(DType::I64, BinaryOp::Add, twice, one);
-    let out = b.push(dtype, Expr::Cast(odd));
-    elementwise_kernel("k0_position_mul_add_cast", dims, vec![], b, out)
-}
-
-/// `x[idx]` along axis 0: rows of `x: dtype[rows, cols]` picked by `idx: i64[n]`; a
-/// user's index when `checked` (the reference refuses one out of range), else one the
-/// clamp takes care of.
-fn gather_rows_kernel(dtype: DType, rows: usize, cols: usize, n: usize, checked: bool) -> Kernel {
-    let dims = [n, cols];
-    let mut b = Body::default();
-    let idx = b.push(
-        DType::I64,
-        Expr::Load {
-            input: 1,
-            view: view(&dims, &[1, 0], 0),
-        },
-    );
-    let out = b.push(
-        dtype,
-        Expr::Gather {
-            input: 0,
-            view: view(&dims, &[0, 1], 0),
-            axes: vec![GatherAxis {
-                index: idx,
-                stride: cols as isize,
-                extent: rows,
-                checked: checked.then_some(0),
-            }],
-        },
-    );
-    let inputs = vec![
-        Buffer {
-            dtype,
-            len: rows * cols,
-        },
-        Buffer {
-            dtype: DType::I64,
-            len: n,
-        },
-    ];
-    elementwise_kernel("k0_gather", &dims, inputs, b, out)
-}
-
-/// `take_along_axis(x, idx, -1)`: `x: dtype[6, 10]` read along its last axis at
-/// `idx: i32[6, 20]`, plus 1.
-fn gather_last_kernel(dtype: DType) -> Kernel {
-    let dims = [6, 20];
-    let mut b = Body::default();
-    let idx = b.push(
-        DType::I32,
-        Expr::Load {
-            input: 1,
-            view: View::contiguous(Shape::new(dims.to_vec())),
-        },
-    );
-    let g = b.push(
-        dtype,
-        Expr::Gather {
-            input: 0,
-            view: view(&dims, &[10, 0], 0),
-            axes: vec![GatherAxis {
-                index: idx,
-                stride: 1,
-                extent: 10,
-                checked: Some(1),
-            }],
-        },
-    );
-    let one = b.push(dtype, Expr::Const(Scalar::F(1.0)));
-    let out = b.binary(dtype, BinaryOp::Add, g, one);
-    let inputs = vec![
-        Buffer { dtype, len: 60 },
-        Buffer {
-            dtype: DType::I32,
-            len: 120,
-        },
-    ];
-    elementwise_kernel("k0_gather_add", &dims, inputs, b, out)
-}
-
-/// A constant pad of `x[1:, 1:]` (`x: dtype[8, 6]`, so 7 x 5 from offset 7) by (1, 2)
-/// rows and (3, 1) columns with 0, as the passes lower it: the coordinates shifted and
-/// clamped into the input with max / min, one gather of both axes, and a select.
-fn pad_kernel(dtype: DType) -> Kernel {
-    let dims = [10, 9];
-    let mut b = Body::default();
-    let mut inside = None;
-    let mut at = Vec::new();
-    for (axis, (before, extent)) in [(1i64, 7i64), (3, 5)].into_iter().enumerate() {
-        let mut strides = [0isize; 2];
-        strides[axis] = 1;
-        let coord = b.push(
-            DType::I64,
-            Expr::Position {
-                view: view(&dims, &strides, 0),
-            },
-        );
-        let shift = b.int(before);
-        let i = b.binary(DType::I64, BinaryOp::Sub, coord, shift);
-        let (zero, last) = (b.int(0), b.int(extent - 1));
-        let low = b.binary(DType::I64, BinaryOp::Max, i, zero);
-        at.push(b.binary(DType::I64, BinaryOp::Min, low, last));
-        let ge = b.binary(DType::Bool, BinaryOp::Ge, i, zero);
-        let le = b.binary(DType::Bool, BinaryOp::Le, i, last);
-        let both = b.binary(DType::Bool, BinaryOp::And, ge, le);
-        inside = Some(match inside {
-            None => both,
-            Some(prev) => b.binary(DType::Bool, BinaryOp::And, prev, both),
-        });
-    }
-    let g = b.push(
-        dtype,
-        Expr::Gather {
-            input: 0,
-            view: view(&dims, &[0, 0], 7),
-            axes: vec![
-                GatherAxis {
-                    index: at[0],
-                    stride: 6,
-                    extent: 7,
-                    checked: None,
-                },
-                GatherAxis {
-                    index: at[1],
-                    stride: 1,
-                    extent: 5,
-                    checked: None,
-                },
-            ],
-        },
-    );
-    let zero = b.push(dtype, Expr::Const(Scalar::F(0.0)));
-    let inside = inside.expect("two axes");
-    let out = b.push(dtype, Expr::Where(inside, g, zero));
-    elementwise_kernel(
-        "k0_position_sub_max_min_gather_where",
-        &dims,
-        vec![Buffer { dtype, len: 48 }],
-        b,
-        out,
-    )
-}
-
-/// The kernels above in `dtype`: (what, kernel).
-fn position_and_gather_kernels(dtype: DType) -> Vec<(String, Kernel)> {
-    vec![
-        (
-            format!("{dtype} iota [5, 37] from 3, scalar loop"),
-            position_kernel(dtype, &[5, 37], &[37, 1], 3),
-        ),
-        (
-            format!("{dtype} iota [64, 8] transposed, vectorised"),
-            position_kernel(dtype, &[8, 64], &[1, 8], 0),
-        ),
-        (
-            format!("{dtype} gather of rows, i64 indices, vectorised"),
-            gather_rows_kernel(dtype, 9, 16, 12, true),
-        ),
-        (
-            format!("{dtype} gather of rows, unchecked i64 indices clamped, scalar loop"),
-            gather_rows_kernel(dtype, 5, 15, 13, false),
-        ),
-        (
-            format!("{dtype} gather along the last axis, i32 indices"),
-            gather_last_kernel(dtype),
-        ),
-        (
-            format!("{dtype} pad of a slice, two-axis gather"),
-            pad_kernel(dtype),
-        ),
-    ]
-}
-
-/// `kernel`, a contraction's, with `x[m, n - 5]` added to its stored value: `x` the lhs
-/// operand read through the contraction's view at a gathered column (a coordinate of
-/// the domain minus 5: negative at first, past K for wide products, so wrapped and
-/// clamped).
-fn with_gathered_epilogue(mut kernel: Kernel) -> Kernel {
-    let c = kernel.contraction.clone().expect("a contraction kernel");
-    let rank = kernel.domain.rank();
-    let dims = kernel.domain.dims().to_vec();
-    let lhs = kernel.inputs[c.lhs].dtype;
-    let mut b = Body(std::mem::take(&mut kernel.body));
-    let mut strides = vec![0isize; rank];
-    strides[rank - 1] = 1;
-    let n = b.push(
-        DType::I64,
-        Expr::Position {
-            view: view(&dims, &strides, 0),
-        },
-    );
-    let five = b.int(5);
-    let col = b.binary(DType::I64, BinaryOp::Sub, n, five);
-    let mut fixed = c.lhs_view.strides.clone();
-    fixed[rank - 1] = 0;
-    let g = b.push(
-        lhs,
-        Expr::Gather {
-            input: c.lhs,
-            view: view(&dims, &fixed, c.lhs_view.offset),
-            axes: vec![GatherAxis {
-                index: col,
-                stride: c.lhs_view.strides[rank - 1],
-                extent: c.lhs_view.shape.dims()[rank - 1],
-                checked: None,
-            }],
-        },
-    );
-    let stored = kernel.stores[0].value;
-    let dtype = b.0[stored.index()].dtype;
-    let g = if lhs == dtype {
-        g
-    } else {
-        b.push(dtype, Expr::Cast(g))
-    };
-    kernel.stores[0].value = b.binary(dtype, BinaryOp::Add, stored, g);
-    kernel.body = b.0;
-    kernel.name.push_str("_gather_add");
-    kernel
-        .check()
-        .unwrap_or_else(|e| panic!("{} is not a valid kernel: {e:?}\n{kernel}", kernel.name));
-    kernel
-}
-
 /// Index buffers hold -8..=8: in range for the checked axes (extents 9 and 10), from
 /// the end when negative; wrapped and clamped past either end for the unchecked axis of
 /// 5. Other inputs are random.
@@ -1241,5 +939,551 @@ fn positions_and_gathers_compute_what_the_reference_does() {
         },
         &index_or_random_input,
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------------------
+// Routines: scatter-add, scans and argsort (`ndfuse_codegen_cuda::emit_routine`), against
+// the interpreter's `eval_node`.
+// ---------------------------------------------------------------------------------------
+
+/// A routine node of a graph, with its operands' values.
+struct RoutineCase {
+    what: String,
+    node: ndfuse_ir::Node,
+    types: Vec<ndfuse_ir::TensorType>,
+    inputs: Vec<HostArray>,
+}
+
+/// A deterministic stream of pseudo-random u64s.
+fn stream(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    }
+}
+
+/// `op` applied to inputs of these (dtype, shape, values) as a graph node.
+fn routine_case(what: String, op: ndfuse_ir::Op, inputs: Vec<HostArray>) -> RoutineCase {
+    let mut g = ndfuse_ir::Graph::new();
+    let ids: Vec<_> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| g.add_input(format!("in{i}"), a.dtype(), a.shape().clone()))
+        .collect();
+    let n = g.add(op, &ids).unwrap_or_else(|e| panic!("{what}: {e}"));
+    RoutineCase {
+        what,
+        node: g.node(n).clone(),
+        types: ids.iter().map(|&i| g.ty(i)).collect(),
+        inputs,
+    }
+}
+
+/// Values of `dtype` and `shape`: floats from `floats`, ints in `lo..hi`.
+fn values(dtype: DType, shape: &[usize], seed: u64, floats: &dyn Fn(u64) -> f64) -> HostArray {
+    let mut next = stream(seed);
+    let len: usize = shape.iter().product();
+    let shape = Shape::new(shape.to_vec());
+    match dtype {
+        DType::I32 | DType::I64 => {
+            let v: Vec<i64> = (0..len).map(|_| (next() % 2001) as i64 - 1000).collect();
+            HostArray::new(shape, Storage::from_i64s(dtype, &v)).expect("length matches")
+        }
+        DType::Bool => {
+            let v: Vec<bool> = (0..len).map(|_| next().is_multiple_of(2)).collect();
+            HostArray::new(shape, Storage::Bool(v)).expect("length matches")
+        }
+        _ => {
+            let v: Vec<f64> = (0..len).map(|_| floats(next())).collect();
+            HostArray::from_f64s(dtype, shape, &v)
+        }
+    }
+}
+
+fn uniform(u: u64) -> f64 {
+    (u >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Indices in `-n..n` (so with duplicates and negatives), of `dtype`.
+fn indices(dtype: DType, shape: &[usize], n: usize, seed: u64) -> HostArray {
+    let mut next = stream(seed);
+    let len: usize = shape.iter().product();
+    let v: Vec<i64> = (0..len)
+        .map(|_| (next() % (2 * n as u64)) as i64 - n as i64)
+        .collect();
+    HostArray::new(Shape::new(shape.to_vec()), Storage::from_i64s(dtype, &v))
+        .expect("length matches")
+}
+
+/// The emitted routine of `c` under `opts`, which must have a kernel.
+fn routine_kernel(c: &RoutineCase, opts: &CudaOptions) -> CudaKernel {
+    match ndfuse_codegen_cuda::emit_routine(&c.node, &c.types, opts) {
+        Ok(ndfuse_codegen_cuda::RoutineCode::Kernel(k)) => k,
+        Ok(ndfuse_codegen_cuda::RoutineCode::Host(why)) => panic!("{}: no kernel: {why}", c.what),
+        Err(e) => panic!("{}: {e}", c.what),
+    }
+}
+
+/// Runs routine kernel `i` of a [`build`] on `c`'s inputs; returns the output.
+fn run_routine_emulated(
+    lib: &libloading::Library,
+    i: usize,
+    c: &RoutineCase,
+    ck: &CudaKernel,
+) -> HostArray {
+    let mut bufs: Vec<Aligned> = Vec::new();
+    for a in &c.inputs {
+        let n = a.len() * a.dtype().size_bytes();
+        let b = Aligned::new(n, 0);
+        // SAFETY: `b` holds at least `n` bytes; the storage holds exactly `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(a.storage().as_ptr(), b.ptr, n) };
+        bufs.push(b);
+    }
+    let len = c.node.shape.numel();
+    bufs.push(Aligned::new(len * c.node.dtype.size_bytes(), 0xff));
+    if ck.scratch_bytes > 0 {
+        bufs.push(Aligned::new(ck.scratch_bytes, 0xff));
+    }
+    let args: Vec<*mut u8> = bufs.iter().map(|b| b.ptr).collect();
+    // SAFETY: `nd_emu_launch` is defined by cuda_emu.h with exactly this signature.
+    let launch: libloading::Symbol<Launch> =
+        unsafe { lib.get(b"nd_emu_launch\0") }.expect("nd_emu_launch");
+    for l in &ck.launches {
+        let name = format!("b{i}_{}\0", l.function);
+        // SAFETY: every emitted routine function takes only pointer parameters.
+        let f: libloading::Symbol<*const ()> =
+            unsafe { lib.get(name.as_bytes()) }.expect("kernel function");
+        // SAFETY: `args` holds one live buffer per parameter (operands, output,
+        // scratch), each as large as the routine reads or writes.
+        let rc = unsafe {
+            launch(
+                *f,
+                l.grid,
+                l.block.0,
+                l.block.1,
+                args.len() as i32,
+                args.as_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "{}: bad launch shape", l.function);
+    }
+    let bytes = bufs[c.inputs.len()].bytes(len * c.node.dtype.size_bytes());
+    from_bytes(c.node.dtype, len, bytes)
+        .unwrap_or_else(|e| panic!("{}: {e}\n{}", c.what, ck.source))
+        .reshaped(c.node.shape.clone())
+        .expect("same length")
+}
+
+/// Unit roundoff of a dtype's arithmetic.
+fn unit(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => f64::EPSILON,
+        _ => f32::EPSILON as f64,
+    }
+}
+
+/// A case's tolerance: given the element and the reference value, the largest difference
+/// allowed.
+type RoutineTolerance = Box<dyn Fn(usize, f64) -> f64>;
+
+/// Emits, builds and runs every case under `opts`, comparing with `eval_node` within
+/// `tol(case)(element, reference)`.
+fn check_routines(
+    cxx: &str,
+    dir: &Path,
+    cases: &[RoutineCase],
+    opts: &CudaOptions,
+    tol: &dyn Fn(&RoutineCase) -> RoutineTolerance,
+) {
+    let cks: Vec<CudaKernel> = cases.iter().map(|c| routine_kernel(c, opts)).collect();
+    let lib = build(cxx, dir, &cks.iter().collect::<Vec<_>>());
+    for (i, (c, ck)) in cases.iter().zip(&cks).enumerate() {
+        let refs: Vec<&HostArray> = c.inputs.iter().collect();
+        let want = ndfuse_ir::interp::eval_node(&c.node, &refs)
+            .unwrap_or_else(|e| panic!("{}: {e}", c.what));
+        let got = run_routine_emulated(&lib, i, c, ck);
+        assert_eq!(got.dtype(), want.dtype(), "{}: dtype", c.what);
+        let (gv, wv) = (got.to_f64s(), want.to_f64s());
+        assert_eq!(gv.len(), wv.len(), "{}: length", c.what);
+        let tol = tol(c);
+        for (e, (a, b)) in gv.iter().zip(&wv).enumerate() {
+            let bound = tol(e, *b);
+            let ok = (a.is_nan() && b.is_nan())
+                || a == b
+                || (a.is_finite() && b.is_finite() && (a - b).abs() <= bound);
+            assert!(
+                ok,
+                "{}: {} element {e}: emulated CUDA {a:e}, reference {b:e}, allowed {bound:e}\n{}",
+                c.what, ck.name, ck.source
+            );
+        }
+    }
+}
+
+fn scatter_cases() -> Vec<RoutineCase> {
+    let mut cases = Vec::new();
+    let normal = |u: u64| 0.5 + 4.0 * (uniform(u) - 0.5);
+    // (x shape, axis, m: the indexed extent of idx and v)
+    let shapes: [(&[usize], usize, usize); 7] = [
+        (&[6, 5, 4], 0, 9),
+        (&[3, 7, 5], 1, 12),
+        (&[4, 3, 9], 2, 20),
+        (&[300], 0, 700),
+        (&[5, 1, 33], 1, 6),
+        (&[4, 6, 3], 1, 0),
+        (&[0, 4], 1, 3),
+    ];
+    for (si, &(shape, axis, m)) in shapes.iter().enumerate() {
+        for (di, dtype) in [
+            DType::F32,
+            DType::F64,
+            DType::F16,
+            DType::BF16,
+            DType::I32,
+            DType::I64,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let idx_dtype = if (si + di) % 2 == 0 {
+                DType::I64
+            } else {
+                DType::I32
+            };
+            let mut is = shape.to_vec();
+            is[axis] = m;
+            let seed = (si * 10 + di) as u64;
+            let x = values(dtype, shape, seed, &normal);
+            let idx = indices(idx_dtype, &is, shape[axis].max(1), seed + 100);
+            let v = values(dtype, &is, seed + 200, &normal);
+            cases.push(routine_case(
+                format!("scatter_add {dtype} {shape:?} axis {axis}, {m} {idx_dtype} indices"),
+                ndfuse_ir::Op::ScatterAdd { axis },
+                vec![x, idx, v],
+            ));
+        }
+    }
+    cases
+}
+
+/// The bound of a scatter-add element: each accumulation rounds in the dtype (f32 for
+/// halves, then once to the half).
+fn scatter_tolerance(c: &RoutineCase) -> RoutineTolerance {
+    let d = c.node.dtype;
+    let (rtol, _) = tolerance(d);
+    let m = c.inputs[1].len() as f64;
+    Box::new(move |_, want| rtol * want.abs() + 8.0 * m.max(1.0) * unit(d) * 16.0)
+}
+
+#[test]
+fn scatter_add_routines_compute_what_the_reference_does() {
+    let Some(cxx) = compiler() else {
+        eprintln!("skipped: no C++ compiler ($CXX or g++) to build the CUDA emulator");
+        return;
+    };
+    let dir = scratch_dir("scatter_add");
+    check_routines(
+        &cxx,
+        &dir,
+        &scatter_cases(),
+        &SMALL_GRID,
+        &scatter_tolerance,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn scan_cases() -> Vec<RoutineCase> {
+    let mut cases = Vec::new();
+    // (shape, axis): thread per lane (short axes; wide inner), block per lane (long
+    // axes, several chunks, a partial last chunk; strided lanes), size 1 and 0 axes.
+    let shapes: [(&[usize], usize); 10] = [
+        (&[5, 7, 3], 0),
+        (&[5, 7, 3], 1),
+        (&[5, 7, 3], 2),
+        (&[3, 2500], 1),
+        (&[2, 1500, 3], 1),
+        (&[2100, 2], 0),
+        (&[2, 100, 1024], 1),
+        (&[4, 1, 3], 1),
+        (&[4, 0, 3], 1),
+        (&[1, 1030], 1),
+    ];
+    for (si, &(shape, axis)) in shapes.iter().enumerate() {
+        for (di, dtype) in [
+            DType::F32,
+            DType::F64,
+            DType::F16,
+            DType::BF16,
+            DType::I32,
+            DType::I64,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for op in [ndfuse_ir::ScanOp::Sum, ndfuse_ir::ScanOp::Prod] {
+                // The big shapes once per dtype family, to keep the emulator quick.
+                let big = shape.iter().product::<usize>() > 10_000;
+                if big && (op == ndfuse_ir::ScanOp::Prod) == (di % 2 == 0) {
+                    continue;
+                }
+                let reverse = (si + di) % 2 == 1;
+                let seed = (si * 100 + di * 10) as u64 + op as u64;
+                // Products of factors near 1 stay in range along 2500 positions.
+                let x = match op {
+                    ndfuse_ir::ScanOp::Sum => {
+                        values(dtype, shape, seed, &|u| 0.5 + 4.0 * (uniform(u) - 0.5))
+                    }
+                    ndfuse_ir::ScanOp::Prod => {
+                        values(dtype, shape, seed, &|u| 1.0 + 0.02 * (uniform(u) - 0.5))
+                    }
+                };
+                cases.push(routine_case(
+                    format!(
+                        "{}{} {dtype} {shape:?} axis {axis}",
+                        if reverse { "reverse " } else { "" },
+                        op.name()
+                    ),
+                    ndfuse_ir::Op::Scan { op, axis, reverse },
+                    vec![x],
+                ));
+            }
+        }
+    }
+    cases
+}
+
+/// The bound of a scan element: the summation's error bound over the lane's prefix
+/// (sums; a product's relative error likewise), plus the rounding of each store.
+fn scan_tolerance(c: &RoutineCase) -> RoutineTolerance {
+    let d = c.node.dtype;
+    if d.is_int() {
+        return Box::new(|_, _| 0.0);
+    }
+    let (rtol, _) = tolerance(d);
+    let (axis, reverse, op) = match c.node.op {
+        ndfuse_ir::Op::Scan { axis, reverse, op } => (axis, reverse, op),
+        _ => unreachable!("a scan case"),
+    };
+    let dims = c.node.shape.dims();
+    let (n, inner): (usize, usize) = (dims[axis], dims[axis + 1..].iter().product());
+    let depth = n.min(128) as f64 + (n / 1024) as f64 + 16.0;
+    let u = unit(d);
+    match op {
+        ndfuse_ir::ScanOp::Prod => Box::new(move |_, want| (rtol + depth * u) * want.abs()),
+        ndfuse_ir::ScanOp::Sum => {
+            // Σ|x| over each lane's positions up to each element, in scan order.
+            let x = c.inputs[0].to_f64s();
+            let mut s = vec![0.0; x.len()];
+            for o in 0..x.len() / (n * inner).max(1) {
+                for i in 0..inner {
+                    let mut run = 0.0;
+                    for q in 0..n {
+                        let j = if reverse { n - 1 - q } else { q };
+                        let e = (o * n + j) * inner + i;
+                        run += x[e].abs();
+                        s[e] = run;
+                    }
+                }
+            }
+            Box::new(move |e, want| rtol * want.abs() + depth * u * s[e])
+        }
+    }
+}
+
+#[test]
+fn scan_routines_compute_what_the_reference_does() {
+    let Some(cxx) = compiler() else {
+        eprintln!("skipped: no C++ compiler ($CXX or g++) to build the CUDA emulator");
+        return;
+    };
+    let dir = scratch_dir("scan");
+    check_routines(&cxx, &dir, &scan_cases(), &SMALL_GRID, &scan_tolerance);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Floats drawn from a few values, so that rows have ties, NaNs, both zeros, infinities.
+fn tied(u: u64) -> f64 {
+    [
+        -1.0,
+        0.0,
+        -0.0,
+        1.0,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        2.5,
+        -3.0,
+        0.25,
+    ][(u % 10) as usize]
+}
+
+fn argsort_cases() -> Vec<RoutineCase> {
+    let mut cases = Vec::new();
+    // (shape, axis, k below the extent when Some)
+    let shapes: [(&[usize], usize, Option<usize>); 9] = [
+        (&[6, 5, 4], 0, None),
+        (&[3, 7, 5], 1, Some(3)),
+        (&[4, 3, 37], 2, None),
+        (&[2, 1000], 1, Some(10)),
+        (&[2048, 2], 0, None),
+        (&[5, 1, 3], 1, None),
+        (&[4, 0, 3], 1, None),
+        (&[3, 64], 1, Some(0)),
+        (&[1, 33], 1, Some(32)),
+    ];
+    for (si, &(shape, axis, k)) in shapes.iter().enumerate() {
+        for (di, dtype) in [
+            DType::F32,
+            DType::F64,
+            DType::F16,
+            DType::BF16,
+            DType::I32,
+            DType::I64,
+            DType::Bool,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for descending in [false, true] {
+                if shape[axis] == 2048 && descending == (di % 2 == 0) {
+                    continue;
+                }
+                let seed = (si * 100 + di * 10) as u64 + u64::from(descending);
+                // Half the float cases tied values, half continuous ones.
+                let x = if (si + di) % 2 == 0 {
+                    values(dtype, shape, seed, &tied)
+                } else {
+                    values(dtype, shape, seed, &|u| 4.0 * (uniform(u) - 0.5))
+                };
+                let k = k.unwrap_or(shape[axis]);
+                cases.push(routine_case(
+                    format!(
+                        "argsort {dtype} {shape:?} axis {axis}, k {k}{}",
+                        if descending { ", descending" } else { "" }
+                    ),
+                    ndfuse_ir::Op::Argsort {
+                        axis,
+                        descending,
+                        k,
+                    },
+                    vec![x],
+                ));
+            }
+        }
+    }
+    cases
+}
+
+#[test]
+fn argsort_routines_compute_what_the_reference_does() {
+    let Some(cxx) = compiler() else {
+        eprintln!("skipped: no C++ compiler ($CXX or g++) to build the CUDA emulator");
+        return;
+    };
+    let dir = scratch_dir("argsort");
+    check_routines(&cxx, &dir, &argsort_cases(), &SMALL_GRID, &|_| {
+        Box::new(|_, _| 0.0)
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn argsort_rows_past_the_bound_run_on_the_host() {
+    let x = values(DType::F32, &[2, 2049], 1, &uniform_f64);
+    let c = routine_case(
+        "argsort of 2049".into(),
+        ndfuse_ir::Op::Argsort {
+            axis: 1,
+            descending: false,
+            k: 2049,
+        },
+        vec![x],
+    );
+    match ndfuse_codegen_cuda::emit_routine(&c.node, &c.types, &CudaOptions::default()) {
+        Ok(ndfuse_codegen_cuda::RoutineCode::Host(why)) => {
+            assert!(why.contains("2049"), "{why}")
+        }
+        other => panic!("expected the host: {other:?}"),
+    }
+}
+
+fn uniform_f64(u: u64) -> f64 {
+    uniform(u)
+}
+
+#[test]
+fn routine_results_do_not_depend_on_the_launch_shape() {
+    let Some(cxx) = compiler() else {
+        eprintln!("skipped: no C++ compiler ($CXX or g++) to build the CUDA emulator");
+        return;
+    };
+    let dir = scratch_dir("routine_shapes");
+    let normal = |u: u64| 0.5 + 4.0 * (uniform(u) - 0.5);
+    let cases = [
+        routine_case(
+            "cumsum f32 [3, 2500]".into(),
+            ndfuse_ir::Op::Scan {
+                op: ndfuse_ir::ScanOp::Sum,
+                axis: 1,
+                reverse: false,
+            },
+            vec![values(DType::F32, &[3, 2500], 7, &normal)],
+        ),
+        routine_case(
+            "cumsum f32 [2, 100, 1024]".into(),
+            ndfuse_ir::Op::Scan {
+                op: ndfuse_ir::ScanOp::Sum,
+                axis: 1,
+                reverse: true,
+            },
+            vec![values(DType::F32, &[2, 100, 1024], 8, &normal)],
+        ),
+        routine_case(
+            "scatter_add f32 [40, 30]".into(),
+            ndfuse_ir::Op::ScatterAdd { axis: 0 },
+            vec![
+                values(DType::F32, &[40, 30], 9, &normal),
+                indices(DType::I64, &[200, 30], 40, 10),
+                values(DType::F32, &[200, 30], 11, &normal),
+            ],
+        ),
+    ];
+    let shapes = [(256, 7), (32, 1), (128, 3)];
+    let mut runs: Vec<Vec<Vec<u8>>> = Vec::new();
+    for (block, grid) in shapes {
+        let opts = CudaOptions {
+            max_block_size: block,
+            max_grid_size: grid,
+            compute_capability: None,
+        };
+        let cks: Vec<CudaKernel> = cases.iter().map(|c| routine_kernel(c, &opts)).collect();
+        let lib = build(&cxx, &dir, &cks.iter().collect::<Vec<_>>());
+        runs.push(
+            cases
+                .iter()
+                .zip(&cks)
+                .enumerate()
+                .map(|(i, (c, ck))| {
+                    let out = run_routine_emulated(&lib, i, c, ck);
+                    let n = out.len() * out.dtype().size_bytes();
+                    // SAFETY: the storage holds `n` bytes of plain elements.
+                    unsafe { std::slice::from_raw_parts(out.storage().as_ptr(), n) }.to_vec()
+                })
+                .collect(),
+        );
+    }
+    for (r, (block, grid)) in runs.iter().zip(shapes).skip(1) {
+        for (c, (a, b)) in cases.iter().zip(r.iter().zip(&runs[0])) {
+            assert!(
+                a == b,
+                "{}: other bits with {block} threads x {grid} blocks",
+                c.what
+            );
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
