@@ -329,6 +329,10 @@ pub const SCAN_BLOCK: usize = 1 << 14;
 /// A scan with fewer lanes than this, along an axis of two blocks or more, runs blocked.
 const SCAN_FEW_LANES: usize = 16;
 
+/// Rows of a scan along the innermost axis run side by side in one task (see
+/// `scan_with`).
+const SCAN_ROWS: usize = 8;
+
 /// The arithmetic of a scan's accumulator.
 trait Arith: Copy + Send + Sync {
     const ZERO: Self;
@@ -458,19 +462,22 @@ fn scan_with<T: ScanElem, F>(
         return scan_blocked(x, out, (outer, n, inner), reverse, id, f);
     }
     if inner == 1 {
-        out.par_chunks_mut(n)
-            .zip(x.par_chunks(n))
-            .with_min_len(min_tasks(n))
-            .for_each(|(row, x)| {
-                let mut acc = id;
-                let mut step = |(e, &a): (&mut T::Out, &T)| {
-                    acc = f(acc, a.load());
-                    *e = T::store(acc);
-                };
-                if reverse {
-                    row.iter_mut().zip(x).rev().for_each(&mut step);
-                } else {
-                    row.iter_mut().zip(x).for_each(&mut step);
+        // Rows are scanned SCAN_ROWS at a time, interleaved: each row's running value is
+        // one chain of dependent adds (4 cycles each), and independent chains side by
+        // side keep the adder busy. Every row still combines in its own order: the same
+        // bits as one row at a time.
+        out.par_chunks_mut(n * SCAN_ROWS)
+            .zip(x.par_chunks(n * SCAN_ROWS))
+            .with_min_len(min_tasks(n * SCAN_ROWS))
+            .for_each(|(rows, xs)| {
+                let count = xs.len() / n;
+                let mut acc = [id; SCAN_ROWS];
+                for j in order(n, reverse) {
+                    for (r, a) in acc.iter_mut().enumerate().take(count) {
+                        let p = r * n + j;
+                        *a = f(*a, xs[p].load());
+                        rows[p] = T::store(*a);
+                    }
                 }
             });
         return;
