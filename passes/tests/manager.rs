@@ -39,7 +39,10 @@ fn busy_graph() -> Graph {
 #[test]
 fn the_pipeline_order() {
     let names: Vec<_> = pipeline().iter().map(|p| p.name()).collect();
-    assert_eq!(names, ["fold", "simplify", "views", "gather_views", "cse", "dce"]);
+    assert_eq!(
+        names,
+        ["fold", "simplify", "views", "gather_views", "cse", "dce"]
+    );
 }
 
 #[test]

@@ -59,9 +59,9 @@ pub(super) struct Group {
     /// The matrix product the group is the epilogue of, if any: such a group starts
     /// at the product and takes single element-wise consumers only.
     pub(super) contract: Option<NodeId>,
-    /// Whether a member reads at computed positions (gather, concat, pad): such a
-    /// group never takes a reduction (the row programs have no lowering of it).
-    pub(super) indexed: bool,
+    /// The members that read at computed positions (gather, concat, pad): a group with
+    /// any never takes a reduction (the row programs have no lowering of them).
+    pub(super) reads: Vec<NodeId>,
 }
 
 impl Group {
@@ -270,31 +270,32 @@ impl<'g> Fuser<'g> {
     pub(super) fn indexed_union_ok(&self, gs: &[usize], extra: Option<NodeId>) -> bool {
         let in_union =
             |x: NodeId| Some(x) == extra || self.group_of(x).is_some_and(|g| gs.contains(&g));
-        let members = gs
+        // Only the reads are looked at: a long chain's groups are checked in constant
+        // time per step.
+        let extra_read = extra.filter(|&n| self.g.node(n).op.is_indexed_read());
+        let mut reads = gs
             .iter()
-            .flat_map(|&g| self.groups[g].members.iter().copied())
-            .chain(extra);
-        let mut indexed = false;
-        let mut reduces = gs.iter().any(|&g| self.groups[g].reduce.is_some());
-        for m in members {
-            let op = &self.g.node(m).op;
-            reduces |= op.is_reduce();
-            if !op.is_indexed_read() {
-                continue;
-            }
-            indexed = true;
-            for o in self.g.operands(m) {
+            .flat_map(|&g| self.groups[g].reads.iter().copied())
+            .chain(extra_read)
+            .peekable();
+        if reads.peek().is_none() {
+            return true;
+        }
+        let reduces = gs.iter().any(|&g| self.groups[g].reduce.is_some())
+            || extra.is_some_and(|n| self.g.node(n).op.is_reduce());
+        if reduces {
+            return false;
+        }
+        reads.all(|m| {
+            self.g.operands(m).into_iter().all(|o| {
                 // Through views that fold into loads, down to where the value lives.
                 let mut b = o;
                 while self.role.get(&b) == Some(&Role::View) && !self.copies.contains(&b) {
                     b = self.g.operands(b)[0];
                 }
-                if in_union(b) {
-                    return false;
-                }
-            }
-        }
-        !(indexed && reduces)
+                !in_union(b)
+            })
+        })
     }
 
     pub(super) fn group_of(&self, n: NodeId) -> Option<usize> {
@@ -354,7 +355,7 @@ impl<'g> Fuser<'g> {
             // A product's epilogue may absorb plain element-wise groups (rule 1): the
             // union is the product's group wherever it was merged into.
             t.contract = t.contract.or(moved.contract);
-            t.indexed |= moved.indexed;
+            t.reads.extend(moved.reads);
             t.members.extend(moved.members);
             t.ext.extend(moved.ext);
             t.min_pos = t.min_pos.min(moved.min_pos);

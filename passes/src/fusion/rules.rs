@@ -22,7 +22,7 @@ impl Fuser<'_> {
                 Op::Gather { .. } | Op::Concat { .. } | Op::Pad { .. } => {
                     self.new_group(n, node.shape.clone(), None, Level::Element);
                     let gi = self.groups.len() - 1;
-                    self.groups[gi].indexed = true;
+                    self.groups[gi].reads.push(n);
                 }
                 Op::View(v) => self.try_alias(n, v),
                 Op::Reduce { axes, .. } => self.place_reduction(n, axes.clone()),
@@ -155,7 +155,7 @@ impl Fuser<'_> {
                 && grp.contract.is_none()
                 && grp.domain == self.g.node(o).shape
                 && grp.reduce.as_ref().is_none_or(|r| *r == axes)
-                && !grp.indexed
+                && grp.reads.is_empty()
                 && self.convex_union(&[gi], Some(n))
         });
         match joins {
