@@ -538,6 +538,45 @@ impl<'a> Lowerer<'a> {
                 };
                 x.dropout(p, &key)
             }
+            "take" | "take_along_axis" | "index_add" | "concat" | "concatenate" | "stack"
+            | "pad" | "cumsum" | "cumprod" | "sort" | "argsort" | "top_k" | "arange"
+            | "one_hot" | "tril" | "triu" => self.index_call(name, args, kwargs, pos)?,
+            "grad" => {
+                // grad(f, x): the gradient of the 0-d float `f` with respect to input `x`.
+                let a = bind(name, pos, args, kwargs, &["f", "x"])?;
+                let wrt = req(&a, 1);
+                if !matches!(wrt.kind, Kind::Name(_)) {
+                    return Err(ExprError::new(
+                        wrt.pos,
+                        "grad(f, x): x must be an input name (the gradient is with respect to an input)",
+                    ));
+                }
+                let f = self.tensor_arg(req(&a, 0))?;
+                let x = self.tensor_arg(wrt)?;
+                let g =
+                    crate::grad::grad(&f, &[&x]).map_err(|e| ExprError::new(pos, e.reason()))?;
+                match g.into_iter().next() {
+                    Some(g) => g,
+                    None => return Err(ExprError::new(pos, "grad gave no gradient (a bug)")),
+                }
+            }
+            _ => return Err(ExprError::new(pos, unknown_function(name))),
+        };
+        self.checked(t, pos).map(Value::T)
+    }
+
+    /// The indexing, padding, scan and sort functions. Out of [`Lowerer::call`] and
+    /// never inlined: `call` is on the stack once per nesting level, and these arms'
+    /// locals would grow every level's frame (100 levels must fit a 2 MiB thread).
+    #[inline(never)]
+    fn index_call(
+        &mut self,
+        name: &str,
+        args: &[Node],
+        kwargs: &[Kwarg],
+        pos: usize,
+    ) -> Result<Tensor, ExprError> {
+        Ok(match name {
             "take" => {
                 // numpy: no axis takes from the flattened array.
                 let a = bind(name, pos, args, kwargs, &["x", "idx", "axis=None"])?;
@@ -669,28 +708,8 @@ impl<'a> Lowerer<'a> {
                     x.triu(k)
                 }
             }
-            "grad" => {
-                // grad(f, x): the gradient of the 0-d float `f` with respect to input `x`.
-                let a = bind(name, pos, args, kwargs, &["f", "x"])?;
-                let wrt = req(&a, 1);
-                if !matches!(wrt.kind, Kind::Name(_)) {
-                    return Err(ExprError::new(
-                        wrt.pos,
-                        "grad(f, x): x must be an input name (the gradient is with respect to an input)",
-                    ));
-                }
-                let f = self.tensor_arg(req(&a, 0))?;
-                let x = self.tensor_arg(wrt)?;
-                let g =
-                    crate::grad::grad(&f, &[&x]).map_err(|e| ExprError::new(pos, e.reason()))?;
-                match g.into_iter().next() {
-                    Some(g) => g,
-                    None => return Err(ExprError::new(pos, "grad gave no gradient (a bug)")),
-                }
-            }
-            _ => return Err(ExprError::new(pos, unknown_function(name))),
-        };
-        self.checked(t, pos).map(Value::T)
+            _ => unreachable!("call sends only the indexing functions here"),
+        })
     }
 
     /// The axis in slot `i`, or `default` when it is not given.
