@@ -145,6 +145,39 @@ fn tolerance(dtype: DType) -> (f64, f64) {
 
 type Launch = unsafe extern "C" fn(*const (), u32, u32, u32, i32, *const *mut u8) -> i32;
 
+/// Runs the launches of emitted function set `b{i}` of `lib`, in order, on `args` (one
+/// live, 64-byte aligned buffer per parameter: inputs or operands, outputs, scratch,
+/// each at least as large as the kernel or routine reads or writes).
+fn launch_all(
+    lib: &libloading::Library,
+    i: usize,
+    launches: &[ndfuse_codegen_cuda::Launch],
+    args: &[*mut u8],
+) {
+    // SAFETY: `nd_emu_launch` is defined by cuda_emu.h with exactly this signature.
+    let launch: libloading::Symbol<Launch> =
+        unsafe { lib.get(b"nd_emu_launch\0") }.expect("nd_emu_launch");
+    for l in launches {
+        let name = format!("b{i}_{}\0", l.function);
+        // SAFETY: every emitted function takes only pointer parameters; it is called
+        // through `nd_emu_launch` with one pointer per parameter.
+        let f: libloading::Symbol<*const ()> =
+            unsafe { lib.get(name.as_bytes()) }.expect("kernel function");
+        // SAFETY: `args` holds one live buffer per parameter, as the caller promises.
+        let rc = unsafe {
+            launch(
+                *f,
+                l.grid,
+                l.block.0,
+                l.block.1,
+                args.len() as i32,
+                args.as_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "{}: bad launch shape", l.function);
+    }
+}
+
 /// Builds every kernel of `cks` into one library: each source in its own namespace
 /// with its functions renamed `b{i}_...`, so that one compiler run serves them all.
 fn build(cxx: &str, dir: &Path, cks: &[&CudaKernel]) -> libloading::Library {
@@ -226,29 +259,7 @@ fn run_emulated(
         bufs.push(Aligned::new(ck.scratch_bytes, 0xff));
     }
     let args: Vec<*mut u8> = bufs.iter().map(|b| b.ptr).collect();
-    // SAFETY: `nd_emu_launch` is defined by cuda_emu.h with exactly this signature.
-    let launch: libloading::Symbol<Launch> =
-        unsafe { lib.get(b"nd_emu_launch\0") }.expect("nd_emu_launch");
-    for l in &ck.launches {
-        let name = format!("b{i}_{}\0", l.function);
-        // SAFETY: every emitted function takes only pointer parameters; it is called
-        // through `nd_emu_launch` with one pointer per parameter.
-        let f: libloading::Symbol<*const ()> =
-            unsafe { lib.get(name.as_bytes()) }.expect("kernel function");
-        // SAFETY: `args` holds one live, 64-byte aligned buffer per parameter (inputs,
-        // outputs, scratch), each at least as large as the kernel description says.
-        let rc = unsafe {
-            launch(
-                *f,
-                l.grid,
-                l.block.0,
-                l.block.1,
-                args.len() as i32,
-                args.as_ptr(),
-            )
-        };
-        assert_eq!(rc, 0, "{}: bad launch shape", l.function);
-    }
+    launch_all(lib, i, &ck.launches, &args);
     let first_out = inputs.len();
     kernel
         .outputs
@@ -1049,28 +1060,7 @@ fn run_routine_emulated(
         bufs.push(Aligned::new(ck.scratch_bytes, 0xff));
     }
     let args: Vec<*mut u8> = bufs.iter().map(|b| b.ptr).collect();
-    // SAFETY: `nd_emu_launch` is defined by cuda_emu.h with exactly this signature.
-    let launch: libloading::Symbol<Launch> =
-        unsafe { lib.get(b"nd_emu_launch\0") }.expect("nd_emu_launch");
-    for l in &ck.launches {
-        let name = format!("b{i}_{}\0", l.function);
-        // SAFETY: every emitted routine function takes only pointer parameters.
-        let f: libloading::Symbol<*const ()> =
-            unsafe { lib.get(name.as_bytes()) }.expect("kernel function");
-        // SAFETY: `args` holds one live buffer per parameter (operands, output,
-        // scratch), each as large as the routine reads or writes.
-        let rc = unsafe {
-            launch(
-                *f,
-                l.grid,
-                l.block.0,
-                l.block.1,
-                args.len() as i32,
-                args.as_ptr(),
-            )
-        };
-        assert_eq!(rc, 0, "{}: bad launch shape", l.function);
-    }
+    launch_all(lib, i, &ck.launches, &args);
     let bytes = bufs[c.inputs.len()].bytes(len * c.node.dtype.size_bytes());
     from_bytes(c.node.dtype, len, bytes)
         .unwrap_or_else(|e| panic!("{}: {e}\n{}", c.what, ck.source))
