@@ -333,6 +333,9 @@ const SCAN_FEW_LANES: usize = 16;
 /// `scan_with`).
 const SCAN_ROWS: usize = 8;
 
+/// Positions of one row scanned before the next row's (see `scan_with`).
+const SCAN_COLS: usize = 16;
+
 /// The arithmetic of a scan's accumulator.
 trait Arith: Copy + Send + Sync {
     const ZERO: Self;
@@ -462,22 +465,38 @@ fn scan_with<T: ScanElem, F>(
         return scan_blocked(x, out, (outer, n, inner), reverse, id, f);
     }
     if inner == 1 {
-        // Rows are scanned SCAN_ROWS at a time, interleaved: each row's running value is
-        // one chain of dependent adds (4 cycles each), and independent chains side by
-        // side keep the adder busy. Every row still combines in its own order: the same
-        // bits as one row at a time.
+        // Rows are scanned SCAN_ROWS at a time, a block of SCAN_COLS positions of each
+        // in turn: each row's running value is one chain of dependent adds (4 cycles
+        // each), and the next row's block, independent, overlaps it in the core's
+        // out-of-order window. Every row still combines in its own order: the same bits
+        // as one row at a time.
         out.par_chunks_mut(n * SCAN_ROWS)
             .zip(x.par_chunks(n * SCAN_ROWS))
             .with_min_len(min_tasks(n * SCAN_ROWS))
             .for_each(|(rows, xs)| {
-                let count = xs.len() / n;
                 let mut acc = [id; SCAN_ROWS];
-                for j in order(n, reverse) {
-                    for (r, a) in acc.iter_mut().enumerate().take(count) {
-                        let p = r * n + j;
-                        *a = f(*a, xs[p].load());
-                        rows[p] = T::store(*a);
+                let mut done = 0;
+                while done < n {
+                    let w = SCAN_COLS.min(n - done);
+                    // Positions done..done + w in scan order.
+                    let span = if reverse {
+                        n - done - w..n - done
+                    } else {
+                        done..done + w
+                    };
+                    for ((row, x), a) in rows.chunks_mut(n).zip(xs.chunks(n)).zip(&mut acc) {
+                        let (row, x) = (&mut row[span.clone()], &x[span.clone()]);
+                        let mut step = |(e, &v): (&mut T::Out, &T)| {
+                            *a = f(*a, v.load());
+                            *e = T::store(*a);
+                        };
+                        if reverse {
+                            row.iter_mut().zip(x).rev().for_each(&mut step);
+                        } else {
+                            row.iter_mut().zip(x).for_each(&mut step);
+                        }
                     }
+                    done += w;
                 }
             });
         return;
