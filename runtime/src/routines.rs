@@ -776,7 +776,11 @@ impl Lanes {
                         .with_min_len(TASK_MIN)
                         .enumerate()
                         .for_each(|(j, it)| *it = I::pack(key(x[base + j * inner]), j));
-                    let sorted = radix_sort(items, scratch, threads);
+                    let sorted = if few(k, n) {
+                        select_first(items, k)
+                    } else {
+                        radix_sort(items, scratch, threads)
+                    };
                     let pos = |(e, it): (&mut i64, &I)| *e = it.pos() as i64;
                     if inner == 1 {
                         out[o * k..(o + 1) * k]
@@ -803,7 +807,9 @@ impl Lanes {
                     let base = o * n * inner + i;
                     items.clear();
                     items.extend((0..n).map(|j| I::pack(key(x[base + j * inner]), j)));
-                    let sorted = if n < RADIX_MIN {
+                    let sorted = if few(k, n) {
+                        select_first(items, k)
+                    } else if n < RADIX_MIN {
                         // Items are distinct (positions differ): an unstable sort is
                         // the stable one.
                         items.sort_unstable();
@@ -821,6 +827,23 @@ impl Lanes {
             );
         Ok(())
     }
+}
+
+/// Whether a top-k keeps few enough of a row's `n` positions (an eighth at most) that
+/// selecting them beats sorting the row.
+fn few(k: usize, n: usize) -> bool {
+    k.saturating_mul(8) <= n
+}
+
+/// `items` with its `k` smallest first, in order (the rest in no order): a selection,
+/// then a sort of those `k`. Items are distinct (their positions differ), so these are
+/// exactly the first `k` of the full sort.
+fn select_first<I: Item>(items: &mut [I], k: usize) -> &mut [I] {
+    if k > 0 && k < items.len() {
+        items.select_nth_unstable(k - 1);
+    }
+    items[..k].sort_unstable();
+    items
 }
 
 /// LSD radix sort of `items` by key, [`DIGIT_BITS`] bits a pass, stable by

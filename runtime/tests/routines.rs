@@ -510,6 +510,10 @@ fn argsort_matches_the_interpreter_on_short_rows() {
                 );
             }
             check_argsort(dtype, &[300, 20], 1, descending, 20, &mut rng);
+            // A top-k of few positions is a selection, then a sort of those.
+            check_argsort(dtype, &[300, 20], 1, descending, 2, &mut rng);
+            check_argsort(dtype, &[40], 0, descending, 5, &mut rng);
+            check_argsort(dtype, &[7, 41, 3], 1, descending, 4, &mut rng);
         }
     }
 }
@@ -526,6 +530,7 @@ fn argsort_matches_the_interpreter_on_long_rows() {
             check_argsort(dtype, &[3, long], 1, descending, long, &mut rng);
             check_argsort(dtype, &[long, 2], 0, descending, long, &mut rng);
             check_argsort(dtype, &[2, long], 1, descending, 10, &mut rng);
+            check_argsort(dtype, &[long], 0, descending, 10, &mut rng);
         }
     }
     // Many rows of radix length.
