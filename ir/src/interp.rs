@@ -80,7 +80,7 @@ fn compute(node: &Node, operands: &[&Tensor]) -> Result<Tensor, InterpError> {
         Op::MatMul => contract::matmul(operands[0], operands[1], &node.shape, node.dtype),
         Op::RandomUniform { .. } => random::uniform_at(random::key_of(&operands[0].vals), 0..numel),
         Op::Iota { len, start, step } => index::iota(*len, *start, *step),
-        Op::Gather { axis } => index::gather("gather", operands[0], operands[1], *axis)?,
+        Op::Gather { axis } => index::gather(operands[0], operands[1], *axis)?,
         Op::ScatterAdd { axis } => {
             index::scatter_add(operands[0], operands[1], operands[2], *axis, node.dtype)?
         }

@@ -40,23 +40,30 @@ fn ints(v: &Vals) -> &[i64] {
     }
 }
 
-/// `out[p] = x[p with p[axis] := idx[p]]`.
-pub(super) fn gather(
+/// For each index of `idx` (in its row-major order), the offset into `x` it names:
+/// the index's own position with its `axis` coordinate replaced by the index, wrapped
+/// when negative; an index outside `-n..n` is `op`'s error.
+fn indexed_offsets(
     op: &'static str,
-    x: &Tensor,
+    x: &Shape,
     idx: &Tensor,
     axis: usize,
-) -> Result<Vals, InterpError> {
-    let (_, n, inner) = x.shape.around_axis(axis);
+) -> Result<Vec<usize>, InterpError> {
+    let (_, n, inner) = x.around_axis(axis);
     let (_, m, _) = idx.shape.around_axis(axis);
     let ks = ints(&idx.vals);
     let mut offsets = Vec::with_capacity(ks.len());
     for (p, &k) in ks.iter().enumerate() {
-        let (o, j_i) = (p / (m * inner).max(1), p % (m * inner).max(1));
-        let i = j_i % inner.max(1);
+        let (o, i) = (p / (m * inner).max(1), p % inner.max(1));
         let kk = wrap_index(op, axis, k, n, || idx.shape.unravel(p))?;
         offsets.push((o * n + kk) * inner + i);
     }
+    Ok(offsets)
+}
+
+/// `out[p] = x[p with p[axis] := idx[p]]`.
+pub(super) fn gather(x: &Tensor, idx: &Tensor, axis: usize) -> Result<Vals, InterpError> {
+    let offsets = indexed_offsets("gather", &x.shape, idx, axis)?;
     Ok(x.vals.gather(offsets.into_iter()))
 }
 
@@ -69,16 +76,7 @@ pub(super) fn scatter_add(
     axis: usize,
     dtype: DType,
 ) -> Result<Vals, InterpError> {
-    let (_, n, inner) = x.shape.around_axis(axis);
-    let (_, m, _) = idx.shape.around_axis(axis);
-    let ks = ints(&idx.vals);
-    let mut targets = Vec::with_capacity(ks.len());
-    for (p, &k) in ks.iter().enumerate() {
-        let (o, j_i) = (p / (m * inner).max(1), p % (m * inner).max(1));
-        let i = j_i % inner.max(1);
-        let kk = wrap_index("scatter_add", axis, k, n, || idx.shape.unravel(p))?;
-        targets.push((o * n + kk) * inner + i);
-    }
+    let targets = indexed_offsets("scatter_add", &x.shape, idx, axis)?;
     Ok(match (&x.vals, &v.vals) {
         (Vals::F(xs), Vals::F(vs)) => {
             let mut out = xs.clone();
@@ -98,49 +96,23 @@ pub(super) fn scatter_add(
     })
 }
 
-/// The parts joined along `axis` (`out` is the result's shape).
+/// The parts joined along `axis` (`out` is the result's shape): all of them one after
+/// the other, read in the result's order.
 pub(super) fn concat(parts: &[&Tensor], axis: usize, out: &Shape) -> Vals {
     let (outer, _, inner) = out.around_axis(axis);
-    let mut offsets: Vec<(usize, usize)> = Vec::with_capacity(out.numel());
-    for o in 0..outer {
-        for (pi, part) in parts.iter().enumerate() {
-            let n = part.shape.dims()[axis];
-            for j in 0..n * inner {
-                offsets.push((pi, o * n * inner + j));
-            }
-        }
+    let mut all = parts[0].vals.clone();
+    let mut starts = vec![0];
+    for part in &parts[1..] {
+        starts.push(all.len());
+        all.extend(&part.vals);
     }
-    let pick = |f: &dyn Fn(&Vals, usize) -> Scalar| -> Vec<Scalar> {
-        offsets.iter().map(|&(p, o)| f(&parts[p].vals, o)).collect()
-    };
-    let scalars = pick(&|v, o| match v {
-        Vals::F(v) => Scalar::F(v[o]),
-        Vals::I(v) => Scalar::I(v[o]),
-        Vals::B(v) => Scalar::B(v[o]),
+    let offsets = (0..outer).flat_map(|o| {
+        parts.iter().zip(&starts).flat_map(move |(part, &start)| {
+            let run = part.shape.dims()[axis] * inner;
+            (0..run).map(move |j| start + o * run + j)
+        })
     });
-    from_scalars(&parts[0].vals, scalars)
-}
-
-fn from_scalars(like: &Vals, s: Vec<Scalar>) -> Vals {
-    match like {
-        Vals::F(_) => Vals::F(s.into_iter().map(|x| x.to_f64()).collect()),
-        Vals::I(_) => Vals::I(
-            s.into_iter()
-                .map(|x| match x {
-                    Scalar::I(i) => i,
-                    _ => unreachable!("one dtype across parts"),
-                })
-                .collect(),
-        ),
-        Vals::B(_) => Vals::B(
-            s.into_iter()
-                .map(|x| match x {
-                    Scalar::B(b) => b,
-                    _ => unreachable!("one dtype across parts"),
-                })
-                .collect(),
-        ),
-    }
+    all.gather(offsets)
 }
 
 /// Where position `c` of a padded axis reads its operand of extent `n` padded by `lo`

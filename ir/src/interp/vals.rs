@@ -63,6 +63,16 @@ impl Vals {
         }
     }
 
+    /// `other`'s elements appended (of the same kind: one dtype).
+    pub(super) fn extend(&mut self, other: &Vals) {
+        match (self, other) {
+            (Vals::F(a), Vals::F(b)) => a.extend_from_slice(b),
+            (Vals::I(a), Vals::I(b)) => a.extend_from_slice(b),
+            (Vals::B(a), Vals::B(b)) => a.extend_from_slice(b),
+            _ => unreachable!("values of one dtype are of one kind (a bug otherwise)"),
+        }
+    }
+
     /// Bools as 0/1 integers, for ops that treat them as numbers.
     pub(super) fn bools_as_ints(v: &[bool]) -> Vec<i64> {
         v.iter().map(|&b| i64::from(b)).collect()
