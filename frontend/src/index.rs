@@ -8,7 +8,7 @@
 use crate::context::Context;
 use crate::error::Error;
 use crate::ops::norm_axis;
-use crate::tensor::{Expr, Tensor};
+use crate::tensor::Tensor;
 use ndfuse_ir::{DType, IrError, Op, PadMode, Scalar, Shape, TensorType, ViewOp};
 use std::panic::Location;
 
@@ -85,20 +85,7 @@ pub(crate) fn iota_at(ctx: &Context, len: usize, start: i64, step: i64, at: At) 
             },
         );
     }
-    let op = Op::Iota { len, start, step };
-    match ndfuse_ir::infer(&op, &[]) {
-        Ok(t) => Tensor::from_expr(
-            ctx,
-            Expr {
-                op,
-                dtype: t.dtype,
-                shape: t.shape,
-                src: Vec::new(),
-                data: None,
-            },
-        ),
-        Err(source) => Tensor::poisoned(ctx, Error::Op { source, at }),
-    }
+    Tensor::build_in(ctx, Op::Iota { len, start, step }, &[], at)
 }
 
 impl Tensor {

@@ -167,7 +167,16 @@ impl Tensor {
     /// Builds `op` over `src`, inferring its type; a poisoned tensor (with `at`) when
     /// the op is illegal or an operand is already poisoned.
     pub(crate) fn build(op: Op, src: &[&Tensor], at: &'static Location<'static>) -> Tensor {
-        let ctx = &src[0].ctx;
+        Tensor::build_in(&src[0].ctx, op, src, at)
+    }
+
+    /// [`Tensor::build`] in `ctx`, for ops that may have no operand (an iota).
+    pub(crate) fn build_in(
+        ctx: &Context,
+        op: Op,
+        src: &[&Tensor],
+        at: &'static Location<'static>,
+    ) -> Tensor {
         let mut types = Vec::with_capacity(src.len());
         for s in src {
             match s.ty() {

@@ -6,9 +6,6 @@ use ndfuse_ir::{Graph, Kernel, NodeId};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-/// The end of the reason of a step that runs a routine (see [`Schedule::to_text`]).
-pub const ROUTINE: &str = "runs as a routine of its own";
-
 /// One unit of work, in execution order.
 // A schedule holds a handful of steps, built once per compile: boxing the kernel would
 // only add an indirection to every match.
@@ -110,6 +107,7 @@ impl Schedule {
     /// known.
     pub fn note(
         &self,
+        g: &Graph,
         id: NodeId,
         kernel_path: &dyn Fn(usize) -> Option<String>,
     ) -> Option<String> {
@@ -131,10 +129,10 @@ impl Schedule {
                 }
             }
             Placement::Interp { step } => {
-                let Step::Interp { reason, .. } = &self.steps[*step] else {
+                let Step::Interp { node, reason, .. } = &self.steps[*step] else {
                     unreachable!("Interp placement points at an interp step (a bug otherwise)");
                 };
-                let _ = write!(s, "{}: {reason}", self.step_kind(*step));
+                let _ = write!(s, "{}: {reason}", step_kind(g, *node));
             }
         }
         Some(s)
@@ -142,21 +140,22 @@ impl Schedule {
 
     /// The graph's text form with each node's placement noted.
     pub fn annotate(&self, g: &Graph, kernel_path: &dyn Fn(usize) -> Option<String>) -> String {
-        g.to_text_with(&|id| self.note(id, kernel_path))
+        g.to_text_with(&|id| self.note(g, id, kernel_path))
+    }
+}
+
+/// How a step of its own for `node` runs: `routine` for the ops the backends run as
+/// native routines (scatter-add, scans, sorts; recorded as [`Step::Interp`] with the
+/// node), `interp` for the reference interpreter.
+fn step_kind(g: &Graph, node: NodeId) -> &'static str {
+    if g.node(node).op.is_routine() {
+        "routine"
+    } else {
+        "interp"
     }
 }
 
 impl Schedule {
-    /// How a step that is not a kernel runs: `routine` for the ops the backends run as
-    /// native routines of their own (scatter-add, scans, sorts; recorded as
-    /// [`Step::Interp`] with the node), `interp` for the reference interpreter.
-    fn step_kind(&self, step: usize) -> &'static str {
-        match &self.steps[step] {
-            Step::Interp { reason, .. } if reason.ends_with(ROUTINE) => "routine",
-            _ => "interp",
-        }
-    }
-
     /// Every step in order: kernels in full, interpreter steps as one line, with node
     /// numbers as in the graph's printed form.
     pub fn to_text(&self, g: &Graph) -> String {
@@ -172,7 +171,7 @@ impl Schedule {
                     let _ = writeln!(
                         out,
                         "step {i}: {} %{n} {} ; {reason}",
-                        self.step_kind(i),
+                        step_kind(g, *node),
                         g.node(*node).op.name()
                     );
                 }

@@ -27,7 +27,7 @@ impl Fuser<'_> {
             if self.role[&n] == Role::Routine {
                 let operands = self.g.operands(n);
                 let op = &self.g.node(n).op;
-                let reason = format!("{} {}", op.name(), crate::schedule::ROUTINE);
+                let reason = format!("{} runs as a routine of its own", op.name());
                 lowered.push((
                     self.pos[&n],
                     Step::Interp {
@@ -39,6 +39,14 @@ impl Fuser<'_> {
             }
         }
         let mut steps = order_steps(lowered)?;
+        let routine_step: HashMap<NodeId, usize> = steps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s {
+                Step::Interp { node, .. } => Some((*node, i)),
+                Step::Kernel { .. } => None,
+            })
+            .collect();
         let mut placement: HashMap<NodeId, Placement> = self
             .g
             .node_ids()
@@ -53,13 +61,9 @@ impl Fuser<'_> {
                 }
                 // Placed with the product that reads it, below.
                 Role::Member(_) | Role::Prologue => continue,
-                Role::Routine => {
-                    let step = steps
-                        .iter()
-                        .position(|s| matches!(s, Step::Interp { node, .. } if *node == n))
-                        .expect("every routine node has its step");
-                    Placement::Interp { step }
-                }
+                Role::Routine => Placement::Interp {
+                    step: routine_step[&n],
+                },
             };
             placement.insert(n, p);
         }
