@@ -77,7 +77,9 @@ pub use machine::{
     measure_widest_compute_peak, Bandwidth, DeviceFloor, Machine, ReadBandwidth,
 };
 pub use options::{BenchOptions, Kind, Size};
-pub use peak::{measure_wide_compute_peak, measure_wide_fma_peak, ComputePeak, FmaPeak};
+pub use peak::{
+    measure_tier_fma_peak, measure_wide_compute_peak, measure_wide_fma_peak, ComputePeak, FmaPeak,
+};
 pub use run::{run_suite, run_suite_with, BenchReport, Compared, Event, Row};
 pub use training::{
     training_names, ParallelRow, Shape as TrainingShape, StepRow, TrainingRow, WARMUP_STEPS,

@@ -414,6 +414,11 @@ pub struct Machine {
     /// f32 FMA peak with the widest vectors, measured at the start of the run: the
     /// compute floor of the matrix products.
     pub fma: FmaPeak,
+    /// The micro-kernels the CPU's products ran on (`ndfuse_runtime::ProductTier`:
+    /// `AVX-512F`, `AVX2+FMA`, `scalar`), and the f32 FMA peak at their width, measured
+    /// in the same run (the figure of `fma` where that is the widest width); `None`
+    /// for the scalar tier.
+    pub product_tier: (&'static str, Option<FmaPeak>),
     /// For a CUDA run: the device and its floors, measured in the same run.
     pub device: Option<DeviceFloor>,
 }

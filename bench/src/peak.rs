@@ -403,7 +403,29 @@ pub(crate) fn fastest_run(threads: usize, trials: usize, work: impl Fn() + Sync)
 /// where the CPU has neither AVX-512F nor AVX2+FMA (or is not x86-64): the 128-bit
 /// probe's figure is then the widest.
 pub fn measure_wide_fma_peak(iterations: u64, trials: usize) -> Option<FmaPeak> {
-    let width = Width::detect()?;
+    fma_peak_at(Width::detect()?, iterations, trials)
+}
+
+/// Measures [`FmaPeak`] at the width of the micro-kernels the products run on
+/// (`ProductTier::current`): zmm for AVX-512F, ymm for AVX2+FMA, so a run with
+/// `NDFUSE_CPU_WIDE=avx2` sets its products against the AVX2 peak beside the machine's.
+/// `None` for the scalar tier.
+pub fn measure_tier_fma_peak(
+    tier: ndfuse_runtime::ProductTier,
+    iterations: u64,
+    trials: usize,
+) -> Option<FmaPeak> {
+    use ndfuse_runtime::ProductTier;
+    let width = match tier {
+        ProductTier::Avx512 => Width::Zmm,
+        ProductTier::Fma => Width::Ymm,
+        ProductTier::Scalar => return None,
+    };
+    fma_peak_at(width, iterations, trials)
+}
+
+/// The widest FMA width's figure if `width` is the widest the host has, else `None`.
+fn fma_peak_at(width: Width, iterations: u64, trials: usize) -> Option<FmaPeak> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let iterations = iterations.max(1);
     let flops_per_run = (2 * width.lanes() * CHAINS) as f64 * iterations as f64;

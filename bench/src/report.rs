@@ -160,6 +160,8 @@ impl BenchReport {
                     "flops": r.flops,
                     "gflops": r.gflops,
                     "fraction_of_fma_peak": r.fma_peak_fraction,
+                    "product_tier": r.product_tier.map(|(name, _)| name),
+                    "fraction_of_tier_fma_peak": r.product_tier.and_then(|(_, f)| f),
                     "versus": r.versus.as_ref().map(|v| serde_json::json!({
                         "what": v.what,
                         "median_ms": v.median_ms,
@@ -207,6 +209,11 @@ impl BenchReport {
                     "threads": m.fma.threads,
                     "flops_per_s_1t": m.fma.flops_1t,
                     "flops_per_s": m.fma.flops_all,
+                },
+                "product_tier": {
+                    "name": m.product_tier.0,
+                    "fma_flops_per_s_1t": m.product_tier.1.as_ref().map(|f| f.flops_1t),
+                    "fma_flops_per_s": m.product_tier.1.as_ref().map(|f| f.flops_all),
                 },
                 "device": m.device.as_ref().map(|d| serde_json::json!({
                     "name": d.name,
@@ -312,6 +319,17 @@ impl BenchReport {
             m.compute.threads,
             m.compute.flops_all() / f.flops_all.max(1e-9) * 100.0
         );
+        let _ = match &m.product_tier {
+            (name, Some(t)) => writeln!(
+                s,
+                "products on the CPU run on the gemm crate's {name} micro-kernels: f32 FMA peak at their width ({}) {:.1} GFLOP/s on {} threads, {:.0}% of the widest; each product row says its tier and its fraction of that tier's peak",
+                t.isa,
+                t.flops_all / 1e9,
+                t.threads,
+                t.flops_all / f.flops_all.max(1e-9) * 100.0
+            ),
+            (name, None) => writeln!(s, "products on the CPU run on the gemm crate's {name} micro-kernels"),
+        };
         if let Some(d) = &m.device {
             let _ = writeln!(
                 s,
@@ -392,7 +410,13 @@ impl BenchReport {
                     .map_or_else(|| "-".into(), |g| format!("{g:.1}")),
                 r.fma_peak_fraction
                     .filter(|_| r.kind == Kind::Throughput)
-                    .map_or_else(|| "-".into(), |f| format!("{:.1}%", f * 100.0)),
+                    .map_or_else(|| "-".into(), |f| match r.product_tier {
+                        Some((tier, Some(t))) if (t - f).abs() > 1e-9 => {
+                            format!("{:.1}% ({tier}: {:.1}%)", f * 100.0, t * 100.0)
+                        }
+                        Some((tier, _)) => format!("{:.1}% ({tier})", f * 100.0),
+                        None => format!("{:.1}%", f * 100.0),
+                    }),
                 r.ops_per_element
                     .map_or_else(|| "-".into(), |o| format!("{o:.1}")),
                 r.floor_128_ms

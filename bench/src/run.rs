@@ -7,9 +7,10 @@ use crate::machine::{
     measure_widest_compute_peak, Bandwidth, DeviceFloor, Machine,
 };
 use crate::options::{BenchOptions, Kind, Size};
+use crate::peak::measure_tier_fma_peak;
 use crate::training::{run_parallel, run_step, training_names, TrainingRow, STEP_NAME};
 use ndfuse::{BackendKind, Context, Error, Report, Result, Tensor};
-use ndfuse_runtime::StepPath;
+use ndfuse_runtime::{ProductTier, StepPath};
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -93,6 +94,11 @@ pub struct Row {
     /// `gflops` over this machine's widest-vector FMA peak on all threads, measured in
     /// the same run: 1.0 is the peak. `None` on a GPU (the peak is the host's).
     pub fma_peak_fraction: Option<f64>,
+    /// For a product row on the CPU: the micro-kernels it ran on (`AVX-512F`,
+    /// `AVX2+FMA`, `scalar`) and `gflops` over the FMA peak at their width, measured in
+    /// the same run (`None` for the scalar tier); the same as `fma_peak_fraction` where
+    /// the tier is the widest.
+    pub product_tier: Option<(&'static str, Option<f64>)>,
     /// The time set against another measured in the same run ([`Case::versus`]).
     pub versus: Option<Compared>,
 }
@@ -225,6 +231,14 @@ pub fn run_suite_with(
     let compute = measure_compute_peak(opts.peak_iterations, opts.stream_trials);
     let wide = measure_widest_compute_peak(opts.peak_iterations, opts.stream_trials, &compute);
     let fma = measure_fma_peak(opts.peak_iterations, opts.stream_trials, &compute);
+    // The products' own tier: its peak is the widest one's unless the tier is narrower
+    // (`NDFUSE_CPU_WIDE=avx2` on an AVX-512 host), when it is measured too.
+    let tier = ProductTier::current();
+    let tier_fma = if tier.f32_lanes() == fma.lanes {
+        Some(fma.clone())
+    } else {
+        measure_tier_fma_peak(tier, opts.peak_iterations, opts.stream_trials)
+    };
     let device = device_floor(opts)?;
     let floor = device.as_ref().map_or(bandwidth.gbps(), |d| d.copy_gbps);
     // A GPU's products are set against the GPU's FMA peak, not the host's.
@@ -246,6 +260,10 @@ pub fn run_suite_with(
             f32x4_flops: compute.flops_all(),
             wide_lane_ops: wide.flops_all(),
             fma_flops,
+            // A GPU's products run on the GPU: no CPU tier.
+            product_tier: device
+                .is_none()
+                .then(|| (tier.name(), tier_fma.as_ref().map_or(0.0, |f| f.flops_all))),
         };
         let row = run_case(&ctx, case, opts, &peaks)?;
         on_event(Event::CaseDone(&row));
@@ -286,6 +304,7 @@ pub fn run_suite_with(
             compute,
             wide,
             fma,
+            product_tier: (tier.name(), tier_fma),
             device,
         },
         size: opts.size,
@@ -414,6 +433,9 @@ struct Peaks {
     wide_lane_ops: f64,
     /// Widest-vector f32 FLOP/s on all threads (the matrix products' floor).
     fma_flops: f64,
+    /// The CPU products' micro-kernel tier and the f32 FMA peak at its width, FLOP/s on
+    /// all threads (0 for the scalar tier); `None` on a GPU.
+    product_tier: Option<(&'static str, f64)>,
 }
 
 /// The timed runs of one output: a warm-up, then runs within the options' budget.
@@ -661,6 +683,9 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> R
         fma_peak_fraction: gflops
             .filter(|_| peaks.fma_flops > 0.0)
             .map(|g| g * 1e9 / peaks.fma_flops),
+        product_tier: gflops
+            .and(peaks.product_tier)
+            .map(|(name, peak)| (name, gflops.filter(|_| peak > 0.0).map(|g| g * 1e9 / peak))),
         versus,
     })
 }

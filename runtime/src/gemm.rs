@@ -35,6 +35,7 @@
 
 use crate::error::RuntimeError;
 use crate::gemm_packed::{Elements, Packed, Source, Widened};
+use crate::gemm_tier::{self, ProductTier, TierFloat};
 use gemm::Parallelism;
 use ndfuse_codegen_cpu::{CodegenError, CompiledKernel};
 use ndfuse_ir::{Contraction, DType, Expr, HostArray, Kernel, Prologue, Storage, View};
@@ -475,8 +476,9 @@ macro_rules! base {
     };
 }
 
-/// The `gemm` crate's product for a float type.
-fn gemm_fill<T: Accum + num_zero_one::ZeroOne>(
+/// The `gemm` crate's product for a float type, on the process's tier
+/// ([`ProductTier::current`]).
+fn gemm_fill<T: Accum + TierFloat>(
     lhs: &Mat<'_, T>,
     rhs: &Mat<'_, T>,
     b: Block,
@@ -492,7 +494,7 @@ fn gemm_fill<T: Accum + num_zero_one::ZeroOne>(
         b.rows * b.n,
         "a block's destination is rows x n (a bug)"
     );
-    // SAFETY: `gemm` reads lhs[i * lrs + l * lcs] for i < rows, l < k and
+    // SAFETY: `gemm_tier::gemm` (as `gemm::gemm`) reads lhs[i * lrs + l * lcs] for i < rows, l < k and
     // rhs[l * rrs + j * rcs] for l < k, j < n from the pointers given, and writes
     // dst[i * n + j]. Those lhs elements are the positions [batch, row0 + i, l] of the
     // lhs view (row0 + rows <= M, k = K), the rhs ones positions [batch, l, j] of the
@@ -505,44 +507,15 @@ fn gemm_fill<T: Accum + num_zero_one::ZeroOne>(
     // never read (alpha is ignored); beta = 1 scales the product. Sizes are non-zero
     // (callers skip empty blocks and K = 0). The conj flags are no-ops for real types.
     unsafe {
-        gemm::gemm(
-            b.rows,
-            b.n,
-            b.k,
-            dst.as_mut_ptr(),
-            1,
-            b.n as isize,
-            false,
-            lhs.data.as_ptr().wrapping_offset(loff),
-            lcs,
-            lrs,
-            rhs.data.as_ptr().wrapping_offset(roff),
-            rcs,
-            rrs,
-            T::ZERO,
+        gemm_tier::gemm(
+            ProductTier::current(),
+            (b.rows, b.n, b.k),
+            (dst.as_mut_ptr(), 1, b.n as isize),
+            (lhs.data.as_ptr().wrapping_offset(loff), lcs, lrs),
+            (rhs.data.as_ptr().wrapping_offset(roff), rcs, rrs),
             T::ONE,
-            false,
-            false,
-            false,
             par,
         );
-    }
-}
-
-/// Zero and one of the float types `gemm` multiplies.
-mod num_zero_one {
-    /// The constants `gemm`'s alpha and beta take.
-    pub(super) trait ZeroOne {
-        const ZERO: Self;
-        const ONE: Self;
-    }
-    impl ZeroOne for f32 {
-        const ZERO: f32 = 0.0;
-        const ONE: f32 = 1.0;
-    }
-    impl ZeroOne for f64 {
-        const ZERO: f64 = 0.0;
-        const ONE: f64 = 1.0;
     }
 }
 

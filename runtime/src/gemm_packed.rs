@@ -22,18 +22,12 @@
 //! blocks and on the shapes where this module declines.
 
 use crate::alloc::{host_cache, AllocError};
+use crate::gemm_tier::{F32Kernels, ProductTier};
 use gemm_common::cache::kernel_params;
-use gemm_common::microkernel::MicroKernelFn;
 use half::slice::HalfFloatSliceExt;
 use ndfuse_ir::{DType, HostArray, Prologue, Shape, Storage, View};
 use rayon::prelude::*;
 use std::cell::RefCell;
-
-/// The micro-kernel tile: `MR` columns of the product (rows of `gemm`'s lhs, whole
-/// registers of `LANES`) by `NR` rows.
-const MR: usize = 16;
-const NR: usize = 6;
-const LANES: usize = 8;
 
 /// Multiply-adds of a block below which it runs on one thread (`gemm`'s default).
 const THREADING_THRESHOLD: usize = gemm_common::gemm::DEFAULT_THREADING_THRESHOLD;
@@ -113,6 +107,9 @@ pub(crate) struct Packed<'a> {
     n: usize,
     k: usize,
     kc: usize,
+    /// The tier's micro-kernels: tiles of `mr` columns of the product (rows of
+    /// `gemm`'s lhs, whole registers of `lanes`) by `nr` rows.
+    kernels: F32Kernels,
 }
 
 impl<'a> Packed<'a> {
@@ -128,7 +125,8 @@ impl<'a> Packed<'a> {
         b: Source<'a>,
         (rows, n, k): (usize, usize, usize),
     ) -> Option<Self> {
-        if !has_fma() || rows < 2 || n < 2 || k < 3 {
+        let kernels = ProductTier::current().f32_kernels()?;
+        if rows < 2 || n < 2 || k < 3 {
             return None;
         }
         // The K strides `gemm` would see: a copy is contiguous, row-major.
@@ -137,7 +135,7 @@ impl<'a> Packed<'a> {
         if b_k_stride < 0 || (b_k_stride == 1 && a_k_stride == 1 && n * rows <= 256) {
             return None;
         }
-        let kc = kc(rows, n, k);
+        let kc = kc(rows, n, k, &kernels);
         Some(Packed {
             a,
             b,
@@ -145,6 +143,7 @@ impl<'a> Packed<'a> {
             n,
             k,
             kc,
+            kernels,
         })
     }
 
@@ -154,12 +153,26 @@ impl<'a> Packed<'a> {
     pub(crate) fn run(&self, dst: &mut [f32], threads: usize) {
         assert_eq!(dst.len(), self.rows * self.n, "rows x n (a bug)");
         let Packed { rows, n, k, kc, .. } = *self;
-        let params = kernel_params(n, rows, k, MR, NR, 4);
+        let F32Kernels {
+            mr: tile_mr,
+            nr: tile_nr,
+            ..
+        } = self.kernels;
+        let params = kernel_params(n, rows, k, tile_mr, tile_nr, 4);
         // Columns per block of packed b: the crate's L2 choice, cut so that every
         // thread gets one; rows per block of packed a: its choice, or 128 panels.
-        let per_thread = n.div_ceil(threads.max(1)).next_multiple_of(MR);
-        let mc = params.mc.max(MR).next_multiple_of(MR).min(per_thread);
-        let nc = if params.nc > 0 { params.nc } else { 128 * NR }.next_multiple_of(NR);
+        let per_thread = n.div_ceil(threads.max(1)).next_multiple_of(tile_mr);
+        let mc = params
+            .mc
+            .max(tile_mr)
+            .next_multiple_of(tile_mr)
+            .min(per_thread);
+        let nc = if params.nc > 0 {
+            params.nc
+        } else {
+            128 * tile_nr
+        }
+        .next_multiple_of(tile_nr);
         let out = DstPtr(dst.as_mut_ptr());
         for i0 in (0..rows).step_by(nc) {
             let nrows = nc.min(rows - i0);
@@ -167,17 +180,26 @@ impl<'a> Packed<'a> {
                 let kl = kc.min(k - p0);
                 // `gemm`'s threshold: less work than this runs on one thread.
                 let parallel = threads > 1 && nrows * n * kl >= THREADING_THRESHOLD;
-                with_buffer(&PACK_A, nrows.next_multiple_of(NR) * kl, |pa| {
+                with_buffer(&PACK_A, nrows.next_multiple_of(tile_nr) * kl, |pa| {
                     self.pack_a(pa, (i0, nrows), (p0, kl), parallel);
                     let pa: &[f32] = pa;
                     let columns = |j0: usize| {
                         let ncols = mc.min(n - j0);
-                        with_buffer(&PACK_B, ncols.next_multiple_of(MR) * kl, |pb| {
+                        with_buffer(&PACK_B, ncols.next_multiple_of(tile_mr) * kl, |pb| {
                             self.pack_b(pb, p0, kl, j0, ncols);
                             // SAFETY: `tiles`' contract: `out` is `dst`, rows x n, and
                             // the calls of one block of K write disjoint columns.
                             unsafe {
-                                tiles(&out, n, (pa, pb), (i0, nrows), (j0, ncols), kl, block)
+                                tiles(
+                                    &self.kernels,
+                                    &out,
+                                    n,
+                                    (pa, pb),
+                                    (i0, nrows),
+                                    (j0, ncols),
+                                    kl,
+                                    block,
+                                )
                             };
                         });
                     };
@@ -201,27 +223,28 @@ impl<'a> Packed<'a> {
         (p0, kl): (usize, usize),
         parallel: bool,
     ) {
+        let tile_nr = self.kernels.nr;
         let panel = |(q, panel): (usize, &mut [f32])| {
-            let r0 = q * NR;
-            let nr = NR.min(nrows - r0);
+            let r0 = q * tile_nr;
+            let nr = tile_nr.min(nrows - r0);
             with_buffer(&ROW, kl, |row| {
                 for r in 0..nr {
                     self.a.row(i0 + r0 + r, p0, row);
                     for (p, &v) in row.iter().enumerate() {
-                        panel[p * NR + r] = v;
+                        panel[p * tile_nr + r] = v;
                     }
                 }
             });
             // Rows past `nrows` are never read (a micro-kernel of fewer columns), but
             // are zeros so that nothing uninitialised is ever copied.
-            for r in nr..NR {
-                (0..kl).for_each(|p| panel[p * NR + r] = 0.0);
+            for r in nr..tile_nr {
+                (0..kl).for_each(|p| panel[p * tile_nr + r] = 0.0);
             }
         };
         if parallel {
-            pa.par_chunks_mut(kl * NR).enumerate().for_each(panel);
+            pa.par_chunks_mut(kl * tile_nr).enumerate().for_each(panel);
         } else {
-            pa.chunks_mut(kl * NR).enumerate().for_each(panel);
+            pa.chunks_mut(kl * tile_nr).enumerate().for_each(panel);
         }
     }
 
@@ -229,13 +252,14 @@ impl<'a> Packed<'a> {
     /// element `[p0 + p, j0 + q * MR + c]` at `(q * kl + p) * MR + c`, zeros past
     /// `ncols` (`gemm`'s packed lhs).
     fn pack_b(&self, pb: &mut [f32], p0: usize, kl: usize, j0: usize, ncols: usize) {
-        let width = ncols.next_multiple_of(MR);
+        let tile_mr = self.kernels.mr;
+        let width = ncols.next_multiple_of(tile_mr);
         with_buffer(&ROW, width, |row| {
             row[ncols..].fill(0.0);
             for p in 0..kl {
                 self.b.row(p0 + p, j0, &mut row[..ncols]);
-                for (q, chunk) in row.chunks_exact(MR).enumerate() {
-                    pb[(q * kl + p) * MR..][..MR].copy_from_slice(chunk);
+                for (q, chunk) in row.chunks_exact(tile_mr).enumerate() {
+                    pb[(q * kl + p) * tile_mr..][..tile_mr].copy_from_slice(chunk);
                 }
             }
         });
@@ -250,9 +274,11 @@ impl<'a> Packed<'a> {
 /// `out` must point to the `rows x n` row-major destination with rows `i0..i0 + nrows`
 /// and columns `j0..j0 + ncols` inside it, not accessed by anyone else during the call;
 /// `pa` and `pb` packed by [`Packed::pack_a`] and [`Packed::pack_b`] with these extents;
-/// the host has FMA ([`Packed::new`] checked).
+/// the host runs `kernels`' tier ([`Packed::new`] took them from
+/// [`ProductTier::current`]).
 #[allow(clippy::too_many_arguments)]
 unsafe fn tiles(
+    kernels: &F32Kernels,
     out: &DstPtr,
     n: usize,
     (pa, pb): (&[f32], &[f32]),
@@ -261,24 +287,31 @@ unsafe fn tiles(
     kl: usize,
     block: usize,
 ) {
-    let ukr: &[[MicroKernelFn<f32>; NR]; MR / LANES] = &gemm_f32::microkernel::fma::f32::UKR;
+    let F32Kernels {
+        lanes,
+        mr: tile_mr,
+        nr: tile_nr,
+        ukr,
+    } = *kernels;
     // 0: dst = beta * sum; 1: dst = beta * sum + dst (beta = 1, alpha unused).
     let status = u8::from(block > 0);
-    for q in 0..nrows.div_ceil(NR) {
-        let nr = NR.min(nrows - q * NR);
-        let a_panel = pa[q * kl * NR..].as_ptr();
-        for c in 0..ncols.div_ceil(MR) {
-            let mr = MR.min(ncols - c * MR);
-            let b_panel = pb[c * kl * MR..].as_ptr();
-            let next = pb[((c + 1) * kl * MR).min(pb.len() - 1)..].as_ptr();
-            let d = out.get().wrapping_add((i0 + q * NR) * n + j0 + c * MR);
+    for q in 0..nrows.div_ceil(tile_nr) {
+        let nr = tile_nr.min(nrows - q * tile_nr);
+        let a_panel = pa[q * kl * tile_nr..].as_ptr();
+        for c in 0..ncols.div_ceil(tile_mr) {
+            let mr = tile_mr.min(ncols - c * tile_mr);
+            let b_panel = pb[c * kl * tile_mr..].as_ptr();
+            let next = pb[((c + 1) * kl * tile_mr).min(pb.len() - 1)..].as_ptr();
+            let d = out
+                .get()
+                .wrapping_add((i0 + q * tile_nr) * n + j0 + c * tile_mr);
             // SAFETY: the kernel reads `kl` steps of MR floats from `b_panel` (the
             // panel is kl * MR, zero-padded) and of `nr` floats at stride NR from
             // `a_panel` (kl * NR); `next` is only a prefetch hint. It writes the `mr`
             // columns (unit stride) of `nr` rows (stride n) at `d`, inside the
-            // caller's rows and columns. The host has FMA, the kernels' feature.
+            // caller's rows and columns. The host runs the kernels' tier.
             unsafe {
-                ukr[mr.div_ceil(LANES) - 1][nr - 1](
+                ukr[mr.div_ceil(lanes) - 1][nr - 1](
                     mr,
                     nr,
                     kl,
@@ -287,8 +320,8 @@ unsafe fn tiles(
                     a_panel,
                     n as isize,
                     1,
-                    MR as isize,
-                    NR as isize,
+                    tile_mr as isize,
+                    tile_nr as isize,
                     1,
                     1.0,
                     1.0,
@@ -305,23 +338,11 @@ unsafe fn tiles(
 
 /// `gemm`'s block of K for a product of `rows x n` over `k` (its column-major view:
 /// `n` by `rows`): `kernel_params`, or below 65 x 65 the first 512 of K.
-fn kc(rows: usize, n: usize, k: usize) -> usize {
+fn kc(rows: usize, n: usize, k: usize, kernels: &F32Kernels) -> usize {
     if n <= 64 && rows <= 64 {
         k.min(512)
     } else {
-        kernel_params(n, rows, k, MR, NR, 4).kc
-    }
-}
-
-/// Whether `gemm` runs its FMA kernels on this host (it detects the same way).
-fn has_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+        kernel_params(n, rows, k, kernels.mr, kernels.nr, 4).kc
     }
 }
 

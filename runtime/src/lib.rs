@@ -32,6 +32,7 @@ mod evaluation;
 mod executor;
 mod gemm;
 mod gemm_packed;
+mod gemm_tier;
 mod routines;
 mod step_path;
 mod target;
@@ -60,6 +61,7 @@ pub use devices::{
 pub use error::{DeviceError, RuntimeError};
 pub use evaluation::Evaluation;
 pub use executor::{execute, explain, Explanation};
+pub use gemm_tier::ProductTier;
 /// The CPU code generator's error, which [`RuntimeError::Codegen`] carries.
 pub use ndfuse_codegen_cpu::CodegenError;
 pub use routines::{run_routine, RADIX_MIN, SCAN_BLOCK};

@@ -740,3 +740,29 @@ fn converted_operands_give_the_bits_of_their_f32_values() {
         }
     }
 }
+
+/// Products run on the micro-kernels of the element-wise kernels' tier: AVX-512F where
+/// the wide path uses it, AVX2+FMA where it uses AVX2 (`NDFUSE_CPU_WIDE=avx2`, which CI
+/// runs this file under as well, so every test above checks both tiers on an AVX-512
+/// host), and the widest the host has where the wide path is off.
+#[test]
+fn products_run_on_the_wide_paths_tier() {
+    use ndfuse_codegen_cpu::wide::{self, Tier};
+    use ndfuse_runtime::ProductTier;
+    let tier = ProductTier::current();
+    let want = match wide::tier() {
+        Some(Tier::Avx512) => ProductTier::Avx512,
+        Some(Tier::Avx2) => ProductTier::Fma,
+        None if Tier::Avx512.available() => ProductTier::Avx512,
+        None if Tier::Avx2.available() => ProductTier::Fma,
+        None => ProductTier::Scalar,
+    };
+    assert_eq!(tier, want, "the product tier ({})", tier.name());
+    if std::env::var("NDFUSE_CPU_WIDE").as_deref() == Ok("avx2") && Tier::Avx2.available() {
+        assert_eq!(
+            tier,
+            ProductTier::Fma,
+            "NDFUSE_CPU_WIDE=avx2 keeps products on AVX2"
+        );
+    }
+}
