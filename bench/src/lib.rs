@@ -78,7 +78,8 @@ pub use machine::{
 };
 pub use options::{BenchOptions, Kind, Size};
 pub use peak::{
-    measure_tier_fma_peak, measure_wide_compute_peak, measure_wide_fma_peak, ComputePeak, FmaPeak,
+    measure_bf16_dot_peak, measure_tier_fma_peak, measure_wide_compute_peak, measure_wide_fma_peak,
+    ComputePeak, FmaPeak,
 };
 pub use run::{run_suite, run_suite_with, BenchReport, Compared, Event, Row};
 pub use training::{

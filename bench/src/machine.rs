@@ -419,6 +419,10 @@ pub struct Machine {
     /// in the same run (the figure of `fma` where that is the widest width); `None`
     /// for the scalar tier.
     pub product_tier: (&'static str, Option<FmaPeak>),
+    /// The bf16 dot-product peak of AVX512_BF16 (`vdpbf16ps`), f32-equivalent FLOP/s;
+    /// `None` without it. bf16 products widen to f32 while packing and run on the f32
+    /// kernels: on the Intel VM of 2026-11-29 this was 0.49x the f32 FMA peak.
+    pub bf16_dot: Option<FmaPeak>,
     /// For a CUDA run: the device and its floors, measured in the same run.
     pub device: Option<DeviceFloor>,
 }

@@ -446,6 +446,105 @@ fn fma_peak_at(width: Width, iterations: u64, trials: usize) -> Option<FmaPeak> 
     })
 }
 
+/// The loop of [`bf16_dot_chains`]: 12 chains `acc += x0 * y0 + x1 * y1` over the 16
+/// f32 lanes of a zmm register (`vdpbf16ps`: each lane takes a pair of bf16 products,
+/// 4 FLOPs, twice an f32 FMA's 2), then lane 0 of the last chain out. The pairs are
+/// bf16 1/256 each, so a chain grows by 2^-15 a step: `iterations` up to 2^30 stay far
+/// from overflow. Registers as [`fma_loop`]'s.
+#[cfg(target_arch = "x86_64")]
+fn bf16_dot_chains(iterations: u64) -> f32 {
+    let iterations = iterations.max(1); // `dec; jnz` from 0 would run 2^64 times
+                                        // Two bf16 1/256 (0x3b80) in each 32-bit lane.
+    let pair: u32 = 0x3b80_3b80;
+    let lane0: u32;
+    // SAFETY: the caller detected AVX512_BF16 and AVX-512F ([`measure_bf16_dot_peak`]);
+    // the block reads and writes only the registers it names (vector registers 0-13,
+    // declared clobbered; the counter and the input's general register; the flags),
+    // touches no memory and no stack, and ends with `vzeroupper`.
+    unsafe {
+        std::arch::asm!(
+            "vmovd xmm12, {p:e}",
+            "vpbroadcastd zmm12, xmm12",
+            "vpxord zmm0, zmm0, zmm0",
+            "vpxord zmm1, zmm1, zmm1",
+            "vpxord zmm2, zmm2, zmm2",
+            "vpxord zmm3, zmm3, zmm3",
+            "vpxord zmm4, zmm4, zmm4",
+            "vpxord zmm5, zmm5, zmm5",
+            "vpxord zmm6, zmm6, zmm6",
+            "vpxord zmm7, zmm7, zmm7",
+            "vpxord zmm8, zmm8, zmm8",
+            "vpxord zmm9, zmm9, zmm9",
+            "vpxord zmm10, zmm10, zmm10",
+            "vpxord zmm11, zmm11, zmm11",
+            "vmovaps zmm13, zmm12",
+            "2:",
+            "vdpbf16ps zmm0, zmm12, zmm13",
+            "vdpbf16ps zmm1, zmm12, zmm13",
+            "vdpbf16ps zmm2, zmm12, zmm13",
+            "vdpbf16ps zmm3, zmm12, zmm13",
+            "vdpbf16ps zmm4, zmm12, zmm13",
+            "vdpbf16ps zmm5, zmm12, zmm13",
+            "vdpbf16ps zmm6, zmm12, zmm13",
+            "vdpbf16ps zmm7, zmm12, zmm13",
+            "vdpbf16ps zmm8, zmm12, zmm13",
+            "vdpbf16ps zmm9, zmm12, zmm13",
+            "vdpbf16ps zmm10, zmm12, zmm13",
+            "vdpbf16ps zmm11, zmm12, zmm13",
+            "dec {n}",
+            "jnz 2b",
+            "vmovd {lane0:e}, xmm11",
+            "vzeroupper",
+            n = inout(reg) iterations => _,
+            p = in(reg) pair,
+            lane0 = lateout(reg) lane0,
+            out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
+            out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
+            out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+            out("xmm12") _, out("xmm13") _,
+            options(nomem, nostack),
+        );
+    }
+    f32::from_bits(lane0)
+}
+
+/// Measures the bf16 dot-product peak of AVX512_BF16 (`vdpbf16ps` on zmm, 12
+/// independent chains, f32 accumulation), as an [`FmaPeak`] in f32-equivalent FLOP/s
+/// (4 a lane an instruction): what bf16 products could reach on the dot-product units
+/// instead of widening to f32 while packing. `None` without AVX512_BF16.
+pub fn measure_bf16_dot_peak(iterations: u64, trials: usize) -> Option<FmaPeak> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if !(has!("avx512f") && has!("avx512bf16")) {
+            return None;
+        }
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        let iterations = iterations.max(1);
+        let flops_per_run = (4 * 16 * CHAINS) as f64 * iterations as f64;
+        let best = |threads: usize| {
+            let fastest = fastest_run(threads, trials, || {
+                std::hint::black_box(bf16_dot_chains(std::hint::black_box(iterations)));
+            });
+            flops_per_run * threads as f64 / fastest
+        };
+        Some(FmaPeak {
+            isa: "AVX512_BF16 zmm vdpbf16ps",
+            lanes: 16,
+            chains: CHAINS,
+            trials: trials.max(1),
+            threads,
+            flops_1t: best(1),
+            flops_all: best(threads),
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (iterations, trials);
+        None
+    }
+}
+
 /// Measures a [`ComputePeak`] of multiply/add chains with the widest vectors the CPU
 /// has: `iterations` of the loop per thread, best of `trials`, on one thread and on
 /// every thread the OS offers. `None` where the CPU has neither AVX-512F nor AVX2+FMA
@@ -494,6 +593,21 @@ mod tests {
         assert!((many - 1.0).abs() < 1e-3, "{many}");
         // Zero iterations run one (not 2^64).
         assert_eq!(fma_chains(width, 0), one);
+    }
+
+    #[test]
+    fn the_bf16_dot_loop_computes_the_chains_it_times() {
+        use std::arch::is_x86_feature_detected as has;
+        if !(has!("avx512f") && has!("avx512bf16")) {
+            eprintln!("skipped: this CPU has no AVX512_BF16");
+            return;
+        }
+        // Each step adds 2 * (1/256)^2 = 2^-15 to every lane, exactly.
+        assert_eq!(bf16_dot_chains(1), 2f32.powi(-15));
+        assert_eq!(bf16_dot_chains(1000), 1000.0 * 2f32.powi(-15));
+        assert_eq!(bf16_dot_chains(0), bf16_dot_chains(1));
+        let peak = measure_bf16_dot_peak(1000, 1).expect("AVX512_BF16 is there");
+        assert!(peak.flops_1t > 0.0 && peak.flops_all > 0.0, "{peak:?}");
     }
 
     #[test]

@@ -215,6 +215,11 @@ impl BenchReport {
                     "fma_flops_per_s_1t": m.product_tier.1.as_ref().map(|f| f.flops_1t),
                     "fma_flops_per_s": m.product_tier.1.as_ref().map(|f| f.flops_all),
                 },
+                "bf16_dot": m.bf16_dot.as_ref().map(|b| serde_json::json!({
+                    "isa": b.isa,
+                    "flops_per_s_1t": b.flops_1t,
+                    "flops_per_s": b.flops_all,
+                })),
                 "device": m.device.as_ref().map(|d| serde_json::json!({
                     "name": d.name,
                     "copy_gbps": d.copy_gbps,
@@ -330,6 +335,19 @@ impl BenchReport {
             ),
             (name, None) => writeln!(s, "products on the CPU run on the gemm crate's {name} micro-kernels"),
         };
+        if let Some(b) = &m.bf16_dot {
+            let _ = writeln!(
+                s,
+                "bf16 dot-product peak ({}, {} independent chains, f32 accumulation, best of {}): {:.1} GFLOP/s on 1 thread, {:.1} GFLOP/s on {} threads, {:.2}x the f32 FMA peak: bf16 products widen to f32 while packing and run on the f32 kernels",
+                b.isa,
+                b.chains,
+                b.trials,
+                b.flops_1t / 1e9,
+                b.flops_all / 1e9,
+                b.threads,
+                b.flops_all / f.flops_all.max(1e-9)
+            );
+        }
         if let Some(d) = &m.device {
             let _ = writeln!(
                 s,

@@ -7,7 +7,7 @@ use crate::machine::{
     measure_widest_compute_peak, Bandwidth, DeviceFloor, Machine,
 };
 use crate::options::{BenchOptions, Kind, Size};
-use crate::peak::measure_tier_fma_peak;
+use crate::peak::{measure_bf16_dot_peak, measure_tier_fma_peak};
 use crate::training::{run_parallel, run_step, training_names, TrainingRow, STEP_NAME};
 use ndfuse::{BackendKind, Context, Error, Report, Result, Tensor};
 use ndfuse_runtime::{ProductTier, StepPath};
@@ -305,6 +305,7 @@ pub fn run_suite_with(
             wide,
             fma,
             product_tier: (tier.name(), tier_fma),
+            bf16_dot: measure_bf16_dot_peak(opts.peak_iterations, opts.stream_trials),
             device,
         },
         size: opts.size,
