@@ -376,7 +376,8 @@ fn eval_jit(ctx: &Context, outs: &[&Tensor], what: &str) -> (Vec<Array>, usize) 
 /// the same product stored by an epilogue that also computes something else (the general
 /// path: the GEMM fills the product scratch and the compiled epilogue copies it into the
 /// output) give the same bits, for f32, f64 and i32, over shapes of one unit, many
-/// units, a batch, and a transposed operand; on 1, 2 and 4 threads.
+/// units (which a bare product runs as one GEMM), a batch, and a transposed operand; on
+/// 1, 2 and 4 threads.
 #[test]
 fn identity_epilogue_matches_the_general_path() {
     for dtype in [DType::F32, DType::F64, DType::I32] {
@@ -388,10 +389,15 @@ fn identity_epilogue_matches_the_general_path() {
         // N = 4096 in f32: blocks of 32 rows, units of 512: three units in one matrix.
         let tall = input(&ctx, &[1100, 8], dtype, range(dtype), 26);
         let tall_w = input(&ctx, &[8, 4096], dtype, range(dtype), 27);
+        // Two units (of 872 and 328 rows in f32) and two blocks of K: the bare product runs as
+        // one GEMM over all 1200 rows (`whole_rows`), the general path in units.
+        let deep = input(&ctx, &[1200, 600], dtype, range(dtype), 28);
+        let deep_w = input(&ctx, &[600, 300], dtype, range(dtype), 29);
         for (what, a, b) in [
             ("300x70 @ 70x513", &x, &w),
             ("3x65x129 @ transpose(3x33x129)", &q, &kt),
             ("1100x8 @ 8x4096", &tall, &tall_w),
+            ("1200x600 @ 600x300", &deep, &deep_w),
         ] {
             let what = format!("{dtype} {what}");
             let bare = a.matmul(b);
