@@ -59,6 +59,15 @@ pub enum Error {
         /// The dtype the model expects.
         model_dtype: ndfuse::DType,
     },
+    /// A data file is missing, unreadable or malformed: which file and what is wrong
+    /// (for a missing data set, where it comes from).
+    #[error("{}: {why}", path.display())]
+    Data {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
     /// A plot could not be drawn (the drawing library's reason) or its input is unusable.
     #[error("{}: {why}", path.display())]
     Plot {

@@ -8,6 +8,7 @@ mod checkpoint;
 mod data;
 mod error;
 mod fit;
+mod idx;
 mod init;
 mod layers;
 mod loss;
@@ -22,6 +23,7 @@ pub use checkpoint::{load as load_checkpoint, save as save_checkpoint, Checkpoin
 pub use data::{Batch, Batches, Dataset, Prefetch};
 pub use error::{Error, Result};
 pub use fit::{epoch_line, Epoch, FitOptions, History};
+pub use idx::{parse_idx, read_idx, FashionMnist, Idx, IdxValues};
 pub use init::Init;
 pub use layers::{Activation, Dropout, Layer, LayerNorm, Linear, Mode, Sequential};
 pub use loss::{accuracy, cross_entropy_with_logits, mse};

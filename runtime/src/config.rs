@@ -17,7 +17,7 @@
 //! that does not parse are errors that name the key, where it came from and, for an
 //! unknown key, the nearest valid one. `NDFUSE_CONFIG` (the file),
 //! `NDFUSE_CUDA_INCLUDE` (where NVRTC finds the CUDA headers), `NDFUSE_REQUIRE_CUDA` and
-//! `NDFUSE_REQUIRE_NVRTC` (test switches), `NDFUSE_CI_VENV` (CI's venv),
+//! `NDFUSE_REQUIRE_NVRTC`, `NDFUSE_REQUIRE_DATA` (test switches), `NDFUSE_CI_VENV` (CI's venv),
 //! `NDFUSE_CUDA_GEMM` (`emitted`: no cuBLASLt) and `NDFUSE_MPI_TIMEOUT_S`
 //! (ndfuse-train's MPI bound) are not keys and are let through.
 //!
@@ -78,6 +78,8 @@ const NOT_KEYS: &[&str] = &[
     CONFIG_VAR,
     "NDFUSE_REQUIRE_CUDA",
     "NDFUSE_REQUIRE_NVRTC",
+    // Tests that need a data set from Debian's packages (Fashion-MNIST) fail without it.
+    "NDFUSE_REQUIRE_DATA",
     // Where NVRTC finds the CUDA headers (ndfuse_codegen_cuda::include_dirs), read
     // before any configuration exists.
     "NDFUSE_CUDA_INCLUDE",
