@@ -3,7 +3,7 @@
 
 use crate::options::{Kind, Size};
 use half::{bf16, f16};
-use ndfuse::{Context, Result, Tensor};
+use ndfuse::{Context, Conv, Result, Tensor};
 use ndfuse_ir::DType;
 
 /// Builds a case's output from its inputs; `salt` is a literal the latency cases vary
@@ -231,12 +231,40 @@ pub fn cases_on(size: Size, gpu: bool) -> Vec<Case> {
         ));
     }
     all.extend(matmul_cases(size, gpu));
+    all.push(conv_case(size));
     all
 }
 
 /// `2*M*N*K` for each of `batch` products.
 fn product_flops(batch: usize, m: usize, n: usize, k: usize) -> u64 {
     2 * (batch * m * n * k) as u64
+}
+
+/// `relu(conv2d(x, w, b, padding=1))`: a 3x3 convolution of 64 to 64 channels over
+/// 56x56 images, batch 8 (a ResNet stage's layer), f32; its FLOPs are its product's
+/// (`2 * N * O * out * C * 9`).
+fn conv_case(size: Size) -> Case {
+    let (n, c, hw) = match size {
+        Size::Full => (8, 64, 56),
+        Size::Tiny => (2, 3, 7),
+    };
+    Case {
+        name: "conv2d",
+        expr: "relu(conv2d(x, w, b, padding=1))",
+        inputs: vec![
+            ("x", vec![n, c, hw, hw], DType::F32),
+            ("w", vec![c, c, 3, 3], DType::F32),
+            ("b", vec![c], DType::F32),
+        ],
+        kind: Kind::Throughput,
+        flops: Some(product_flops(n, c, hw * hw, c * 9)),
+        versus: None,
+        reads: None,
+        build: |t, _| {
+            t[0].conv2d(&t[1], Some(&t[2]), &Conv::new().padding(1))
+                .relu()
+        },
+    }
 }
 
 /// The matrix products of the linear-algebra issue: the square f32 product, the fused

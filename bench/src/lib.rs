@@ -118,6 +118,11 @@ mod tests {
             ("matmul_f16", 3 * 8 * M),  // the same in f16
             ("matmul_bf16", 3 * 8 * M), // and in bf16
             ("matmul_cached", 3 * 64 * 64 * 4), // 64x64 f32: x, w, out
+            // x and out [8,64,56,56], w [64,64,3,3], b [64]: f32
+            (
+                "conv2d",
+                2 * 8 * 64 * 56 * 56 * 4 + 64 * 64 * 9 * 4 + 64 * 4,
+            ),
         ];
         let all = cases(Size::Full);
         assert_eq!(all.len(), want.len());

@@ -27,6 +27,8 @@ pub const FUNCTIONS: &[&str] = &[
     "cumprod", "sort", "argsort", "top_k",
     // positions
     "arange", "one_hot", "tril", "triu",
+    // convolutions
+    "conv1d", "conv2d",
     // composites
     "softmax", "log_softmax", "layernorm", "dropout",
     // differentiation
@@ -291,4 +293,41 @@ pub fn pad_widths(n: &Node, rank: usize) -> Result<Vec<(usize, usize)>, ExprErro
             Ok(vec![(w, w); rank])
         }
     }
+}
+
+/// A convolution's per-axis setting: an integer literal (every spatial axis) or a list
+/// of them (one per axis), each at least `min`.
+pub fn spatial_literal(n: &Node, what: &str, min: i64) -> Result<Vec<usize>, ExprError> {
+    let one = |v: &Node| -> Result<usize, ExprError> {
+        let x = int_literal(v, what)?;
+        if x < min {
+            return Err(ExprError::new(
+                v.pos,
+                format!("{what} = {x} must be at least {min}"),
+            ));
+        }
+        Ok(x as usize)
+    };
+    match &n.kind {
+        Kind::List(items) => items.iter().map(one).collect(),
+        _ => Ok(vec![one(n)?]),
+    }
+}
+
+/// A convolution's padding: `'same'`, `'valid'`, an integer or a list of one per axis
+/// (each on both sides of its axis, as PyTorch's).
+pub fn conv_padding(n: &Node) -> Result<crate::conv::Padding, ExprError> {
+    use crate::conv::Padding;
+    if let Kind::Str(s) = &n.kind {
+        return match s.as_str() {
+            "same" => Ok(Padding::Same),
+            "valid" => Ok(Padding::Valid),
+            _ => Err(ExprError::new(
+                n.pos,
+                format!("unknown padding '{s}' (use 'same', 'valid', an integer or a list)"),
+            )),
+        };
+    }
+    let p = spatial_literal(n, "padding", 0)?;
+    Ok(Padding::Explicit(p.into_iter().map(|v| (v, v)).collect()))
 }

@@ -8,8 +8,9 @@
 //! tensor of the context's default dtype (floats), i64 (integers) or bool.
 
 use super::call::{
-    axes_literal, axis_literal, bind, bool_literal, dtype_literal, float_literal, int_list,
-    int_literal, is_none, opt, pad_mode, pad_widths, req, unknown_function, FUNCTIONS,
+    axes_literal, axis_literal, bind, bool_literal, conv_padding, dtype_literal, float_literal,
+    int_list, int_literal, is_none, opt, pad_mode, pad_widths, req, spatial_literal,
+    unknown_function, FUNCTIONS,
 };
 use super::parse::{BinOp, ExprError, IndexItem, Kind, Kwarg, Lit, Node};
 use crate::context::Context;
@@ -541,6 +542,7 @@ impl<'a> Lowerer<'a> {
             "take" | "take_along_axis" | "index_add" | "concat" | "concatenate" | "stack"
             | "pad" | "cumsum" | "cumprod" | "sort" | "argsort" | "top_k" | "arange"
             | "one_hot" | "tril" | "triu" => self.index_call(name, args, kwargs, pos)?,
+            "conv1d" | "conv2d" => self.conv_call(name, args, kwargs, pos)?,
             "grad" => {
                 // grad(f, x): the gradient of the 0-d float `f` with respect to input `x`.
                 let a = bind(name, pos, args, kwargs, &["f", "x"])?;
@@ -709,6 +711,55 @@ impl<'a> Lowerer<'a> {
                 }
             }
             _ => unreachable!("call sends only the indexing functions here"),
+        })
+    }
+
+    /// PyTorch's `conv1d` / `conv2d(input, weight, bias, stride=1, padding=0,
+    /// dilation=1, groups=1)`; out of [`Lowerer::call`] and never inlined, as
+    /// [`Lowerer::index_call`].
+    #[inline(never)]
+    fn conv_call(
+        &mut self,
+        name: &str,
+        args: &[Node],
+        kwargs: &[Kwarg],
+        pos: usize,
+    ) -> Result<Tensor, ExprError> {
+        let a = bind(
+            name,
+            pos,
+            args,
+            kwargs,
+            &[
+                "input",
+                "weight",
+                "bias=None",
+                "stride=1",
+                "padding=0",
+                "dilation=1",
+                "groups=1",
+            ],
+        )?;
+        let x = self.tensor_arg(req(&a, 0))?;
+        let w = self.tensor_arg(req(&a, 1))?;
+        let b = opt(&a, 2).map(|n| self.tensor_arg(n)).transpose()?;
+        let mut conv = crate::conv::Conv::new();
+        if let Some(n) = opt(&a, 3) {
+            conv = conv.stride(crate::conv::Spatial(spatial_literal(n, "stride", 1)?));
+        }
+        if let Some(n) = opt(&a, 4) {
+            conv = conv.padding(conv_padding(n)?);
+        }
+        if let Some(n) = opt(&a, 5) {
+            conv = conv.dilation(crate::conv::Spatial(spatial_literal(n, "dilation", 1)?));
+        }
+        if let Some(n) = opt(&a, 6) {
+            conv = conv.groups(count_literal(n, "groups")?);
+        }
+        Ok(if name == "conv1d" {
+            x.conv1d(&w, b.as_ref(), &conv)
+        } else {
+            x.conv2d(&w, b.as_ref(), &conv)
         })
     }
 

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""PyTorch's conv1d / conv2d on small cases, as .npy fixtures for tests/tests/conv.rs.
+
+    /tmp/peers-venv/bin/python scripts/conv_fixtures.py   # any Python with torch + numpy
+
+Writes tests/fixtures/conv/<case>/{x,w,b,r,y,gx,gw,gb}.npy and tests/fixtures/conv/cases.txt
+(one line per case: name, spatial rank, stride, padding, dilation, groups, bias). Inputs
+are f32 with a fixed seed; y = conv(x, w, b) and the gradients of sum(y * r) with respect
+to x, w and b are computed by torch in f64 from those same f32 values, so a test compares
+its f32 result with f64 truth under a stated tolerance.
+"""
+import os
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "conv")
+
+# name, rank, x shape, w shape, stride, padding ('same'/'valid'/int/tuple), dilation, groups, bias
+CASES = [
+    ("c2_basic", 2, (2, 3, 7, 6), (4, 3, 3, 3), 1, 0, 1, 1, True),
+    ("c2_pad1", 2, (2, 3, 5, 5), (4, 3, 3, 3), 1, 1, 1, 1, True),
+    ("c2_stride_pads", 2, (2, 3, 9, 8), (5, 3, 3, 2), (2, 1), (1, 2), 1, 1, True),
+    ("c2_dilation", 2, (1, 2, 9, 9), (3, 2, 3, 3), 1, 2, 2, 1, True),
+    ("c2_groups", 2, (2, 6, 5, 5), (4, 3, 3, 3), 1, 1, 1, 2, True),
+    ("c2_depthwise", 2, (1, 4, 6, 6), (4, 1, 3, 3), 1, 1, 1, 4, True),
+    ("c2_same_even", 2, (2, 2, 6, 5), (3, 2, 4, 3), 1, "same", 1, 1, True),
+    ("c2_same_dilated", 2, (1, 3, 7, 7), (2, 3, 2, 2), 1, "same", 2, 1, False),
+    ("c2_1x1_stride2", 2, (2, 3, 5, 6), (5, 3, 1, 1), 2, 0, 1, 1, True),
+    ("c2_full_window", 2, (1, 2, 4, 5), (3, 2, 6, 5), 1, (1, 0), 1, 1, True),
+    ("c2_odd_valid", 2, (3, 2, 9, 7), (3, 2, 2, 4), (3, 2), "valid", 1, 1, False),
+    ("c1_basic", 1, (2, 3, 9), (4, 3, 3), 2, 1, 1, 1, True),
+    ("c1_groups_same", 1, (1, 4, 11), (6, 2, 3), 1, "same", 2, 2, True),
+]
+
+
+def pair(v, r):
+    return tuple(v) if isinstance(v, tuple) else (v,) * r
+
+
+def main():
+    rng = np.random.default_rng(36)
+    os.makedirs(HERE, exist_ok=True)
+    lines = []
+    for name, r, xs, ws, stride, padding, dilation, groups, bias in CASES:
+        x = rng.uniform(-1, 1, xs).astype(np.float32)
+        w = rng.uniform(-1, 1, ws).astype(np.float32)
+        b = rng.uniform(-1, 1, (ws[0],)).astype(np.float32)
+        tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+        tw = torch.tensor(w, dtype=torch.float64, requires_grad=True)
+        tb = torch.tensor(b, dtype=torch.float64, requires_grad=True) if bias else None
+        conv = F.conv1d if r == 1 else F.conv2d
+        y = conv(tx, tw, tb, stride=stride, padding=padding, dilation=dilation, groups=groups)
+        rr = rng.uniform(-1, 1, tuple(y.shape)).astype(np.float32)
+        (y * torch.tensor(rr, dtype=torch.float64)).sum().backward()
+        d = os.path.join(HERE, name)
+        os.makedirs(d, exist_ok=True)
+        for key, arr in [("x", x), ("w", w), ("b", b), ("r", rr),
+                         ("y", y.detach().numpy()), ("gx", tx.grad.numpy()),
+                         ("gw", tw.grad.numpy())]:
+            np.save(os.path.join(d, key + ".npy"), arr)
+        if bias:
+            np.save(os.path.join(d, "gb.npy"), tb.grad.numpy())
+        elif os.path.exists(os.path.join(d, "gb.npy")):
+            os.remove(os.path.join(d, "gb.npy"))
+        pad = padding if isinstance(padding, str) else ",".join(map(str, pair(padding, r)))
+        lines.append(" ".join([
+            name, str(r), ",".join(map(str, pair(stride, r))), pad,
+            ",".join(map(str, pair(dilation, r))), str(groups), "bias" if bias else "nobias",
+        ]))
+    with open(os.path.join(HERE, "cases.txt"), "w") as f:
+        f.write("# name rank stride padding dilation groups bias (scripts/conv_fixtures.py, torch "
+                + torch.__version__ + ")\n")
+        f.write("\n".join(lines) + "\n")
+    print(f"{len(lines)} cases in {HERE}")
+
+
+if __name__ == "__main__":
+    main()

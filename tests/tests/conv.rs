@@ -1,0 +1,310 @@
+//! Convolutions against PyTorch: `tests/fixtures/conv` holds torch's conv1d / conv2d
+//! outputs and the gradients of `sum(y * r)` for every combination the fixtures script
+//! (`scripts/conv_fixtures.py`) lists: strides, per-side and per-axis padding, `same`
+//! (odd total included) and `valid`, dilation, groups and depthwise, 1x1 kernels, a
+//! kernel as large as the padded input, odd sizes, with and without a bias. The CPU
+//! backend (f32) is checked under the bound of an f32 sum, the interpreter (f64 sums,
+//! each node rounded to f32) to three roundings; gradients through the same rules as everything else. Bad arguments are errors
+//! naming both shapes and the call site.
+
+use ndfuse::{Array, BackendKind, Context, Conv, Padding, Tensor};
+use std::path::{Path, PathBuf};
+
+/// f32's unit roundoff.
+const U: f64 = 5.960_464_477_539_063e-8;
+
+struct Case {
+    name: String,
+    rank: usize,
+    conv: Conv,
+    bias: bool,
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/conv")
+}
+
+fn cases() -> Vec<Case> {
+    let text = std::fs::read_to_string(fixtures().join("cases.txt")).expect("cases.txt");
+    let nums =
+        |s: &str| -> Vec<usize> { s.split(',').map(|v| v.parse().expect("a number")).collect() };
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let rank: usize = f[1].parse().expect("a rank");
+            let padding = match f[3] {
+                "same" => Padding::Same,
+                "valid" => Padding::Valid,
+                p => Padding::Explicit(nums(p).into_iter().map(|v| (v, v)).collect()),
+            };
+            let conv = Conv::new()
+                .stride(&nums(f[2])[..])
+                .padding(padding)
+                .dilation(&nums(f[4])[..])
+                .groups(f[5].parse().expect("groups"));
+            Case {
+                name: f[0].to_string(),
+                rank,
+                conv,
+                bias: f[6] == "bias",
+            }
+        })
+        .collect()
+}
+
+fn load(case: &str, key: &str) -> Array {
+    ndfuse::npy::read_npy(fixtures().join(case).join(format!("{key}.npy")))
+        .unwrap_or_else(|e| panic!("{case}/{key}.npy: {e}"))
+}
+
+fn conv(case: &Case, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
+    if case.rank == 1 {
+        x.conv1d(w, b, &case.conv)
+    } else {
+        x.conv2d(w, b, &case.conv)
+    }
+}
+
+/// Checks `got` against `want` element by element: `|got - want| <= bound`.
+fn close(what: &str, got: &Array, want: &Array, bound: f64) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    let worst = g
+        .iter()
+        .zip(&w)
+        .map(|(a, b)| (a - b).abs())
+        .enumerate()
+        .fold((0, 0.0f64), |m, (i, d)| if d > m.1 { (i, d) } else { m });
+    assert!(
+        worst.1 <= bound,
+        "{what}: element {} is {} against torch's {} (|diff| {:e} > {bound:e})",
+        worst.0,
+        g[worst.0],
+        w[worst.0],
+        worst.1
+    );
+}
+
+/// The bound of an f32 sum of `terms` products of values of magnitude at most `mag`
+/// each (gamma_K * sum |a||b|, with K + 2 for the bias add and the final rounding).
+fn f32_bound(terms: usize, mag: f64) -> f64 {
+    (terms as f64 + 2.0) * U * (terms as f64 * mag + 1.0)
+}
+
+#[test]
+fn conv_matches_pytorch_forward_and_backward() {
+    let cases = cases();
+    assert_eq!(cases.len(), 13, "every case of scripts/conv_fixtures.py");
+    for case in &cases {
+        let name = &case.name;
+        for backend in [BackendKind::Cpu, BackendKind::Interp] {
+            let ctx = Context::builder()
+                .backend(backend)
+                .build()
+                .expect("a context");
+            let x = ctx.from_array(&load(name, "x"));
+            let w = ctx.from_array(&load(name, "w"));
+            let b = case.bias.then(|| ctx.from_array(&load(name, "b")));
+            let r = ctx.from_array(&load(name, "r"));
+            let y = conv(case, &x, &w, b.as_ref());
+            let w_shape = w.shape().expect("w");
+            let (groups, o) = (case.conv.groups_count(), w_shape[0]);
+            // Terms of one output: C/g * taps; of dL/dx: O/g * taps (at most); of dL/dw
+            // and dL/db: N * output positions.
+            let taps: usize = w_shape[2..].iter().product();
+            let y_ref = load(name, "y");
+            let positions = y_ref.len() / o;
+            let fwd_terms = w_shape[1] * taps;
+            let tol = |terms: usize, mag: f64| match backend {
+                // f64 sums, each node's result rounded to f32 once: the product, then
+                // the bias add.
+                BackendKind::Interp => 3.0 * U * (terms as f64 * mag + 1.0),
+                _ => f32_bound(terms, mag),
+            };
+            let what = format!("{name} on {backend:?}");
+            close(
+                &format!("{what}: y"),
+                &y.eval().expect("y"),
+                &y_ref,
+                tol(fwd_terms, 1.0),
+            );
+            let loss = (&y * &r).sum(..);
+            let mut wrt = vec![&x, &w];
+            if let Some(b) = &b {
+                wrt.push(b);
+            }
+            let grads = ndfuse::grad(&loss, &wrt).expect("gradients");
+            let gx = grads[0].eval().expect("dx");
+            close(
+                &format!("{what}: dL/dx"),
+                &gx,
+                &load(name, "gx"),
+                tol(o / groups * taps, 1.0),
+            );
+            let gw = grads[1].eval().expect("dw");
+            close(
+                &format!("{what}: dL/dw"),
+                &gw,
+                &load(name, "gw"),
+                tol(positions, 1.0),
+            );
+            if case.bias {
+                let gb = grads[2].eval().expect("db");
+                close(
+                    &format!("{what}: dL/db"),
+                    &gb,
+                    &load(name, "gb"),
+                    tol(positions, 1.0),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn relu_of_a_convolution_with_bias_is_three_kernels() {
+    // The windows' matrix (the gather and the padding's select, one kernel), the product
+    // with the bias as its epilogue, and the relu, which reads the product through the
+    // reshape to [N, O, h, w] (a view: not an epilogue yet). An implicit GEMM with the
+    // epilogue taking that reshape would make it one.
+    let ctx = Context::new();
+    let x = ctx.rand_uniform(&[2, 8, 10, 10], -1.0, 1.0, 1);
+    let w = ctx.rand_uniform(&[16, 8, 3, 3], -1.0, 1.0, 2);
+    let b = ctx.rand_uniform(&[16], -1.0, 1.0, 3);
+    let (x, w, b) = (
+        ctx.from_array(&x.eval().expect("x")),
+        ctx.from_array(&w.eval().expect("w")),
+        ctx.from_array(&b.eval().expect("b")),
+    );
+    let y = x.conv2d(&w, Some(&b), &Conv::new().padding(1)).relu();
+    let (out, report) = ctx.eval_report(&[&y]).expect("eval");
+    assert_eq!(out[0].shape(), &[2, 16, 10, 10]);
+    assert_eq!(
+        report.kernel_count(),
+        3,
+        "{}",
+        report.evaluation().annotated_graph()
+    );
+}
+
+#[test]
+fn bad_convolutions_are_errors_naming_both_shapes_and_the_call_site() {
+    let ctx = Context::new();
+    let x = ctx.zeros(&[2, 6, 8, 8]);
+    let cases: Vec<(Tensor, &str)> = vec![
+        (
+            x.conv2d(&ctx.zeros(&[4, 4, 3, 3]), None, &Conv::new()),
+            "x [2, 6, 8, 8], w [4, 4, 3, 3]: x has 6 channels, so w's second axis must be 6 / groups = 6, not 4",
+        ),
+        (
+            x.conv2d(&ctx.zeros(&[4, 2, 3, 3]), None, &Conv::new().groups(4)),
+            "groups = 4 must divide the 6 input channels and the 4 output channels",
+        ),
+        (
+            x.conv2d(&ctx.zeros(&[4, 6, 11, 3]), None, &Conv::new().padding(1)),
+            "spatial axis 0: the window spans 11 (kernel 11 at dilation 1), longer than the padded input's 10",
+        ),
+        (
+            x.conv2d(&ctx.zeros(&[4, 6, 3, 3]), None, &Conv::new().stride(2).padding("same")),
+            "padding 'same' needs stride 1",
+        ),
+        (
+            x.conv2d(&ctx.zeros(&[4, 6, 3, 3]), None, &Conv::new().padding("full")),
+            "padding has 0 pairs for 2 spatial axes",
+        ),
+        (
+            x.conv1d(&ctx.zeros(&[4, 6, 3]), None, &Conv::new()),
+            "x must be [N, C, L] and w [O, C / groups, k]",
+        ),
+        (
+            x.conv2d(&ctx.zeros(&[4, 6, 3, 3]), Some(&ctx.zeros(&[5])), &Conv::new()),
+            "bias [5] must be [4]",
+        ),
+    ];
+    for (t, says) in cases {
+        let err = t.eval().expect_err(says).to_string();
+        assert!(err.contains(says), "{err:?} should say {says:?}");
+        assert!(err.contains("tests/tests/conv.rs"), "the call site: {err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+    }
+}
+
+/// Gradients against central differences in f64: a strided, padded, dilated, grouped
+/// conv2d with a bias, loss `sum(y * r)`; every element of dL/dw and dL/db and every
+/// seventh of dL/dx. The loss is linear in each input, so a central difference is exact
+/// up to rounding: tolerance 1e-7 relative to the largest gradient.
+#[test]
+fn gradients_match_central_differences() {
+    let ctx = Context::new();
+    let conv = Conv::new()
+        .stride((2, 1))
+        .padding((1, 2))
+        .dilation(2)
+        .groups(2);
+    let vals = |n: usize, seed: u64| -> Vec<f64> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+            })
+            .collect()
+    };
+    let (xs, ws) = ([2usize, 4, 7, 6], [6usize, 2, 3, 2]);
+    let xv = vals(xs.iter().product(), 1);
+    let wv = vals(ws.iter().product(), 2);
+    let bv = vals(6, 3);
+    let loss_of = |xv: &[f64], wv: &[f64], bv: &[f64], r: Option<&Tensor>| {
+        let x = ctx.from_slice(xv, &xs).expect("x");
+        let w = ctx.from_slice(wv, &ws).expect("w");
+        let b = ctx.from_slice(bv, &[6]).expect("b");
+        let y = x.conv2d(&w, Some(&b), &conv);
+        let r = match r {
+            Some(r) => r.clone(),
+            None => ctx
+                .from_slice(
+                    &vals(y.shape().expect("y").iter().product(), 4),
+                    y.shape().expect("y"),
+                )
+                .expect("r"),
+        };
+        ((&y * &r).sum(..), x, w, b, r)
+    };
+    let (loss, x, w, b, r) = loss_of(&xv, &wv, &bv, None);
+    let grads = ndfuse::grad(&loss, &[&x, &w, &b]).expect("gradients");
+    let got: Vec<Vec<f64>> = grads
+        .iter()
+        .map(|g| g.eval().expect("grad").to_f64_vec())
+        .collect();
+    let value = |xv: &[f64], wv: &[f64], bv: &[f64]| {
+        loss_of(xv, wv, bv, Some(&r))
+            .0
+            .eval()
+            .expect("loss")
+            .to_f64_vec()[0]
+    };
+    let h = 1e-3;
+    for (which, len, step) in [
+        (0usize, xv.len(), 7usize),
+        (1, wv.len(), 1),
+        (2, bv.len(), 1),
+    ] {
+        let scale = got[which].iter().fold(1.0f64, |m, v| m.max(v.abs()));
+        for i in (0..len).step_by(step) {
+            let mut vs = [xv.clone(), wv.clone(), bv.clone()];
+            vs[which][i] += h;
+            let up = value(&vs[0], &vs[1], &vs[2]);
+            vs[which][i] -= 2.0 * h;
+            let down = value(&vs[0], &vs[1], &vs[2]);
+            let fd = (up - down) / (2.0 * h);
+            assert!(
+                (fd - got[which][i]).abs() <= 1e-7 * scale,
+                "input {which} element {i}: autodiff {} against central difference {fd}",
+                got[which][i]
+            );
+        }
+    }
+}
