@@ -173,96 +173,43 @@ macro_rules! basic {
     }};
 }
 
-impl TierFloat for f32 {
-    const ONE: f32 = 1.0;
+/// [`TierFloat`] for `$t`, whose kernels are crate `$krate`'s, `$v4` and `$v3` lanes a
+/// register on the AVX-512F and AVX2 tiers.
+macro_rules! tier_float {
+    ($t:ident, $krate:ident, $v4:expr, $v3:expr) => {
+        impl TierFloat for $t {
+            const ONE: $t = 1.0;
 
-    unsafe fn basic(
-        tier: ProductTier,
-        shape: (usize, usize, usize),
-        dst: (*mut f32, isize, isize),
-        lhs: (*const f32, isize, isize),
-        rhs: (*const f32, isize, isize),
-        beta: f32,
-        par: Parallelism,
-    ) {
-        // SAFETY: the caller's contract; each tier's simd token exists on this host
-        // (`ProductTier::current`), checked again by `try_new`.
-        unsafe {
-            match simd_tokens(tier) {
-                Tokens::V4(s) => basic!(
-                    s,
-                    f32,
-                    gemm_f32::avx512f,
-                    16,
-                    shape,
-                    dst,
-                    lhs,
-                    rhs,
-                    beta,
-                    par
-                ),
-                Tokens::V3(s) => basic!(s, f32, gemm_f32::fma, 8, shape, dst, lhs, rhs, beta, par),
-                Tokens::Scalar => basic!(
-                    Scalar,
-                    f32,
-                    gemm_f32::scalar,
-                    1,
-                    shape,
-                    dst,
-                    lhs,
-                    rhs,
-                    beta,
-                    par
-                ),
+            unsafe fn basic(
+                tier: ProductTier,
+                shape: (usize, usize, usize),
+                dst: (*mut $t, isize, isize),
+                lhs: (*const $t, isize, isize),
+                rhs: (*const $t, isize, isize),
+                beta: $t,
+                par: Parallelism,
+            ) {
+                let (d, l, r) = (dst, lhs, rhs);
+                // SAFETY: the caller's contract; each tier's simd token exists on this
+                // host (`ProductTier::current`), checked again by `try_new`.
+                unsafe {
+                    match simd_tokens(tier) {
+                        Tokens::V4(s) => {
+                            basic!(s, $t, $krate::avx512f, $v4, shape, d, l, r, beta, par)
+                        }
+                        Tokens::V3(s) => basic!(s, $t, $krate::fma, $v3, shape, d, l, r, beta, par),
+                        Tokens::Scalar => {
+                            basic!(Scalar, $t, $krate::scalar, 1, shape, d, l, r, beta, par)
+                        }
+                    }
+                }
             }
         }
-    }
+    };
 }
 
-impl TierFloat for f64 {
-    const ONE: f64 = 1.0;
-
-    unsafe fn basic(
-        tier: ProductTier,
-        shape: (usize, usize, usize),
-        dst: (*mut f64, isize, isize),
-        lhs: (*const f64, isize, isize),
-        rhs: (*const f64, isize, isize),
-        beta: f64,
-        par: Parallelism,
-    ) {
-        // SAFETY: as for f32.
-        unsafe {
-            match simd_tokens(tier) {
-                Tokens::V4(s) => basic!(
-                    s,
-                    f64,
-                    gemm_f64::avx512f,
-                    8,
-                    shape,
-                    dst,
-                    lhs,
-                    rhs,
-                    beta,
-                    par
-                ),
-                Tokens::V3(s) => basic!(s, f64, gemm_f64::fma, 4, shape, dst, lhs, rhs, beta, par),
-                Tokens::Scalar => basic!(
-                    Scalar,
-                    f64,
-                    gemm_f64::scalar,
-                    1,
-                    shape,
-                    dst,
-                    lhs,
-                    rhs,
-                    beta,
-                    par
-                ),
-            }
-        }
-    }
-}
+tier_float!(f32, gemm_f32, 16, 8);
+tier_float!(f64, gemm_f64, 8, 4);
 
 /// The crate's proof that the host runs a tier's instructions.
 enum Tokens {
