@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""PyTorch's conv1d / conv2d on small cases, as .npy fixtures for tests/tests/conv.rs.
+"""PyTorch's conv1d / conv2d, max_pool2d and avg_pool2d on small cases, as .npy fixtures
+for tests/tests/conv.rs.
 
     /tmp/peers-venv/bin/python scripts/conv_fixtures.py   # any Python with torch + numpy
 
@@ -8,6 +9,10 @@ Writes tests/fixtures/conv/<case>/{x,w,b,r,y,gx,gw,gb}.npy and tests/fixtures/co
 are f32 with a fixed seed; y = conv(x, w, b) and the gradients of sum(y * r) with respect
 to x, w and b are computed by torch in f64 from those same f32 values, so a test compares
 its f32 result with f64 truth under a stated tolerance.
+
+Poolings go to tests/fixtures/pool/<case>/{x,r,y,gx}.npy and tests/fixtures/pool/cases.txt
+(name, max/avg, kernel, stride, padding, dilation, count_include_pad). One max case has
+ties (inputs on a coarse grid): torch sends the gradient to the first largest tap.
 """
 import os
 
@@ -33,6 +38,51 @@ CASES = [
     ("c1_basic", 1, (2, 3, 9), (4, 3, 3), 2, 1, 1, 1, True),
     ("c1_groups_same", 1, (1, 4, 11), (6, 2, 3), 1, "same", 2, 2, True),
 ]
+
+
+POOL = os.path.join(HERE, "..", "pool")
+
+# name, kind, x shape, kernel, stride, padding, dilation, count_include_pad, coarse inputs
+POOLS = [
+    ("mp_2x2", "max", (2, 3, 8, 8), 2, 2, 0, 1, True, False),
+    ("mp_3s2p1", "max", (2, 2, 9, 7), 3, 2, 1, 1, True, False),
+    ("mp_rect_dilated", "max", (1, 3, 9, 10), (2, 3), (1, 2), (1, 1), 2, True, False),
+    ("mp_ties", "max", (2, 2, 6, 6), 3, 1, 1, 1, True, True),
+    ("ap_2x2", "avg", (2, 3, 8, 8), 2, 2, 0, 1, True, False),
+    ("ap_pad_counted", "avg", (2, 2, 9, 7), 3, 2, 1, 1, True, False),
+    ("ap_pad_not_counted", "avg", (1, 2, 6, 5), 3, 1, 1, 1, False, False),
+    ("ap_rect", "avg", (2, 1, 7, 8), (2, 3), (2, 1), (1, 0), 1, False, False),
+]
+
+
+def pools(rng):
+    os.makedirs(POOL, exist_ok=True)
+    lines = []
+    for name, kind, xs, k, stride, padding, dilation, cip, coarse in POOLS:
+        x = rng.uniform(-1, 1, xs).astype(np.float32)
+        if coarse:
+            x = (np.round(x * 2) / 2).astype(np.float32)
+        tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+        if kind == "max":
+            y = F.max_pool2d(tx, k, stride, padding, dilation)
+        else:
+            y = F.avg_pool2d(tx, k, stride, padding, count_include_pad=cip)
+        rr = rng.uniform(-1, 1, tuple(y.shape)).astype(np.float32)
+        (y * torch.tensor(rr, dtype=torch.float64)).sum().backward()
+        d = os.path.join(POOL, name)
+        os.makedirs(d, exist_ok=True)
+        for key, arr in [("x", x), ("r", rr), ("y", y.detach().numpy()), ("gx", tx.grad.numpy())]:
+            np.save(os.path.join(d, key + ".npy"), arr)
+        lines.append(" ".join([
+            name, kind, ",".join(map(str, pair(k, 2))), ",".join(map(str, pair(stride, 2))),
+            ",".join(map(str, pair(padding, 2))), ",".join(map(str, pair(dilation, 2))),
+            "counted" if cip else "not_counted",
+        ]))
+    with open(os.path.join(POOL, "cases.txt"), "w") as f:
+        f.write("# name kind kernel stride padding dilation count_include_pad "
+                "(scripts/conv_fixtures.py, torch " + torch.__version__ + ")\n")
+        f.write("\n".join(lines) + "\n")
+    print(f"{len(lines)} pooling cases in {POOL}")
 
 
 def pair(v, r):
@@ -74,6 +124,7 @@ def main():
                 + torch.__version__ + ")\n")
         f.write("\n".join(lines) + "\n")
     print(f"{len(lines)} cases in {HERE}")
+    pools(np.random.default_rng(37))
 
 
 if __name__ == "__main__":

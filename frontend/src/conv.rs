@@ -326,47 +326,12 @@ fn conv_at(
         ref dilation,
         ref out,
     } = g;
-    // The taps of every window as one gather along the flattened spatial axes:
-    // index [k_1..k_r, o_1..o_r] (im2col's order, so the windows' matrix per batch
-    // position is [C * k, out] with no transpose), each tap's position in the input;
-    // a tap in the padding reads position 0 and is replaced by a zero (a select, so an
-    // inf or NaN there does not leak into it, as zero padding does not). One kernel:
-    // padded slices stacked instead took 3.4x as long (the stack's copy of nine parts
-    // is slower than the gather).
-    let spatial = &xs[2..];
+    let cols = match windows(x, xs, kernel, stride, dilation, pads, out, 0.0) {
+        Ok((cols, _)) => cols,
+        Err(e) => return Tensor::poisoned(&x.ctx, e),
+    };
     let taps: usize = kernel.iter().product();
     let positions: usize = out.iter().product();
-    let mut index = Vec::with_capacity(taps * positions);
-    let mut inside = Vec::with_capacity(taps * positions);
-    let mut coords = vec![0usize; 2 * r];
-    for t in 0..taps * positions {
-        // Row-major over [k_1..k_r, o_1..o_r].
-        let (mut rest, mut flat, mut ok) = (t, 0i64, true);
-        for a in (0..2 * r).rev() {
-            let extent = if a < r { kernel[a] } else { out[a - r] };
-            coords[a] = rest % extent;
-            rest /= extent;
-        }
-        for i in 0..r {
-            let p = (coords[r + i] * stride[i] + coords[i] * dilation[i]) as i64 - pads[i].0 as i64;
-            let extent = spatial[i] as i64;
-            ok &= (0..extent).contains(&p);
-            flat = flat * extent + p.clamp(0, extent - 1);
-        }
-        index.push(if ok { flat } else { 0 });
-        inside.push(ok);
-    }
-    let dims: Vec<usize> = kernel.iter().chain(out.iter()).copied().collect();
-    let padded = inside.contains(&false);
-    let (idx, mask) = match (x.ctx.from_vec(index, &dims), x.ctx.from_vec(inside, &dims)) {
-        (Ok(i), Ok(m)) => (i, m),
-        (Err(e), _) | (_, Err(e)) => return Tensor::poisoned(&x.ctx, e),
-    };
-    let flat = x.reshape(&[n as i64, c as i64, spatial.iter().product::<usize>() as i64]);
-    let mut cols = flat.take(&idx, 2);
-    if padded {
-        cols = mask.where_(&cols, 0.0);
-    }
     // [N, C, k.., out..] -> [N, G, Cg * k, out] @ by w [G, Og, Cg * k] -> [N, G, Og, out].
     let (cg, og) = (c / groups, o / groups);
     let (n, g, o, cgk, p) = (
@@ -394,4 +359,259 @@ fn conv_at(
         .chain(out.iter().map(|&d| d as i64))
         .collect();
     y.reshape(&dims)
+}
+
+/// The taps of every window of `x` (`xs`: `[N, C, spatial...]`) as one gather along the
+/// flattened spatial axes: `[N, C, k_1..k_r, o_1..o_r]` (im2col's order, so the windows'
+/// matrix per batch position is `[C * k, out]` with no transpose), and the mask of the
+/// taps inside the input (`None` when every tap is). A tap in the padding reads
+/// position 0 and is replaced by `fill` (a select, so an inf or NaN there does not
+/// leak into it, as padding does not). One kernel: padded slices stacked instead took
+/// 3.4x as long (the stack's copy of nine parts is slower than the gather).
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+fn windows(
+    x: &Tensor,
+    xs: &[usize],
+    kernel: &[usize],
+    stride: &[usize],
+    dilation: &[usize],
+    pads: &[(usize, usize)],
+    out: &[usize],
+    fill: f64,
+) -> Result<(Tensor, Option<Tensor>), Error> {
+    let r = kernel.len();
+    let spatial = &xs[2..];
+    let taps: usize = kernel.iter().product();
+    let positions: usize = out.iter().product();
+    let mut index = Vec::with_capacity(taps * positions);
+    let mut inside = Vec::with_capacity(taps * positions);
+    let mut coords = vec![0usize; 2 * r];
+    for t in 0..taps * positions {
+        // Row-major over [k_1..k_r, o_1..o_r].
+        let (mut rest, mut flat, mut ok) = (t, 0i64, true);
+        for a in (0..2 * r).rev() {
+            let extent = if a < r { kernel[a] } else { out[a - r] };
+            coords[a] = rest % extent;
+            rest /= extent;
+        }
+        for i in 0..r {
+            let p = (coords[r + i] * stride[i] + coords[i] * dilation[i]) as i64 - pads[i].0 as i64;
+            let extent = spatial[i] as i64;
+            ok &= (0..extent).contains(&p);
+            flat = flat * extent + p.clamp(0, extent - 1);
+        }
+        index.push(if ok { flat } else { 0 });
+        inside.push(ok);
+    }
+    let dims: Vec<usize> = kernel.iter().chain(out.iter()).copied().collect();
+    let padded = inside.contains(&false);
+    // A 1-d index, the result then split: `take` with an index of several axes reads x
+    // through a view broadcast over them, and the gradient of that gather is a
+    // scatter-add into the broadcast shape (taps * out times x's size: 944 MB for the
+    // second layer of the Fashion-MNIST CNN at batch 128).
+    let idx = x.ctx.from_vec(index, &[taps * positions])?;
+    let mask = x.ctx.from_vec(inside, &dims)?;
+    let flat = x.reshape(&[
+        xs[0] as i64,
+        xs[1] as i64,
+        spatial.iter().product::<usize>() as i64,
+    ]);
+    let split: Vec<i64> = [xs[0], xs[1]]
+        .iter()
+        .chain(&dims)
+        .map(|&d| d as i64)
+        .collect();
+    let cols = flat.take(&idx, 2).reshape(&split);
+    Ok(if padded {
+        (mask.where_(&cols, fill), Some(mask))
+    } else {
+        (cols, None)
+    })
+}
+
+/// A pooling's settings (PyTorch's `max_pool2d` / `avg_pool2d`): the window, its stride
+/// (the window by default), zeros (or, for max, minus infinity) on both sides of each
+/// axis, the taps' spacing (max only) and whether an average counts the padding.
+///
+/// ```
+/// use ndfuse::Pool;
+/// let ctx = ndfuse::Context::new();
+/// let x = ctx.from_vec((0..16).map(|v| v as f32).collect(), &[1, 1, 4, 4])?;
+/// let y = x.max_pool2d(&Pool::new(2)).eval()?;
+/// assert_eq!(y.to_vec::<f32>()?, vec![5.0, 7.0, 13.0, 15.0]);
+/// let a = x.avg_pool2d(&Pool::new(3).stride(1).padding(1).count_include_pad(false)).eval()?;
+/// assert_eq!(a.to_vec::<f32>()?[0], (0.0 + 1.0 + 4.0 + 5.0) / 4.0);
+/// # Ok::<(), ndfuse::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool {
+    kernel: Spatial,
+    stride: Option<Spatial>,
+    padding: Spatial,
+    dilation: Spatial,
+    count_include_pad: bool,
+}
+
+impl Pool {
+    /// A window of `kernel` (one extent for every axis, or one per axis), stride equal
+    /// to it, no padding, dilation 1, averages counting the padding.
+    pub fn new(kernel: impl Into<Spatial>) -> Self {
+        Pool {
+            kernel: kernel.into(),
+            stride: None,
+            padding: Spatial(vec![0]),
+            dilation: Spatial(vec![1]),
+            count_include_pad: true,
+        }
+    }
+
+    /// The step between windows.
+    pub fn stride(mut self, s: impl Into<Spatial>) -> Self {
+        self.stride = Some(s.into());
+        self
+    }
+
+    /// Padding on both sides of each axis: at most half the window, as PyTorch.
+    pub fn padding(mut self, p: impl Into<Spatial>) -> Self {
+        self.padding = p.into();
+        self
+    }
+
+    /// The spacing of a window's taps (max pooling).
+    pub fn dilation(mut self, d: impl Into<Spatial>) -> Self {
+        self.dilation = d.into();
+        self
+    }
+
+    /// Whether an average divides by the whole window (true, PyTorch's default) or by
+    /// the taps inside the input.
+    pub fn count_include_pad(mut self, yes: bool) -> Self {
+        self.count_include_pad = yes;
+        self
+    }
+}
+
+/// Which reduction a pooling takes over each window.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PoolKind {
+    Max,
+    Avg,
+}
+
+impl Tensor {
+    /// PyTorch's `max_pool2d`: the largest tap of each window of `x [N, C, H, W]`, to
+    /// `[N, C, H_out, W_out]`; padding is minus infinity. The gradient goes to the first
+    /// largest tap of each window (row-major within it), as PyTorch's does.
+    #[track_caller]
+    pub fn max_pool2d(&self, pool: &Pool) -> Tensor {
+        pool_at("max_pool2d", PoolKind::Max, self, pool, Location::caller())
+    }
+
+    /// PyTorch's `avg_pool2d`: the mean of each window of `x [N, C, H, W]`, dividing by
+    /// the whole window or, with `count_include_pad(false)`, by its taps inside `x`.
+    #[track_caller]
+    pub fn avg_pool2d(&self, pool: &Pool) -> Tensor {
+        pool_at("avg_pool2d", PoolKind::Avg, self, pool, Location::caller())
+    }
+
+    /// Global average pooling (PyTorch's `adaptive_avg_pool2d(x, 1)`): the mean over the
+    /// spatial axes of `x [N, C, H, W]`, to `[N, C, 1, 1]`.
+    #[track_caller]
+    pub fn global_avg_pool2d(&self) -> Tensor {
+        let at = Location::caller();
+        match self.shape() {
+            Ok(s) if s.len() == 4 => self.mean_keepdims(&[2i64, 3][..]),
+            Ok(s) => Tensor::poisoned(
+                &self.ctx,
+                Error::Argument {
+                    what: "global_avg_pool2d",
+                    why: format!("x {s:?} must be [N, C, H, W]"),
+                    at,
+                },
+            ),
+            Err(e) => Tensor::poisoned(&self.ctx, e),
+        }
+    }
+}
+
+#[track_caller]
+fn pool_at(what: &'static str, kind: PoolKind, x: &Tensor, pool: &Pool, at: At) -> Tensor {
+    let fail = |why: String| Tensor::poisoned(&x.ctx, Error::Argument { what, why, at });
+    let xs = match x.shape() {
+        Ok(s) => s,
+        Err(e) => return Tensor::poisoned(&x.ctx, e),
+    };
+    let r = 2;
+    if xs.len() != r + 2 {
+        return fail(format!("x {xs:?} must be [N, C, H, W]"));
+    }
+    let axes = |what: &str, s: &Spatial| per_axis(what, s, r);
+    let settings = (
+        axes("kernel", &pool.kernel),
+        axes("stride", pool.stride.as_ref().unwrap_or(&pool.kernel)),
+        axes("padding", &pool.padding),
+        axes("dilation", &pool.dilation),
+    );
+    let (kernel, stride, padding, dilation) = match settings {
+        (Ok(k), Ok(s), Ok(p), Ok(d)) => (k, s, p, d),
+        (Err(e), ..) | (_, Err(e), ..) | (_, _, Err(e), _) | (.., Err(e)) => return fail(e),
+    };
+    if kernel.contains(&0) || stride.contains(&0) || dilation.contains(&0) {
+        return fail(format!(
+            "kernel {kernel:?}, stride {stride:?} and dilation {dilation:?} must be at least 1"
+        ));
+    }
+    let mut out = Vec::with_capacity(r);
+    for i in 0..r {
+        let span = dilation[i] * (kernel[i] - 1) + 1;
+        if 2 * padding[i] > span {
+            return fail(format!(
+                "padding {padding:?} must be at most half the window's span on each axis (as PyTorch)"
+            ));
+        }
+        let padded = xs[2 + i] + 2 * padding[i];
+        if span > padded {
+            return fail(format!(
+                "x {xs:?}: axis {}: the window spans {span}, longer than the padded input's {padded}",
+                2 + i
+            ));
+        }
+        out.push((padded - span) / stride[i] + 1);
+    }
+    let pads: Vec<(usize, usize)> = padding.iter().map(|&p| (p, p)).collect();
+    let fill = match kind {
+        PoolKind::Max => f64::NEG_INFINITY,
+        PoolKind::Avg => 0.0,
+    };
+    let (cols, mask) = match windows(x, xs, &kernel, &stride, &dilation, &pads, &out, fill) {
+        Ok(w) => w,
+        Err(e) => return Tensor::poisoned(&x.ctx, e),
+    };
+    // [N, C, k_h, k_w, out_h, out_w] -> [N, C, k, out_h, out_w].
+    let taps = (kernel[0] * kernel[1]) as i64;
+    let (n, c) = (xs[0] as i64, xs[1] as i64);
+    let (oh, ow) = (out[0] as i64, out[1] as i64);
+    let cols = cols.reshape(&[n, c, taps, oh, ow]);
+    match kind {
+        // The first largest tap: argmax, then that tap (its gradient goes there alone).
+        PoolKind::Max => {
+            let first = cols.argmax_keepdims(2);
+            cols.take_along_axis(&first, 2).reshape(&[n, c, oh, ow])
+        }
+        PoolKind::Avg => {
+            let sum = cols.sum(&[2i64][..]);
+            match (pool.count_include_pad, mask) {
+                (false, Some(mask)) => {
+                    let dtype = sum.dtype().unwrap_or(ndfuse_ir::DType::F32);
+                    let counts = mask
+                        .cast(dtype)
+                        .sum(&[0i64, 1][..])
+                        .reshape(&[1, 1, oh, ow]);
+                    sum / counts
+                }
+                _ => sum / taps as f64,
+            }
+        }
+    }
 }

@@ -48,7 +48,7 @@ pub use compiled::Compiled;
 pub use composite::{one_hot, tril, triu};
 pub use context::{Context, ContextBuilder};
 pub use contract::matmul;
-pub use conv::{Conv, Padding, Spatial};
+pub use conv::{Conv, Padding, Pool, Spatial};
 pub use error::{Error, Result};
 pub use expr::{Expr, ExprError};
 pub use grad::grad;

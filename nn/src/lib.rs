@@ -5,6 +5,7 @@
 //! training loop with a progress bar and loss curves.
 
 mod checkpoint;
+mod conv_layers;
 mod data;
 mod error;
 mod fit;
@@ -20,6 +21,7 @@ mod schedule;
 mod train;
 
 pub use checkpoint::{load as load_checkpoint, save as save_checkpoint, Checkpoint};
+pub use conv_layers::{AvgPool2d, Conv2d, Flatten, GlobalAvgPool, MaxPool2d};
 pub use data::{Batch, Batches, Dataset, Prefetch};
 pub use error::{Error, Result};
 pub use fit::{epoch_line, Epoch, FitOptions, History};

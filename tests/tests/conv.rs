@@ -308,3 +308,118 @@ fn gradients_match_central_differences() {
         }
     }
 }
+
+/// `tests/fixtures/pool`: torch's max_pool2d and avg_pool2d (window, stride, padding,
+/// dilation, count_include_pad; one max case with ties) and the gradients of `sum(y *
+/// r)`. A max is one of its taps: exact; the gradient of a max goes to the first
+/// largest tap of each window, as torch's (the ties case checks it), summed where
+/// windows overlap; averages within an f32 sum's bound.
+#[test]
+fn pooling_matches_pytorch_forward_and_backward() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pool");
+    let text = std::fs::read_to_string(root.join("cases.txt")).expect("pool cases.txt");
+    let nums =
+        |s: &str| -> Vec<usize> { s.split(',').map(|v| v.parse().expect("a number")).collect() };
+    let load = |case: &str, key: &str| {
+        ndfuse::npy::read_npy(root.join(case).join(format!("{key}.npy")))
+            .unwrap_or_else(|e| panic!("{case}/{key}.npy: {e}"))
+    };
+    let mut seen = 0;
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+    {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (name, kind) = (f[0], f[1]);
+        let kernel = nums(f[2]);
+        let pool = ndfuse::Pool::new(&kernel[..])
+            .stride(&nums(f[3])[..])
+            .padding(&nums(f[4])[..])
+            .dilation(&nums(f[5])[..])
+            .count_include_pad(f[6] == "counted");
+        let taps = kernel[0] * kernel[1];
+        for backend in [BackendKind::Cpu, BackendKind::Interp] {
+            let ctx = Context::builder()
+                .backend(backend)
+                .build()
+                .expect("a context");
+            let x = ctx.from_array(&load(name, "x"));
+            let r = ctx.from_array(&load(name, "r"));
+            let y = if kind == "max" {
+                x.max_pool2d(&pool)
+            } else {
+                x.avg_pool2d(&pool)
+            };
+            let what = format!("{name} on {backend:?}");
+            let (y_tol, g_tol) = if kind == "max" {
+                (0.0, f32_bound(taps, 1.0))
+            } else {
+                (f32_bound(taps, 1.0), f32_bound(taps, 1.0))
+            };
+            close(
+                &format!("{what}: y"),
+                &y.eval().expect("y"),
+                &load(name, "y"),
+                y_tol,
+            );
+            let loss = (&y * &r).sum(..);
+            let g = ndfuse::grad(&loss, &[&x]).expect("gradient");
+            close(
+                &format!("{what}: dL/dx"),
+                &g[0].eval().expect("dx"),
+                &load(name, "gx"),
+                g_tol,
+            );
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 8, "every case of scripts/conv_fixtures.py");
+}
+
+#[test]
+fn global_average_pooling_is_the_spatial_mean() {
+    let ctx = Context::new();
+    let x = ctx
+        .from_vec(
+            (0..2 * 3 * 4 * 5).map(|v| v as f32).collect(),
+            &[2, 3, 4, 5],
+        )
+        .expect("x");
+    let y = x.global_avg_pool2d().eval().expect("y");
+    assert_eq!(y.shape(), &[2, 3, 1, 1]);
+    // Channel (n, c) holds 20 consecutive values starting at 20 * (3n + c).
+    let want: Vec<f64> = (0..6).map(|i| 20.0 * i as f64 + 9.5).collect();
+    assert_eq!(y.to_f64_vec(), want);
+    let err = ctx
+        .zeros(&[2, 3])
+        .global_avg_pool2d()
+        .eval()
+        .expect_err("rank 2");
+    assert!(err.to_string().contains("must be [N, C, H, W]"), "{err}");
+}
+
+#[test]
+fn bad_poolings_are_errors_naming_the_shape_and_the_call_site() {
+    let ctx = Context::new();
+    let x = ctx.zeros(&[1, 2, 5, 5]);
+    let cases: Vec<(Tensor, &str)> = vec![
+        (
+            x.max_pool2d(&ndfuse::Pool::new(3).padding(2)),
+            "must be at most half the window",
+        ),
+        (
+            x.avg_pool2d(&ndfuse::Pool::new(7)),
+            "the window spans 7, longer than the padded input's 5",
+        ),
+        (x.max_pool2d(&ndfuse::Pool::new(0)), "must be at least 1"),
+        (
+            ctx.zeros(&[2, 5, 5]).max_pool2d(&ndfuse::Pool::new(2)),
+            "must be [N, C, H, W]",
+        ),
+    ];
+    for (t, says) in cases {
+        let err = t.eval().expect_err(says).to_string();
+        assert!(err.contains(says), "{err:?} should say {says:?}");
+        assert!(err.contains("tests/tests/conv.rs"), "the call site: {err}");
+    }
+}

@@ -27,8 +27,8 @@ pub const FUNCTIONS: &[&str] = &[
     "cumprod", "sort", "argsort", "top_k",
     // positions
     "arange", "one_hot", "tril", "triu",
-    // convolutions
-    "conv1d", "conv2d",
+    // convolutions and pooling
+    "conv1d", "conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool2d",
     // composites
     "softmax", "log_softmax", "layernorm", "dropout",
     // differentiation

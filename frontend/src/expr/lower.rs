@@ -542,7 +542,9 @@ impl<'a> Lowerer<'a> {
             "take" | "take_along_axis" | "index_add" | "concat" | "concatenate" | "stack"
             | "pad" | "cumsum" | "cumprod" | "sort" | "argsort" | "top_k" | "arange"
             | "one_hot" | "tril" | "triu" => self.index_call(name, args, kwargs, pos)?,
-            "conv1d" | "conv2d" => self.conv_call(name, args, kwargs, pos)?,
+            "conv1d" | "conv2d" | "max_pool2d" | "avg_pool2d" | "global_avg_pool2d" => {
+                self.conv_call(name, args, kwargs, pos)?
+            }
             "grad" => {
                 // grad(f, x): the gradient of the 0-d float `f` with respect to input `x`.
                 let a = bind(name, pos, args, kwargs, &["f", "x"])?;
@@ -715,8 +717,10 @@ impl<'a> Lowerer<'a> {
     }
 
     /// PyTorch's `conv1d` / `conv2d(input, weight, bias, stride=1, padding=0,
-    /// dilation=1, groups=1)`; out of [`Lowerer::call`] and never inlined, as
-    /// [`Lowerer::index_call`].
+    /// dilation=1, groups=1)`, `max_pool2d(input, kernel_size, stride=None, padding=0,
+    /// dilation=1)`, `avg_pool2d(input, kernel_size, stride=None, padding=0,
+    /// count_include_pad=True)` and `global_avg_pool2d(input)`; out of
+    /// [`Lowerer::call`] and never inlined, as [`Lowerer::index_call`].
     #[inline(never)]
     fn conv_call(
         &mut self,
@@ -725,6 +729,44 @@ impl<'a> Lowerer<'a> {
         kwargs: &[Kwarg],
         pos: usize,
     ) -> Result<Tensor, ExprError> {
+        if name == "global_avg_pool2d" {
+            let a = bind(name, pos, args, kwargs, &["input"])?;
+            return Ok(self.tensor_arg(req(&a, 0))?.global_avg_pool2d());
+        }
+        if name != "conv1d" && name != "conv2d" {
+            let last = if name == "max_pool2d" {
+                "dilation=1"
+            } else {
+                "count_include_pad=True"
+            };
+            let a = bind(
+                name,
+                pos,
+                args,
+                kwargs,
+                &["input", "kernel_size", "stride=None", "padding=0", last],
+            )?;
+            let x = self.tensor_arg(req(&a, 0))?;
+            let kernel = spatial_literal(req(&a, 1), "kernel_size", 1)?;
+            let mut pool = crate::conv::Pool::new(crate::conv::Spatial(kernel));
+            if let Some(n) = opt(&a, 2) {
+                pool = pool.stride(crate::conv::Spatial(spatial_literal(n, "stride", 1)?));
+            }
+            if let Some(n) = opt(&a, 3) {
+                pool = pool.padding(crate::conv::Spatial(spatial_literal(n, "padding", 0)?));
+            }
+            return Ok(if name == "max_pool2d" {
+                if let Some(n) = opt(&a, 4) {
+                    pool = pool.dilation(crate::conv::Spatial(spatial_literal(n, "dilation", 1)?));
+                }
+                x.max_pool2d(&pool)
+            } else {
+                if let Some(n) = opt(&a, 4) {
+                    pool = pool.count_include_pad(bool_literal(n)?);
+                }
+                x.avg_pool2d(&pool)
+            });
+        }
         let a = bind(
             name,
             pos,

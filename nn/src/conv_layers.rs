@@ -1,0 +1,184 @@
+//! The layers of convolutional networks: [`Conv2d`] (learned weights `[O, I / groups,
+//! kh, kw]` and bias `[O]`), [`MaxPool2d`], [`AvgPool2d`], [`GlobalAvgPool`] and
+//! [`Flatten`], over NCHW tensors with PyTorch's semantics (`ndfuse::Tensor::conv2d`,
+//! `max_pool2d`, `avg_pool2d`, `global_avg_pool2d`).
+
+use crate::error::{Error, Result};
+use crate::init::Init;
+use crate::layers::{Layer, Mode};
+use crate::param::Parameter;
+use ndfuse::{Context, Conv, Pool, Tensor};
+
+/// A 2-D convolution: `conv2d(x, weight, bias)` with the settings of `conv`.
+#[derive(Debug, Clone)]
+pub struct Conv2d {
+    weight: Parameter,
+    bias: Option<Parameter>,
+    conv: Conv,
+}
+
+impl Conv2d {
+    /// A layer from `inputs` to `outputs` channels with a `kernel` window (one extent,
+    /// or `(kh, kw)`), named `name` (`name.weight`, `name.bias`), weights drawn by
+    /// `init` from `seed` (fans as PyTorch counts them: `inputs / groups * kh * kw` in,
+    /// `outputs / groups * kh * kw` out), bias zero.
+    ///
+    /// ```
+    /// use ndfuse::Conv;
+    /// use ndfuse_nn::{Conv2d, Init, Layer, Mode};
+    /// let ctx = ndfuse::Context::new();
+    /// let c = Conv2d::new(&ctx, "c1", 3, 8, (3, 3), Conv::new().padding(1), Init::HeUniform, 1)?;
+    /// let y = c.forward(&ctx.ones(&[2, 3, 10, 10]), &Mode::eval());
+    /// assert_eq!(y.shape()?, &[2, 8, 10, 10]);
+    /// # Ok::<(), ndfuse_nn::Error>(())
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: &Context,
+        name: &str,
+        inputs: usize,
+        outputs: usize,
+        kernel: impl Into<ndfuse::Spatial>,
+        conv: Conv,
+        init: Init,
+        seed: u64,
+    ) -> Result<Conv2d> {
+        let k = kernel.into().0;
+        let (kh, kw) = match k[..] {
+            [k] => (k, k),
+            [h, w] => (h, w),
+            _ => {
+                return Err(Error::Argument {
+                    what: "Conv2d::new",
+                    why: format!("kernel {k:?}: give one extent or (kh, kw)"),
+                })
+            }
+        };
+        let groups = conv.groups_count();
+        if groups == 0 || !inputs.is_multiple_of(groups) || !outputs.is_multiple_of(groups) {
+            return Err(Error::Argument {
+                what: "Conv2d::new",
+                why: format!(
+                    "groups = {groups} must divide the {inputs} input and {outputs} output channels"
+                ),
+            });
+        }
+        let per_group = inputs / groups;
+        let w = init.tensor(
+            ctx,
+            &[outputs, per_group, kh, kw],
+            per_group * kh * kw,
+            outputs / groups * kh * kw,
+            seed,
+        );
+        Ok(Conv2d {
+            weight: Parameter::new(format!("{name}.weight"), &w)?,
+            bias: Some(Parameter::new(
+                format!("{name}.bias"),
+                &ctx.zeros(&[outputs]),
+            )?),
+            conv,
+        })
+    }
+
+    /// The same layer without a bias.
+    pub fn without_bias(mut self) -> Conv2d {
+        self.bias = None;
+        self
+    }
+
+    /// The weight, `[O, I / groups, kh, kw]`.
+    pub fn weight(&self) -> &Parameter {
+        &self.weight
+    }
+
+    /// The bias, `[O]`, if the layer has one.
+    pub fn bias(&self) -> Option<&Parameter> {
+        self.bias.as_ref()
+    }
+}
+
+impl Layer for Conv2d {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
+        let b = self.bias.as_ref().map(|b| b.value());
+        x.conv2d(&self.weight.value(), b.as_ref(), &self.conv)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        std::iter::once(self.weight.clone())
+            .chain(self.bias.clone())
+            .collect()
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(Conv2d {
+            weight: self.weight.duplicate(),
+            bias: self.bias.as_ref().map(Parameter::duplicate),
+            conv: self.conv.clone(),
+        })
+    }
+}
+
+/// Max pooling over NCHW windows (`Tensor::max_pool2d`).
+#[derive(Debug, Clone)]
+pub struct MaxPool2d(pub Pool);
+
+impl Layer for MaxPool2d {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
+        x.max_pool2d(&self.0)
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+}
+
+/// Average pooling over NCHW windows (`Tensor::avg_pool2d`).
+#[derive(Debug, Clone)]
+pub struct AvgPool2d(pub Pool);
+
+impl Layer for AvgPool2d {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
+        x.avg_pool2d(&self.0)
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+}
+
+/// The mean over the spatial axes, `[N, C, H, W]` to `[N, C, 1, 1]`.
+#[derive(Debug, Clone, Copy)]
+pub struct GlobalAvgPool;
+
+impl Layer for GlobalAvgPool {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
+        x.global_avg_pool2d()
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(*self)
+    }
+}
+
+/// Every axis after the first as one: `[N, ...]` to `[N, product]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Flatten;
+
+impl Layer for Flatten {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
+        match x.shape() {
+            Ok(s) if !s.is_empty() => x.reshape(&[s[0] as i64, -1]),
+            _ => x.reshape(&[-1]),
+        }
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(*self)
+    }
+}
