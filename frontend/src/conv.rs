@@ -411,7 +411,7 @@ fn windows(
     // scatter-add into the broadcast shape (taps * out times x's size: 944 MB for the
     // second layer of the Fashion-MNIST CNN at batch 128).
     let idx = x.ctx.from_vec(index, &[taps * positions])?;
-    let mask = x.ctx.from_vec(inside, &dims)?;
+    let mask = x.ctx.from_vec(inside, &[taps * positions])?;
     let flat = x.reshape(&[
         xs[0] as i64,
         xs[1] as i64,
@@ -422,11 +422,15 @@ fn windows(
         .chain(&dims)
         .map(|&d| d as i64)
         .collect();
-    let cols = flat.take(&idx, 2).reshape(&split);
+    // The select on the gather's own shape, then the split: a view between them would
+    // store the gather and make the select a kernel of its own.
+    let taken = flat.take(&idx, 2);
     Ok(if padded {
-        (mask.where_(&cols, fill), Some(mask))
+        let m: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        let cols = mask.where_(&taken, fill).reshape(&split);
+        (cols, Some(mask.reshape(&m)))
     } else {
-        (cols, None)
+        (taken.reshape(&split), None)
     })
 }
 
