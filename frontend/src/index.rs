@@ -92,7 +92,10 @@ impl Tensor {
     /// numpy's `take(x, idx, axis)`: the slices of `x` at positions `idx` (i32 or i64,
     /// any shape; negative counts from the end) along `axis`. The result's shape is
     /// `x.shape[..axis] ++ idx.shape ++ x.shape[axis+1..]`. An index outside `-n..n` is
-    /// an error of the evaluation, naming the index and its position.
+    /// an error of the evaluation, naming the index and its position. An index of
+    /// several axes is taken as one axis and the result split, so the gradient with
+    /// respect to `x` is a scatter-add into `x`'s own shape (an embedding table's, not
+    /// the table's times the sequence length).
     ///
     /// ```
     /// let ctx = ndfuse::Context::new();
@@ -206,6 +209,15 @@ fn take_at(x: &Tensor, idx: &Tensor, axis: i64, at: At) -> Result<Tensor, Tensor
     let (xd, id) = (xt.shape.dims(), it.shape.dims());
     let (before, n, after) = (&xd[..axis], xd[axis], &xd[axis + 1..]);
     let out: Vec<usize> = [before, id, after].concat();
+    if id.len() > 1 {
+        // An index of several axes: taken as one axis, then split. Read along the
+        // first of its axes and broadcast along the rest, x would be a view as large
+        // as the result, and the gradient of the gather a scatter-add into that view's
+        // shape (an embedding table times the sequence length) before its sum.
+        let flat = reshaped(idx, vec![id.iter().product()], at);
+        let taken = take_at(x, &flat, axis as i64, at)?;
+        return Ok(reshaped(&taken, out, at));
+    }
     // The index spans its own axes; x is read along the first of them, and repeated
     // (a broadcast view) along the rest.
     let idx_v =

@@ -678,3 +678,39 @@ fn expression_mistakes_name_the_column() {
     let r = ctx.evaluate("take(x, idx * 5, axis=1)", ins).unwrap_err();
     assert!(r.to_string().contains("index 5 is out of range"), "{r}");
 }
+
+/// The gradient of `take` with an index of several axes (an embedding of [batch, seq]
+/// tokens) is the scatter-add of the rows into the table: each token's row gathers the
+/// gradients of its positions. The index is taken as one axis and the result split
+/// (`take`'s docs), so the gradient is a scatter-add into the table's own shape, not
+/// into a view of the table broadcast over the sequence (here 6x the table).
+#[test]
+fn the_gradient_of_an_embedding_lookup_adds_rows_into_the_table() {
+    for (backend, ctx) in contexts() {
+        let emb = f32s(
+            &ctx,
+            &(0..5 * 3).map(|v| v as f32).collect::<Vec<_>>(),
+            &[5, 3],
+        );
+        let tokens = i64s(&ctx, &[4, 1, 4, 0, 2, 4], &[2, 3]);
+        let w = f32s(
+            &ctx,
+            &(1..=18).map(|v| v as f32).collect::<Vec<_>>(),
+            &[2, 3, 3],
+        );
+        let y = emb.take(&tokens, 0);
+        assert_eq!(y.shape().expect("y"), &[2, 3, 3], "{backend:?}");
+        let loss = (&y * &w).sum(..);
+        let g = ndfuse::grad(&loss, &[&emb]).expect("a gradient");
+        let (shape, got) = ev_f32(&g[0]);
+        assert_eq!(shape, vec![5, 3], "{backend:?}");
+        // Row r gets the sum of w's rows at the positions whose token is r.
+        let mut want = vec![0.0f32; 15];
+        for (p, &t) in [4usize, 1, 4, 0, 2, 4].iter().enumerate() {
+            for d in 0..3 {
+                want[t * 3 + d] += (p * 3 + d + 1) as f32;
+            }
+        }
+        assert_eq!(got, want, "{backend:?}");
+    }
+}
