@@ -426,24 +426,41 @@ pub fn measure_tier_fma_peak(
 
 /// The widest FMA width's figure if `width` is the widest the host has, else `None`.
 fn fma_peak_at(width: Width, iterations: u64, trials: usize) -> Option<FmaPeak> {
+    Some(chains_peak(
+        (width.isa(), width.lanes(), 2),
+        iterations,
+        trials,
+        |n| fma_chains(width, n),
+    ))
+}
+
+/// An [`FmaPeak`] of `chains(n)`, which runs `n` steps of [`CHAINS`] chains of `lanes`
+/// f32 lanes, `flops` a lane a step: `iterations` (at least 1) steps a thread, best of
+/// `trials`, on one thread and on every thread the OS offers.
+fn chains_peak(
+    (isa, lanes, flops): (&'static str, usize, usize),
+    iterations: u64,
+    trials: usize,
+    chains: impl Fn(u64) -> f32 + Sync,
+) -> FmaPeak {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let iterations = iterations.max(1);
-    let flops_per_run = (2 * width.lanes() * CHAINS) as f64 * iterations as f64;
+    let flops_per_run = (flops * lanes * CHAINS) as f64 * iterations as f64;
     let best = |threads: usize| {
         let fastest = fastest_run(threads, trials, || {
-            std::hint::black_box(fma_chains(width, std::hint::black_box(iterations)));
+            std::hint::black_box(chains(std::hint::black_box(iterations)));
         });
         flops_per_run * threads as f64 / fastest
     };
-    Some(FmaPeak {
-        isa: width.isa(),
-        lanes: width.lanes(),
+    FmaPeak {
+        isa,
+        lanes,
         chains: CHAINS,
         trials: trials.max(1),
         threads,
         flops_1t: best(1),
         flops_all: best(threads),
-    })
+    }
 }
 
 /// The loop of [`bf16_dot_chains`]: 12 chains `acc += x0 * y0 + x1 * y1` over the 16
@@ -519,24 +536,12 @@ pub fn measure_bf16_dot_peak(iterations: u64, trials: usize) -> Option<FmaPeak> 
         if !(has!("avx512f") && has!("avx512bf16")) {
             return None;
         }
-        let threads = std::thread::available_parallelism().map_or(1, usize::from);
-        let iterations = iterations.max(1);
-        let flops_per_run = (4 * 16 * CHAINS) as f64 * iterations as f64;
-        let best = |threads: usize| {
-            let fastest = fastest_run(threads, trials, || {
-                std::hint::black_box(bf16_dot_chains(std::hint::black_box(iterations)));
-            });
-            flops_per_run * threads as f64 / fastest
-        };
-        Some(FmaPeak {
-            isa: "AVX512_BF16 zmm vdpbf16ps",
-            lanes: 16,
-            chains: CHAINS,
-            trials: trials.max(1),
-            threads,
-            flops_1t: best(1),
-            flops_all: best(threads),
-        })
+        Some(chains_peak(
+            ("AVX512_BF16 zmm vdpbf16ps", 16, 4),
+            iterations,
+            trials,
+            bf16_dot_chains,
+        ))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -406,10 +406,9 @@ fn windows(
     }
     let dims: Vec<usize> = kernel.iter().chain(out.iter()).copied().collect();
     let padded = inside.contains(&false);
-    // A 1-d index, the result then split: `take` with an index of several axes reads x
-    // through a view broadcast over them, and the gradient of that gather is a
-    // scatter-add into the broadcast shape (taps * out times x's size: 944 MB for the
-    // second layer of the Fashion-MNIST CNN at batch 128).
+    // A 1-d index and mask: the select runs on the gather's own shape, then the result
+    // is split into taps and positions (a view between them would store the gather
+    // and make the select a kernel of its own).
     let idx = x.ctx.from_vec(index, &[taps * positions])?;
     let mask = x.ctx.from_vec(inside, &[taps * positions])?;
     let flat = x.reshape(&[
@@ -422,8 +421,6 @@ fn windows(
         .chain(&dims)
         .map(|&d| d as i64)
         .collect();
-    // The select on the gather's own shape, then the split: a view between them would
-    // store the gather and make the select a kernel of its own.
     let taken = flat.take(&idx, 2);
     Ok(if padded {
         let m: Vec<i64> = dims.iter().map(|&d| d as i64).collect();

@@ -4,10 +4,11 @@
 
 use ndfuse::{Context, Conv, Pool};
 use ndfuse_nn::{
-    Activation, Conv2d, FashionMnist, FitOptions, Flatten, GlobalAvgPool, Init, Layer, Linear,
-    Loss, MaxPool2d, Mode, Optimizer, Sequential, Trainer,
+    Activation, Conv2d, FitOptions, Flatten, GlobalAvgPool, Init, Layer, Linear, Loss, MaxPool2d,
+    Mode, Optimizer, Sequential, Trainer,
 };
-use std::path::Path;
+
+mod support;
 
 #[test]
 fn conv_layers_have_pytorchs_shapes_and_parameters() {
@@ -70,20 +71,9 @@ fn conv_layers_have_pytorchs_shapes_and_parameters() {
 /// well above chance (10%); a full run reaches about 91% (bench/RESULTS.md).
 #[test]
 fn the_cnn_learns_fashion_mnist() {
-    let dir = Path::new(FashionMnist::DIR);
-    if !FashionMnist::present(dir) {
-        assert!(
-            std::env::var("NDFUSE_REQUIRE_DATA").as_deref() != Ok("1"),
-            "NDFUSE_REQUIRE_DATA=1 but Fashion-MNIST is not in {} (apt install dataset-fashion-mnist)",
-            dir.display()
-        );
-        println!(
-            "skipped: Fashion-MNIST is not in {} (Debian's dataset-fashion-mnist)",
-            dir.display()
-        );
+    let Some(data) = support::fashion_mnist() else {
         return;
-    }
-    let data = FashionMnist::load(dir).expect("Fashion-MNIST");
+    };
     let train = data
         .train
         .subset(&(0..1024).collect::<Vec<_>>())

@@ -11,6 +11,8 @@ use ndfuse_nn::{parse_idx, read_idx, Error, FashionMnist, IdxValues};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+mod support;
+
 /// A fresh directory under the system's temporary one.
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ndfuse-idx-{name}-{}", std::process::id()));
@@ -236,20 +238,9 @@ fn fashion_mnist_refuses_missing_and_inconsistent_files() {
 /// every Fashion-MNIST normalisation uses).
 #[test]
 fn the_real_fashion_mnist_from_debian() {
-    let dir = Path::new(FashionMnist::DIR);
-    if !FashionMnist::present(dir) {
-        assert!(
-            std::env::var("NDFUSE_REQUIRE_DATA").as_deref() != Ok("1"),
-            "NDFUSE_REQUIRE_DATA=1 but Fashion-MNIST is not in {} (apt install dataset-fashion-mnist)",
-            dir.display()
-        );
-        println!(
-            "skipped: Fashion-MNIST is not in {} (Debian's dataset-fashion-mnist)",
-            dir.display()
-        );
+    let Some(data) = support::fashion_mnist() else {
         return;
-    }
-    let data = FashionMnist::load(dir).expect("Fashion-MNIST");
+    };
     assert_eq!(data.train.features().shape(), &[60000, 1, 28, 28]);
     assert_eq!(data.test.features().shape(), &[10000, 1, 28, 28]);
     for (split, per_class) in [(&data.train, 6000), (&data.test, 1000)] {

@@ -62,11 +62,7 @@ impl ProductTier {
 
     /// f32 lanes of one of the tier's registers.
     pub fn f32_lanes(self) -> usize {
-        match self {
-            ProductTier::Avx512 => 16,
-            ProductTier::Fma => 8,
-            ProductTier::Scalar => 1,
-        }
+        self.f32_kernels().map_or(1, |k| k.lanes)
     }
 
     /// The tier's f32 micro-kernels, for the packed GEMM (`gemm_packed`); `None` for
@@ -180,6 +176,8 @@ macro_rules! tier_float {
         impl TierFloat for $t {
             const ONE: $t = 1.0;
 
+            /// # Safety
+            /// As [`TierFloat::basic`]'s.
             unsafe fn basic(
                 tier: ProductTier,
                 shape: (usize, usize, usize),

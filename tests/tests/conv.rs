@@ -20,28 +20,42 @@ struct Case {
     bias: bool,
 }
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/conv")
+/// The fixtures of one script section: `conv` or `pool`.
+fn fixtures(set: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(set)
+}
+
+/// The fields of each case line of `set`'s `cases.txt` (comments and blanks left out).
+fn case_lines(set: &str) -> Vec<Vec<String>> {
+    let path = fixtures(set).join("cases.txt");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect()
+}
+
+/// `2,1` as `[2, 1]`.
+fn nums(s: &str) -> Vec<usize> {
+    s.split(',').map(|v| v.parse().expect("a number")).collect()
 }
 
 fn cases() -> Vec<Case> {
-    let text = std::fs::read_to_string(fixtures().join("cases.txt")).expect("cases.txt");
-    let nums =
-        |s: &str| -> Vec<usize> { s.split(',').map(|v| v.parse().expect("a number")).collect() };
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
+    case_lines("conv")
+        .into_iter()
+        .map(|f| {
             let rank: usize = f[1].parse().expect("a rank");
-            let padding = match f[3] {
+            let padding = match f[3].as_str() {
                 "same" => Padding::Same,
                 "valid" => Padding::Valid,
                 p => Padding::Explicit(nums(p).into_iter().map(|v| (v, v)).collect()),
             };
             let conv = Conv::new()
-                .stride(&nums(f[2])[..])
+                .stride(&nums(&f[2])[..])
                 .padding(padding)
-                .dilation(&nums(f[4])[..])
+                .dilation(&nums(&f[4])[..])
                 .groups(f[5].parse().expect("groups"));
             Case {
                 name: f[0].to_string(),
@@ -53,9 +67,14 @@ fn cases() -> Vec<Case> {
         .collect()
 }
 
+/// Array `key` of case `case` of fixture set `set`.
+fn load_from(set: &str, case: &str, key: &str) -> Array {
+    ndfuse::npy::read_npy(fixtures(set).join(case).join(format!("{key}.npy")))
+        .unwrap_or_else(|e| panic!("{set}/{case}/{key}.npy: {e}"))
+}
+
 fn load(case: &str, key: &str) -> Array {
-    ndfuse::npy::read_npy(fixtures().join(case).join(format!("{key}.npy")))
-        .unwrap_or_else(|e| panic!("{case}/{key}.npy: {e}"))
+    load_from("conv", case, key)
 }
 
 fn conv(case: &Case, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
@@ -316,26 +335,15 @@ fn gradients_match_central_differences() {
 /// windows overlap; averages within an f32 sum's bound.
 #[test]
 fn pooling_matches_pytorch_forward_and_backward() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pool");
-    let text = std::fs::read_to_string(root.join("cases.txt")).expect("pool cases.txt");
-    let nums =
-        |s: &str| -> Vec<usize> { s.split(',').map(|v| v.parse().expect("a number")).collect() };
-    let load = |case: &str, key: &str| {
-        ndfuse::npy::read_npy(root.join(case).join(format!("{key}.npy")))
-            .unwrap_or_else(|e| panic!("{case}/{key}.npy: {e}"))
-    };
+    let load = |case: &str, key: &str| load_from("pool", case, key);
     let mut seen = 0;
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-    {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let (name, kind) = (f[0], f[1]);
-        let kernel = nums(f[2]);
+    for f in case_lines("pool") {
+        let (name, kind) = (f[0].as_str(), f[1].as_str());
+        let kernel = nums(&f[2]);
         let pool = ndfuse::Pool::new(&kernel[..])
-            .stride(&nums(f[3])[..])
-            .padding(&nums(f[4])[..])
-            .dilation(&nums(f[5])[..])
+            .stride(&nums(&f[3])[..])
+            .padding(&nums(&f[4])[..])
+            .dilation(&nums(&f[5])[..])
             .count_include_pad(f[6] == "counted");
         let taps = kernel[0] * kernel[1];
         for backend in [BackendKind::Cpu, BackendKind::Interp] {
