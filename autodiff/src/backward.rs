@@ -5,7 +5,7 @@
 use crate::emit::Emit;
 use crate::error::AutodiffError;
 use crate::rules::vjp;
-use ndfuse_ir::{Graph, HostArray, NodeId, Scalar, Shape};
+use ndfuse_ir::{Graph, HostArray, NodeId, Op, Scalar, Shape};
 use std::collections::HashMap;
 
 /// A graph with gradient nodes added, as [`grad`] returns it.
@@ -83,6 +83,13 @@ pub fn grad(graph: &Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Backward, Aut
             continue;
         }
         let op = graph.node(n).op.clone();
+        if let Op::Attention(spec) = &op {
+            if spec.bias && needs[&operands[3]] {
+                return Err(AutodiffError::NoRule {
+                    op: "the bias of fused attention (build it with Attention::unfused() to learn a bias)",
+                });
+            }
+        }
         e.rule = op.name();
         let gs = vjp(&mut e, &op, &operands, n, g)?;
         for (o, go) in operands.iter().zip(gs) {

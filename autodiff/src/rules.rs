@@ -127,6 +127,27 @@ pub(crate) fn vjp(e: &mut Emit, op: &Op, x: &[NodeId], y: NodeId, g: NodeId) -> 
             axis,
             reverse,
         } => one(cumprod(e, x[0], g, *axis, *reverse)?),
+        // attention: one fused backward node (the probabilities recomputed per block),
+        // its packed result split into dq, dk, dv; none to the bias (the caller refuses
+        // a bias that needs one), the key lengths and the dropout key
+        Op::Attention(spec) => {
+            let mut operands = vec![x[0], x[1], x[2], y, g];
+            operands.extend(&x[3..]);
+            let packed = e.op(Op::AttentionBackward(*spec), &operands)?;
+            let mut gs = Vec::with_capacity(x.len());
+            let mut start = 0;
+            for &t in &x[..3] {
+                let shape = e.shape(t);
+                let part = e.slice_axis(packed, 0, start, shape.numel())?;
+                gs.push(Some(e.reshape(part, &shape)?));
+                start += shape.numel();
+            }
+            gs.extend(x[3..].iter().map(|_| None));
+            Ok(gs)
+        }
+        Op::AttentionBackward(_) => Err(AutodiffError::NoRule {
+            op: "attention_backward (a second derivative of attention)",
+        }),
     }
 }
 

@@ -22,6 +22,7 @@
 //! carries the error (with the shapes and your call site), and `eval` returns it.
 
 mod array;
+mod attention;
 mod compiled;
 mod composite;
 mod constructors;
@@ -44,6 +45,7 @@ mod scan;
 mod tensor;
 
 pub use array::Array;
+pub use attention::{attention, Attention, Causal};
 pub use compiled::Compiled;
 pub use composite::{one_hot, tril, triu};
 pub use context::{Context, ContextBuilder};

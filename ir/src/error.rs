@@ -200,6 +200,13 @@ pub enum IrError {
         /// The operand.
         operand: TensorType,
     },
+    /// Attention operands that do not fit together (head counts, head dimensions, key
+    /// counts, the mask's or bias's shape); `why` names the shapes.
+    #[error("attention: {why}")]
+    Attention {
+        /// What is wrong, with the shapes involved.
+        why: String,
+    },
     /// Input and const nodes have no operands to infer from.
     #[error("{op} nodes are created with an explicit dtype and shape, not inferred")]
     NotInferable {

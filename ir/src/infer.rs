@@ -4,7 +4,7 @@
 
 use crate::dtype::DType;
 use crate::error::{IntList, IrError, TensorType};
-use crate::op::{BinaryOp, Op, PadMode, ReduceOp, UnaryOp, ViewOp};
+use crate::op::{AttentionSpec, BinaryOp, Op, PadMode, ReduceOp, UnaryOp, ViewOp};
 use crate::shape::Shape;
 
 const CAST_FIRST: &str = "bool has no arithmetic; cast it to a number first";
@@ -159,6 +159,8 @@ pub fn infer(op: &Op, operands: &[TensorType]) -> Result<TensorType, IrError> {
                 shape: x.shape.clone(),
             })
         }
+        Op::Attention(spec) => infer_attention(spec, operands, false),
+        Op::AttentionBackward(spec) => infer_attention(spec, operands, true),
         Op::Argsort { axis, k, .. } => {
             let x = &operands[0];
             check_axes(name, &[*axis], x)?;
@@ -571,4 +573,96 @@ fn same_dtype(op: &'static str, a: &TensorType, b: &TensorType) -> Result<(), Ir
             rhs: b.clone(),
         })
     }
+}
+
+/// [`Op::Attention`]'s result (`backward`: [`Op::AttentionBackward`]'s, the packed
+/// gradients of q, k and v).
+fn infer_attention(
+    spec: &AttentionSpec,
+    operands: &[TensorType],
+    backward: bool,
+) -> Result<TensorType, IrError> {
+    let fail = |why: String| Err(IrError::Attention { why });
+    let (q, k, v) = (&operands[0], &operands[1], &operands[2]);
+    let shapes = format!("q {q}, k {k}, v {v}");
+    let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
+    if qd.len() != 4 || kd.len() != 4 || vd.len() != 4 {
+        return fail(format!("{shapes}: q, k and v must be [B, H, T, D]"));
+    }
+    if !q.dtype.is_float() || k.dtype != q.dtype || v.dtype != q.dtype {
+        return fail(format!("{shapes}: q, k and v must be one float dtype"));
+    }
+    let [b, hq, tq, d] = [qd[0], qd[1], qd[2], qd[3]];
+    let [hkv, tk] = [kd[1], kd[2]];
+    if kd[0] != b || vd[0] != b {
+        return fail(format!("{shapes}: the batch extents differ"));
+    }
+    if vd[1] != hkv || hkv == 0 || hq % hkv != 0 {
+        return fail(format!(
+            "{shapes}: the key/value heads ({hkv} and {}) must be equal and divide the {hq} query heads",
+            vd[1]
+        ));
+    }
+    if kd[3] != d {
+        return fail(format!(
+            "{shapes}: the head dimensions of q ({d}) and k ({}) differ",
+            kd[3]
+        ));
+    }
+    if vd[2] != tk {
+        return fail(format!("{shapes}: {tk} keys and {} values", vd[2]));
+    }
+    if spec.scale.to_f64().is_nan() || !(0.0..1.0).contains(&spec.dropout_p()) {
+        return fail(format!(
+            "scale {} must be a number and the dropout rate {} in [0, 1)",
+            spec.scale.to_f64(),
+            spec.dropout_p()
+        ));
+    }
+    let out = Shape::new([b, hq, tq, vd[3]]);
+    let mut next = 3;
+    if backward {
+        for (what, t) in [("o", &operands[3]), ("do", &operands[4])] {
+            if t.shape != out || t.dtype != q.dtype {
+                return fail(format!(
+                    "{shapes}: {what} {t} must be the result's {} {out}",
+                    q.dtype
+                ));
+            }
+        }
+        next = 5;
+    }
+    if spec.bias {
+        let bias = &operands[next];
+        let want = [b, hq, tq, tk];
+        let bd = bias.shape.dims();
+        let fits = bd.len() == 4 && bd.iter().zip(want).all(|(&e, w)| e == w || e == 1);
+        if !fits || !bias.dtype.is_float() {
+            return fail(format!(
+                "{shapes}: the bias {bias} must be a float of extents {want:?} (or 1)"
+            ));
+        }
+        next += 1;
+    }
+    if spec.key_lengths {
+        let l = &operands[next];
+        if l.dtype != DType::I64 || l.shape.dims() != [b] {
+            return fail(format!("{shapes}: the key lengths {l} must be i64 [{b}]"));
+        }
+        next += 1;
+    }
+    if spec.dropout.is_some() {
+        let key = &operands[next];
+        if key.dtype != DType::I64 || key.shape.rank() != 0 {
+            return fail(format!("the dropout key {key} must be a 0-d i64"));
+        }
+    }
+    Ok(TensorType {
+        dtype: q.dtype,
+        shape: if backward {
+            Shape::new([q.shape.numel() + k.shape.numel() + v.shape.numel()])
+        } else {
+            out
+        },
+    })
 }

@@ -19,6 +19,7 @@
 //! `reduce` (reductions, arg-reductions),
 //! `error`, and `kernel` (kernel descriptions, by chunk or by row).
 
+mod attention;
 mod contract;
 mod elementwise;
 mod error;
@@ -112,6 +113,8 @@ fn compute(node: &Node, operands: &[&Tensor]) -> Result<Tensor, InterpError> {
             *descending,
             *k,
         ),
+        Op::Attention(spec) => attention::attention(spec, operands, node.dtype),
+        Op::AttentionBackward(spec) => attention::attention_backward(spec, operands, node.dtype),
     };
     debug_assert_eq!(
         vals.len(),

@@ -31,6 +31,9 @@ pub use kernel::{
     Accumulate, Buffer, Contraction, Expr, GatherAxis, IndexCheck, Instr, Kernel, Level, Plan,
     Prologue, Store, ValueId,
 };
-pub use op::{ArgReduceOp, BinaryOp, Node, Op, PadMode, ReduceOp, ScanOp, UnaryOp, ViewOp};
+pub use op::{
+    ArgReduceOp, AttentionSpec, BinaryOp, CausalMask, Node, Op, PadMode, ReduceOp, ScanOp, UnaryOp,
+    ViewOp,
+};
 pub use shape::{AxisSlice, Shape, View};
 pub use verify::{verify, VerifyError, VerifyErrors};

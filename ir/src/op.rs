@@ -505,6 +505,103 @@ pub enum Op {
         /// Positions kept per row (the extent of `axis` for a full sort).
         k: usize,
     },
+    /// Scaled dot-product attention, fused: `softmax(scale * q @ k^T + bias, masked) @ v`
+    /// over `[B, H, T, D]` operands `q [B, Hq, Tq, D]`, `k [B, Hkv, Tk, D]`,
+    /// `v [B, Hkv, Tk, Dv]` (one float dtype; `Hkv` divides `Hq`: query head `h` reads
+    /// key/value head `h / (Hq / Hkv)`), then, as the spec says, `bias` (a float of
+    /// extents `[B|1, Hq|1, Tq|1, Tk|1]`, added to the scaled scores), `key_lengths`
+    /// (i64 `[B]`: key `j` of batch `b` is seen only when `j < key_lengths[b]`) and the
+    /// dropout `key` (0-d i64). Result `[B, Hq, Tq, Dv]` in q's dtype. A query row that
+    /// sees no key gives zeros. Dropout keeps probability `(b, h, i, j)` when
+    /// [`random_uniform`]`(key, ((b * Hq + h) * Tq + i) * Tk + j) >= p` (f32) and scales
+    /// the kept ones by `1 / (1 - p)`: [`Op::RandomUniform`]'s stream over the scores'
+    /// shape, so the unfused graph draws the same mask. A routine of its own: the scores
+    /// never reach memory.
+    Attention(AttentionSpec),
+    /// The gradient of [`Op::Attention`] with respect to q, k and v, packed: operands
+    /// `q, k, v, o, do` (the forward's result and its gradient) then the forward's extra
+    /// operands; the result is 1-D, `dq`, `dk`, `dv` flattened one after another (the
+    /// gradients of the shared key/value heads summed over their query heads). A routine
+    /// of its own that recomputes the probabilities per block of keys.
+    AttentionBackward(AttentionSpec),
+}
+
+/// Which keys a query sees by position in [`Op::Attention`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CausalMask {
+    /// Every key.
+    #[default]
+    None,
+    /// Query `i` sees keys `j <= i` (torch's and jax's `is_causal`), also when `Tq != Tk`.
+    TopLeft,
+    /// Query `i` sees keys `j <= i + Tk - Tq` (FlashAttention's and llama.cpp's
+    /// alignment: the queries are the last `Tq` positions, as in a KV-cache decode step).
+    BottomRight,
+}
+
+impl From<bool> for CausalMask {
+    fn from(causal: bool) -> Self {
+        if causal {
+            CausalMask::TopLeft
+        } else {
+            CausalMask::None
+        }
+    }
+}
+
+impl CausalMask {
+    /// The last key query `i` of `tq` sees among `tk` keys, plus one (`tk` when all;
+    /// negative or zero when none).
+    pub fn visible(self, i: usize, tq: usize, tk: usize) -> i64 {
+        match self {
+            CausalMask::None => tk as i64,
+            CausalMask::TopLeft => (i as i64 + 1).min(tk as i64),
+            CausalMask::BottomRight => (i as i64 + 1 + tk as i64 - tq as i64).min(tk as i64),
+        }
+    }
+
+    /// The spelling of the expression language (`false`, `true`, `'bottom_right'`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CausalMask::None => "false",
+            CausalMask::TopLeft => "true",
+            CausalMask::BottomRight => "'bottom_right'",
+        }
+    }
+}
+
+/// The attributes of [`Op::Attention`] and [`Op::AttentionBackward`]: the mask, the
+/// scale, and which extra operands follow q, k and v (in this order: bias, key lengths,
+/// dropout key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionSpec {
+    /// The causal mask.
+    pub causal: CausalMask,
+    /// The factor of `q @ k^T` (a float).
+    pub scale: Scalar,
+    /// An additive bias operand follows.
+    pub bias: bool,
+    /// A key-lengths operand follows.
+    pub key_lengths: bool,
+    /// The dropout rate, when a key operand follows.
+    pub dropout: Option<Scalar>,
+}
+
+impl AttentionSpec {
+    /// Operands after q, k, v (and o, do for the backward).
+    pub fn extras(&self) -> usize {
+        usize::from(self.bias) + usize::from(self.key_lengths) + usize::from(self.dropout.is_some())
+    }
+
+    /// The scale as f64.
+    pub fn scale(&self) -> f64 {
+        self.scale.to_f64()
+    }
+
+    /// The dropout rate (0 when none).
+    pub fn dropout_p(&self) -> f64 {
+        self.dropout.map_or(0.0, |p| p.to_f64())
+    }
 }
 
 /// `lowbias32` (Chris Wellons' hash-prospector): a cheap 32-bit integer mixer built from
@@ -561,6 +658,8 @@ impl Op {
             Op::ScatterAdd { .. } => 3,
             Op::Concat { parts, .. } => *parts,
             Op::Pad { .. } => 1,
+            Op::Attention(s) => 3 + s.extras(),
+            Op::AttentionBackward(s) => 5 + s.extras(),
         }
     }
 
@@ -600,12 +699,16 @@ impl Op {
         matches!(self, Op::Gather { .. } | Op::Concat { .. } | Op::Pad { .. })
     }
 
-    /// Ops that run as a routine of their own (scatter-add, scans, sorts): neither
-    /// element-wise nor a reduction of the row program.
+    /// Ops that run as a routine of their own (scatter-add, scans, sorts, attention):
+    /// neither element-wise nor a reduction of the row program.
     pub fn is_routine(&self) -> bool {
         matches!(
             self,
-            Op::ScatterAdd { .. } | Op::Scan { .. } | Op::Argsort { .. }
+            Op::ScatterAdd { .. }
+                | Op::Scan { .. }
+                | Op::Argsort { .. }
+                | Op::Attention(_)
+                | Op::AttentionBackward(_)
         )
     }
 
@@ -635,6 +738,8 @@ impl Op {
             Op::Pad { .. } => "pad",
             Op::Scan { op, .. } => op.name(),
             Op::Argsort { .. } => "argsort",
+            Op::Attention(_) => "attention",
+            Op::AttentionBackward(_) => "attention_backward",
         }
     }
 }

@@ -102,6 +102,24 @@ fn write_op(out: &mut String, g: &Graph, id: NodeId, num: &HashMap<NodeId, usize
             ", axis={axis}, k={k}{}",
             if *descending { ", descending" } else { "" }
         ),
+        Op::Attention(spec) | Op::AttentionBackward(spec) => {
+            let _ = write!(
+                out,
+                ", causal={}, scale={}",
+                spec.causal.name(),
+                const_text(spec.scale, DType::F32)
+            );
+            if spec.bias {
+                let _ = write!(out, ", bias");
+            }
+            if spec.key_lengths {
+                let _ = write!(out, ", key_lengths");
+            }
+            match spec.dropout {
+                Some(p) => write!(out, ", dropout={}", const_text(p, DType::F32)),
+                None => Ok(()),
+            }
+        }
         _ => Ok(()),
     };
     let _ = write!(out, " : {}{}", node.dtype, node.shape);

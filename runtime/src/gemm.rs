@@ -515,6 +515,7 @@ fn gemm_fill<T: Accum + TierFloat>(
             (lhs.data.as_ptr().wrapping_offset(loff), lcs, lrs),
             (rhs.data.as_ptr().wrapping_offset(roff), rcs, rrs),
             T::ONE,
+            false,
             par,
         );
     }

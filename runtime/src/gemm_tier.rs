@@ -120,15 +120,17 @@ pub(crate) trait TierFloat: Copy + 'static {
         lhs: (*const Self, isize, isize),
         rhs: (*const Self, isize, isize),
         beta: Self,
+        accumulate: bool,
         par: Parallelism,
     );
 }
 
 /// `gemm_basic_generic` on one module of kernels (`$m::$t`), with the crate's arguments
-/// (`read_dst` false, so alpha is unused; no conjugation).
+/// (`read_dst` = `$acc`, alpha 1: `dst = dst + beta * lhs @ rhs` when accumulating,
+/// `beta * lhs @ rhs` otherwise; no conjugation).
 macro_rules! basic {
     ($simd:expr, $t:ident, $krate:ident :: $m:ident, $lanes:expr,
-     $shape:expr, $dst:expr, $lhs:expr, $rhs:expr, $beta:expr, $par:expr) => {{
+     $shape:expr, $dst:expr, $lhs:expr, $rhs:expr, $beta:expr, $acc:expr, $par:expr) => {{
         use $krate::microkernel::$m::$t as k;
         let (m, n, kk) = $shape;
         gemm_basic_generic::<
@@ -148,14 +150,14 @@ macro_rules! basic {
             $dst.0,
             $dst.1,
             $dst.2,
-            false,
+            $acc,
             $lhs.0,
             $lhs.1,
             $lhs.2,
             $rhs.0,
             $rhs.1,
             $rhs.2,
-            0.0,
+            1.0,
             $beta,
             false,
             false,
@@ -185,6 +187,7 @@ macro_rules! tier_float {
                 lhs: (*const $t, isize, isize),
                 rhs: (*const $t, isize, isize),
                 beta: $t,
+                accumulate: bool,
                 par: Parallelism,
             ) {
                 let (d, l, r) = (dst, lhs, rhs);
@@ -193,11 +196,49 @@ macro_rules! tier_float {
                 unsafe {
                     match simd_tokens(tier) {
                         Tokens::V4(s) => {
-                            basic!(s, $t, $krate::avx512f, $v4, shape, d, l, r, beta, par)
+                            basic!(
+                                s,
+                                $t,
+                                $krate::avx512f,
+                                $v4,
+                                shape,
+                                d,
+                                l,
+                                r,
+                                beta,
+                                accumulate,
+                                par
+                            )
                         }
-                        Tokens::V3(s) => basic!(s, $t, $krate::fma, $v3, shape, d, l, r, beta, par),
+                        Tokens::V3(s) => {
+                            basic!(
+                                s,
+                                $t,
+                                $krate::fma,
+                                $v3,
+                                shape,
+                                d,
+                                l,
+                                r,
+                                beta,
+                                accumulate,
+                                par
+                            )
+                        }
                         Tokens::Scalar => {
-                            basic!(Scalar, $t, $krate::scalar, 1, shape, d, l, r, beta, par)
+                            basic!(
+                                Scalar,
+                                $t,
+                                $krate::scalar,
+                                1,
+                                shape,
+                                d,
+                                l,
+                                r,
+                                beta,
+                                accumulate,
+                                par
+                            )
                         }
                     }
                 }
@@ -232,7 +273,7 @@ fn simd_tokens(tier: ProductTier) -> Tokens {
     Tokens::Scalar
 }
 
-/// `dst = beta * lhs @ rhs`: `lhs` is `m x k` (element `[i, l]` at `i * lrs + l * lcs`),
+/// `dst = beta * lhs @ rhs` (`dst += beta * lhs @ rhs` when `accumulate`): `lhs` is `m x k` (element `[i, l]` at `i * lrs + l * lcs`),
 /// `rhs` `k x n`, `dst` `m x n` (`[i, j]` at `i * drs + j * dcs`), on `tier`'s kernels.
 /// The normal form the crate's dispatcher gives its driver: the destination's smaller
 /// stride along the driver's rows (transposing the problem), then every stride
@@ -240,7 +281,7 @@ fn simd_tokens(tier: ProductTier) -> Tokens {
 /// it).
 ///
 /// # Safety
-/// As `gemm::gemm`'s with `read_dst` false: every element the strides reach is inside
+/// As `gemm::gemm`'s: every element the strides reach is inside
 /// its allocation, `dst` does not overlap the operands and nothing else accesses it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm<T: TierFloat>(
@@ -250,6 +291,7 @@ pub(crate) unsafe fn gemm<T: TierFloat>(
     lhs: (*const T, isize, isize),
     rhs: (*const T, isize, isize),
     beta: T,
+    accumulate: bool,
     par: Parallelism,
 ) {
     let transpose = dcs.abs() < drs.abs();
@@ -288,6 +330,7 @@ pub(crate) unsafe fn gemm<T: TierFloat>(
             (l, lcs, lrs),
             (r, rcs, rrs),
             beta,
+            accumulate,
             par,
         )
     }

@@ -12,6 +12,7 @@
 //! evaluation come from the host cache.
 
 mod alloc;
+mod attention;
 mod backend;
 mod backend_kind;
 mod code_cache;

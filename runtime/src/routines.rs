@@ -23,6 +23,7 @@
 //!   sorts the whole row and keeps the first `k`.
 
 use crate::alloc::host_cache;
+use crate::attention;
 use crate::error::RuntimeError;
 use half::{bf16, f16};
 use ndfuse_ir::interp::InterpError;
@@ -47,22 +48,20 @@ pub fn run_routine(
     node: &Node,
     operands: &[&HostArray],
 ) -> Option<Result<HostArray, RuntimeError>> {
+    if matches!(node.op, Op::Attention(_) | Op::AttentionBackward(_)) {
+        if !operands_fit(node, operands) {
+            return None;
+        }
+        return attention::run(node, operands);
+    }
     if !matches!(
         node.op,
         Op::ScatterAdd { .. } | Op::Scan { .. } | Op::Argsort { .. }
     ) {
         return None;
     }
-    let types: Vec<TensorType> = operands
-        .iter()
-        .map(|a| TensorType {
-            dtype: a.dtype(),
-            shape: a.shape().clone(),
-        })
-        .collect();
-    match ndfuse_ir::infer(&node.op, &types) {
-        Ok(t) if t.dtype == node.dtype && t.shape == node.shape => {}
-        _ => return None,
+    if !operands_fit(node, operands) {
+        return None;
     }
     Some(match (&node.op, operands) {
         (Op::ScatterAdd { axis }, [x, idx, v]) => scatter_add(x, idx, v, *axis),
@@ -77,6 +76,18 @@ pub fn run_routine(
         ) => argsort(x, *axis, *descending, *k),
         _ => return None,
     })
+}
+
+/// Whether `operands` give `node`'s type (else the interpreter reports what is wrong).
+fn operands_fit(node: &Node, operands: &[&HostArray]) -> bool {
+    let types: Vec<TensorType> = operands
+        .iter()
+        .map(|a| TensorType {
+            dtype: a.dtype(),
+            shape: a.shape().clone(),
+        })
+        .collect();
+    matches!(ndfuse_ir::infer(&node.op, &types), Ok(t) if t.dtype == node.dtype && t.shape == node.shape)
 }
 
 /// Least work (elements) worth handing to a rayon task of its own.

@@ -119,7 +119,11 @@ impl<'g> Fuser<'g> {
                     | Op::Concat { .. }
                     | Op::Pad { .. } => Role::Member(usize::MAX),
                     Op::Iota { .. } => Role::Iota,
-                    Op::ScatterAdd { .. } | Op::Scan { .. } | Op::Argsort { .. } => Role::Routine,
+                    Op::ScatterAdd { .. }
+                    | Op::Scan { .. }
+                    | Op::Argsort { .. }
+                    | Op::Attention(_)
+                    | Op::AttentionBackward(_) => Role::Routine,
                 };
                 (n, r)
             })

@@ -17,7 +17,11 @@ impl Fuser<'_> {
                 // Computed in every kernel that reads it (rule 5).
                 Op::Iota { .. } => {}
                 // Steps of their own (lowered in `lower`).
-                Op::ScatterAdd { .. } | Op::Scan { .. } | Op::Argsort { .. } => {}
+                Op::ScatterAdd { .. }
+                | Op::Scan { .. }
+                | Op::Argsort { .. }
+                | Op::Attention(_)
+                | Op::AttentionBackward(_) => {}
                 // Reads at computed positions start a group; their consumers join it.
                 Op::Gather { .. } | Op::Concat { .. } | Op::Pad { .. } => {
                     self.new_group(n, node.shape.clone(), None, Level::Element);

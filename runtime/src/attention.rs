@@ -1,0 +1,703 @@
+//! Fused attention on the CPU ([`Op::Attention`] and [`Op::AttentionBackward`]):
+//! FlashAttention's algorithm on blocks of [`BLOCK_Q`] query rows by [`BLOCK_K`] keys,
+//! so the `[Tq, Tk]` scores never exist beyond one block (a few pages of L1/L2).
+//!
+//! - **Forward**: one rayon task per `(batch, head, block of queries)`. For each block of
+//!   keys up to the last the block's rows see (causal and padding masks skip whole
+//!   blocks), `S = scale * Q K^T` on the GEMM micro-kernels, the bias added, masked
+//!   positions `-inf`; the streaming softmax keeps each row's running max `m` and sum
+//!   `l`, rescales the accumulator by `exp(m_old - m_new)` and adds `P V` (the dropout
+//!   mask applied to `P` after `l` took it). At the end each row is divided by `l`; a
+//!   row that saw no key is zeros.
+//! - **Backward** (FlashAttention-2's, without atomics, so the bits do not depend on the
+//!   threads): a pass over query blocks recomputes each row's log-sum-exp and
+//!   `D_i = do_i . o_i`; then one task per `(batch, key/value head, block of keys)`
+//!   walks the query blocks of every query head sharing it, recomputes
+//!   `P = exp(S - lse)` and accumulates `dV += P^T dO`, `dK += dS^T Q` with
+//!   `dS = P (dP - D) scale`, `dP = dO V^T`; a last pass per query block accumulates
+//!   `dQ += dS K`. Nothing of size `[Tq, Tk]` is stored.
+//!
+//! f32 and the half types run in f32 (halves converted on load, rounded once on store),
+//! f64 in f64. The exponentials are the wide path's (`ndfuse_codegen_cpu::wide`) where
+//! the host has one. Every output element is written by one task in a fixed order.
+
+use crate::alloc::host_cache;
+use crate::error::RuntimeError;
+use crate::gemm_tier::{self, ProductTier, TierFloat};
+use gemm::Parallelism;
+use half::{bf16, f16};
+use ndfuse_codegen_cpu::wide;
+use ndfuse_ir::op::random_uniform;
+use ndfuse_ir::{AttentionSpec, CausalMask, DType, HostArray, Node, Op, Storage};
+use rayon::prelude::*;
+use std::borrow::Cow;
+
+/// Query rows of a block.
+pub const BLOCK_Q: usize = 64;
+/// Keys of a block.
+pub const BLOCK_K: usize = 64;
+
+/// The routine for an attention node, `None` for any other node.
+pub(crate) fn run(node: &Node, operands: &[&HostArray]) -> Option<Result<HostArray, RuntimeError>> {
+    let (spec, backward) = match &node.op {
+        Op::Attention(s) => (s, false),
+        Op::AttentionBackward(s) => (s, true),
+        _ => return None,
+    };
+    Some(match node.dtype {
+        DType::F64 => attention::<f64>(spec, backward, node, operands),
+        _ => attention::<f32>(spec, backward, node, operands),
+    })
+}
+
+/// The float a routine computes in.
+trait Real:
+    TierFloat
+    + Copy
+    + Send
+    + Sync
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::ops::AddAssign
+    + std::ops::MulAssign
+{
+    const ZERO: Self;
+    const NEG_INF: Self;
+    fn of(v: f64) -> Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    /// The array's elements in this type (borrowed when it holds them).
+    fn read(a: &HostArray) -> Cow<'_, [Self]>;
+    /// `dst[j] = exp(src[j] - shift)`.
+    fn exp_shift(src: &[Self], shift: Self, dst: &mut [Self]);
+    /// `vals` stored as `dtype`.
+    fn store(vals: &[Self], out: &mut Storage);
+}
+
+impl Real for f32 {
+    const ZERO: f32 = 0.0;
+    const NEG_INF: f32 = f32::NEG_INFINITY;
+    fn of(v: f64) -> f32 {
+        v as f32
+    }
+    fn exp(self) -> f32 {
+        f32::exp(self)
+    }
+    fn ln(self) -> f32 {
+        f32::ln(self)
+    }
+    fn read(a: &HostArray) -> Cow<'_, [f32]> {
+        match a.storage() {
+            Storage::F32(v) => Cow::Borrowed(v),
+            Storage::F16(v) => Cow::Owned(v.iter().map(|x| x.to_f32()).collect()),
+            Storage::BF16(v) => Cow::Owned(v.iter().map(|x| x.to_f32()).collect()),
+            s => Cow::Owned((0..s.len()).map(|i| s.get_f64(i) as f32).collect()),
+        }
+    }
+    fn exp_shift(src: &[f32], shift: f32, dst: &mut [f32]) {
+        if let Some(tier) = wide::tier() {
+            if wide::exp_shift(tier, src, shift, dst) {
+                return;
+            }
+        }
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = (s - shift).exp();
+        }
+    }
+    fn store(vals: &[f32], out: &mut Storage) {
+        match out {
+            Storage::F32(o) => o.copy_from_slice(vals),
+            Storage::F16(o) => o
+                .iter_mut()
+                .zip(vals)
+                .for_each(|(o, v)| *o = f16::from_f32(*v)),
+            Storage::BF16(o) => o
+                .iter_mut()
+                .zip(vals)
+                .for_each(|(o, v)| *o = bf16::from_f32(*v)),
+            _ => unreachable!("attention's result is a float of q's dtype (infer checks it)"),
+        }
+    }
+}
+
+impl Real for f64 {
+    const ZERO: f64 = 0.0;
+    const NEG_INF: f64 = f64::NEG_INFINITY;
+    fn of(v: f64) -> f64 {
+        v
+    }
+    fn exp(self) -> f64 {
+        f64::exp(self)
+    }
+    fn ln(self) -> f64 {
+        f64::ln(self)
+    }
+    fn read(a: &HostArray) -> Cow<'_, [f64]> {
+        match a.storage() {
+            Storage::F64(v) => Cow::Borrowed(v),
+            s => Cow::Owned((0..s.len()).map(|i| s.get_f64(i)).collect()),
+        }
+    }
+    fn exp_shift(src: &[f64], shift: f64, dst: &mut [f64]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = (s - shift).exp();
+        }
+    }
+    fn store(vals: &[f64], out: &mut Storage) {
+        match out {
+            Storage::F64(o) => o.copy_from_slice(vals),
+            _ => unreachable!("attention's result is a float of q's dtype (infer checks it)"),
+        }
+    }
+}
+
+/// `dst (m x n) [+]= beta * lhs (m x k) @ rhs (k x n)`, each operand as (slice, column
+/// stride, row stride), on this process's micro-kernels, one thread.
+#[allow(clippy::too_many_arguments)]
+fn product<T: Real>(
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [T],
+    drs: usize,
+    lhs: (&[T], usize, usize),
+    rhs: (&[T], usize, usize),
+    beta: T,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                dst[r * drs..r * drs + n].fill(T::ZERO);
+            }
+        }
+        return;
+    }
+    let reach = |(s, cs, rs): (&[T], usize, usize), rows: usize, cols: usize| {
+        assert!(
+            (rows - 1) * rs + (cols - 1) * cs < s.len(),
+            "a block product reaches past its operand (a bug)"
+        );
+    };
+    reach(lhs, m, k);
+    reach(rhs, k, n);
+    reach((&*dst, 1, drs), m, n);
+    // SAFETY: every element the strides reach is inside its slice (checked just above:
+    // the farthest, `(rows - 1) * rs + (cols - 1) * cs`, is in bounds, and all strides
+    // are non-negative); `dst` is an exclusive borrow, so it overlaps neither operand and
+    // nothing else touches it during the call; sizes are non-zero.
+    unsafe {
+        gemm_tier::gemm(
+            ProductTier::current(),
+            (m, n, k),
+            (dst.as_mut_ptr(), 1, drs as isize),
+            (lhs.0.as_ptr(), lhs.1 as isize, lhs.2 as isize),
+            (rhs.0.as_ptr(), rhs.1 as isize, rhs.2 as isize),
+            beta,
+            accumulate,
+            Parallelism::None,
+        );
+    }
+}
+
+/// The extents and extra operands of one attention.
+struct Problem<'a, T: Real> {
+    spec: AttentionSpec,
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    tq: usize,
+    tk: usize,
+    d: usize,
+    dv: usize,
+    q: Cow<'a, [T]>,
+    k: Cow<'a, [T]>,
+    v: Cow<'a, [T]>,
+    /// The bias's values and extents `[B|1, Hq|1, Tq|1, Tk|1]`.
+    bias: Option<(Cow<'a, [T]>, [usize; 4])>,
+    lengths: Option<&'a [i64]>,
+    key: Option<i64>,
+}
+
+impl<'a, T: Real> Problem<'a, T> {
+    fn new(spec: &AttentionSpec, ops: &[&'a HostArray], backward: bool) -> Self {
+        let (q, k, v) = (ops[0], ops[1], ops[2]);
+        let (qd, kd, vd) = (q.shape().dims(), k.shape().dims(), v.shape().dims());
+        let mut rest = ops[if backward { 5 } else { 3 }..].iter();
+        let bias = spec.bias.then(|| {
+            let a = rest.next().expect("infer counts the operands");
+            let d = a.shape().dims();
+            (T::read(a), [d[0], d[1], d[2], d[3]])
+        });
+        let lengths = spec
+            .key_lengths
+            .then(|| match rest.next().expect("counted").storage() {
+                Storage::I64(l) => &l[..],
+                _ => unreachable!("key lengths are i64 (infer checks it)"),
+            });
+        let key = spec
+            .dropout
+            .map(|_| rest.next().expect("counted").storage().get_i64(0));
+        Problem {
+            spec: *spec,
+            b: qd[0],
+            hq: qd[1],
+            hkv: kd[1],
+            tq: qd[2],
+            tk: kd[2],
+            d: qd[3],
+            dv: vd[3],
+            q: T::read(q),
+            k: T::read(k),
+            v: T::read(v),
+            bias,
+            lengths,
+            key,
+        }
+    }
+
+    /// Keys query `i` of batch `b` sees: `0..seen(b, i)`.
+    fn seen(&self, b: usize, i: usize) -> usize {
+        let mut s = self.spec.causal.visible(i, self.tq, self.tk).max(0) as usize;
+        if let Some(l) = self.lengths {
+            s = s.min(l[b].clamp(0, self.tk as i64) as usize);
+        }
+        s
+    }
+
+    /// Keys any row of `rows` (a block's) sees: the last row's under a causal mask.
+    fn block_seen(&self, b: usize, rows: std::ops::Range<usize>) -> usize {
+        match self.spec.causal {
+            CausalMask::None => self.seen(b, rows.start),
+            _ => self.seen(b, rows.end - 1),
+        }
+    }
+
+    /// The first query row that sees key `j` (`tq` when none does).
+    fn first_row_seeing(&self, b: usize, j: usize) -> usize {
+        if let Some(l) = self.lengths {
+            if j as i64 >= l[b] {
+                return self.tq;
+            }
+        }
+        match self.spec.causal {
+            CausalMask::None => 0,
+            CausalMask::TopLeft => j.min(self.tq),
+            CausalMask::BottomRight => (j + self.tq).saturating_sub(self.tk).min(self.tq),
+        }
+    }
+
+    /// Block `s` (`rows x cols`, row stride [`BLOCK_K`]) of scaled scores for the
+    /// queries `i0..` of head `h` against keys `j0..`, biased, with each row's positions
+    /// past what it sees set to `-inf`; returns each row's count of seen keys in the
+    /// block.
+    #[allow(clippy::too_many_arguments)]
+    fn scores(
+        &self,
+        b: usize,
+        h: usize,
+        i0: usize,
+        rows: usize,
+        j0: usize,
+        cols: usize,
+        s: &mut [T],
+        seen: &mut [usize],
+    ) {
+        let kh = h / (self.hq / self.hkv);
+        let q = &self.q[((b * self.hq + h) * self.tq + i0) * self.d..];
+        let k = &self.k[((b * self.hkv + kh) * self.tk + j0) * self.d..];
+        let scale = T::of(self.spec.scale());
+        product(
+            (rows, cols, self.d),
+            s,
+            BLOCK_K,
+            (q, 1, self.d),
+            (k, self.d, 1),
+            scale,
+            false,
+        );
+        for r in 0..rows {
+            let row = &mut s[r * BLOCK_K..r * BLOCK_K + cols];
+            let n = self.seen(b, i0 + r).saturating_sub(j0).min(cols);
+            seen[r] = n;
+            if let Some((bias, e)) = &self.bias {
+                let at = |a: usize, full: usize| if e[a] == 1 { 0 } else { full };
+                let base = ((at(0, b) * e[1] + at(1, h)) * e[2] + at(2, i0 + r)) * e[3];
+                if e[3] == 1 {
+                    row[..n].iter_mut().for_each(|x| *x += bias[base]);
+                } else {
+                    row[..n]
+                        .iter_mut()
+                        .zip(&bias[base + j0..])
+                        .for_each(|(x, y)| *x += *y);
+                }
+            }
+            row[n..].fill(T::NEG_INF);
+        }
+    }
+
+    /// Multiplies row `r` of block `p` by the dropout factors of positions
+    /// `(b, h, i0 + r, j0 + j)`.
+    #[allow(clippy::too_many_arguments)]
+    fn drop(
+        &self,
+        b: usize,
+        h: usize,
+        i0: usize,
+        rows: usize,
+        j0: usize,
+        cols: usize,
+        p: &mut [T],
+    ) {
+        let Some(key) = self.key else { return };
+        let rate = self.spec.dropout_p();
+        let keep = T::of(1.0 / (1.0 - rate));
+        for r in 0..rows {
+            let base = ((b * self.hq + h) * self.tq + i0 + r) * self.tk + j0;
+            for (j, x) in p[r * BLOCK_K..r * BLOCK_K + cols].iter_mut().enumerate() {
+                let u = random_uniform(key, (base + j) as u64);
+                *x = if u >= rate as f32 { *x * keep } else { T::ZERO };
+            }
+        }
+    }
+}
+
+fn attention<T: Real>(
+    spec: &AttentionSpec,
+    backward: bool,
+    node: &Node,
+    ops: &[&HostArray],
+) -> Result<HostArray, RuntimeError> {
+    let p = Problem::<T>::new(spec, ops, backward);
+    let vals = if backward {
+        let o = T::read(ops[3]);
+        let d_o = T::read(ops[4]);
+        self::backward(&p, &o, &d_o)
+    } else {
+        forward(&p)
+    };
+    let mut out = host_cache().array(node.dtype, node.shape.clone())?;
+    T::store(&vals, out.storage_mut());
+    Ok(out)
+}
+
+/// The forward pass: `[B, Hq, Tq, Dv]`.
+fn forward<T: Real>(p: &Problem<T>) -> Vec<T> {
+    let mut out = vec![T::ZERO; p.b * p.hq * p.tq * p.dv];
+    if out.is_empty() {
+        return out;
+    }
+    out.par_chunks_mut(p.tq * p.dv)
+        .enumerate()
+        .for_each(|(bh, head)| {
+            let (b, h) = (bh / p.hq, bh % p.hq);
+            head.par_chunks_mut(BLOCK_Q * p.dv)
+                .enumerate()
+                .for_each(|(qb, o)| forward_block(p, b, h, qb * BLOCK_Q, o));
+        });
+    out
+}
+
+/// One block of query rows from `i0` into `o` (`rows x Dv`).
+fn forward_block<T: Real>(p: &Problem<T>, b: usize, h: usize, i0: usize, o: &mut [T]) {
+    let rows = o.len() / p.dv;
+    let kh = h / (p.hq / p.hkv);
+    let v = &p.v[(b * p.hkv + kh) * p.tk * p.dv..];
+    let mut s = vec![T::ZERO; rows * BLOCK_K];
+    let mut e = vec![T::ZERO; rows * BLOCK_K];
+    let mut seen = vec![0usize; rows];
+    let mut m = vec![T::NEG_INF; rows];
+    let mut l = vec![T::ZERO; rows];
+    let kmax = p.block_seen(b, i0..i0 + rows);
+    for j0 in (0..kmax).step_by(BLOCK_K) {
+        let cols = BLOCK_K.min(kmax - j0);
+        p.scores(b, h, i0, rows, j0, cols, &mut s, &mut seen);
+        for r in 0..rows {
+            let row = &s[r * BLOCK_K..r * BLOCK_K + cols];
+            let er = &mut e[r * BLOCK_K..r * BLOCK_K + cols];
+            let n = seen[r];
+            let top = row[..n]
+                .iter()
+                .fold(T::NEG_INF, |a, &x| if x > a { x } else { a });
+            let m_new = if top > m[r] { top } else { m[r] };
+            if n == 0 || m_new == T::NEG_INF {
+                er.fill(T::ZERO);
+                continue;
+            }
+            T::exp_shift(&row[..n], m_new, &mut er[..n]);
+            er[n..].fill(T::ZERO);
+            let corr = (m[r] - m_new).exp();
+            let sum = er[..n].iter().fold(T::ZERO, |a, &x| a + x);
+            l[r] = l[r] * corr + sum;
+            if m[r] != m_new {
+                o[r * p.dv..(r + 1) * p.dv]
+                    .iter_mut()
+                    .for_each(|x| *x *= corr);
+            }
+            m[r] = m_new;
+        }
+        p.drop(b, h, i0, rows, j0, cols, &mut e);
+        product(
+            (rows, p.dv, cols),
+            o,
+            p.dv,
+            (&e, 1, BLOCK_K),
+            (&v[j0 * p.dv..], 1, p.dv),
+            T::of(1.0),
+            true,
+        );
+    }
+    for r in 0..rows {
+        let inv = if l[r] > T::ZERO {
+            T::of(1.0) / l[r]
+        } else {
+            T::ZERO
+        };
+        o[r * p.dv..(r + 1) * p.dv]
+            .iter_mut()
+            .for_each(|x| *x *= inv);
+    }
+}
+
+/// Each query row's log-sum-exp (`+inf` for a row that sees no key, so its `P` is 0)
+/// and `D_i = do_i . o_i`, in `[B, Hq, Tq]` order.
+fn row_stats<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T]) -> (Vec<T>, Vec<T>) {
+    let n = p.b * p.hq * p.tq;
+    let mut lse = vec![T::ZERO; n];
+    let mut dd = vec![T::ZERO; n];
+    lse.par_chunks_mut(BLOCK_Q)
+        .zip(dd.par_chunks_mut(BLOCK_Q))
+        .enumerate()
+        .for_each(|(blk, (lse, dd))| {
+            // Blocks never straddle heads when Tq is a multiple of BLOCK_Q; otherwise
+            // walk the rows of this chunk head by head.
+            let start = blk * BLOCK_Q;
+            let mut r = 0;
+            while r < lse.len() {
+                let row = start + r;
+                let (bh, i0) = (row / p.tq, row % p.tq);
+                let (b, h) = (bh / p.hq, bh % p.hq);
+                let rows = (lse.len() - r).min(p.tq - i0);
+                stats_block(p, b, h, i0, &mut lse[r..r + rows]);
+                for k in 0..rows {
+                    let at = (row + k) * p.dv;
+                    dd[r + k] = o[at..at + p.dv]
+                        .iter()
+                        .zip(&d_o[at..at + p.dv])
+                        .fold(T::ZERO, |a, (&x, &y)| a + x * y);
+                }
+                r += rows;
+            }
+        });
+    (lse, dd)
+}
+
+/// The log-sum-exp of rows `i0..i0 + lse.len()` of head `h`.
+fn stats_block<T: Real>(p: &Problem<T>, b: usize, h: usize, i0: usize, lse: &mut [T]) {
+    let rows = lse.len();
+    let mut s = vec![T::ZERO; rows * BLOCK_K];
+    let mut e = [T::ZERO; BLOCK_K];
+    let mut seen = vec![0usize; rows];
+    let mut m = vec![T::NEG_INF; rows];
+    let mut l = vec![T::ZERO; rows];
+    let kmax = p.block_seen(b, i0..i0 + rows);
+    for j0 in (0..kmax).step_by(BLOCK_K) {
+        let cols = BLOCK_K.min(kmax - j0);
+        p.scores(b, h, i0, rows, j0, cols, &mut s, &mut seen);
+        for r in 0..rows {
+            let n = seen[r];
+            let row = &s[r * BLOCK_K..r * BLOCK_K + n];
+            let top = row
+                .iter()
+                .fold(T::NEG_INF, |a, &x| if x > a { x } else { a });
+            let m_new = if top > m[r] { top } else { m[r] };
+            if n == 0 || m_new == T::NEG_INF {
+                continue;
+            }
+            T::exp_shift(row, m_new, &mut e[..n]);
+            let sum = e[..n].iter().fold(T::ZERO, |a, &x| a + x);
+            l[r] = l[r] * (m[r] - m_new).exp() + sum;
+            m[r] = m_new;
+        }
+    }
+    for r in 0..rows {
+        lse[r] = if l[r] > T::ZERO {
+            m[r] + l[r].ln()
+        } else {
+            T::of(f64::INFINITY)
+        };
+    }
+}
+
+/// `P = exp(S - lse)` (0 where masked) and `dS = P (dP - D) scale` with
+/// `dP = (dO V^T) * dropout`, for queries `i0..i0 + rows` of head `h` against keys
+/// `j0..j0 + cols`: `s` ends as `dS`, `pd` as the dropped-out `P`.
+#[allow(clippy::too_many_arguments)]
+fn grad_block<T: Real>(
+    p: &Problem<T>,
+    stats: (&[T], &[T]),
+    d_o: &[T],
+    (b, h, i0, rows): (usize, usize, usize, usize),
+    (j0, cols): (usize, usize),
+    s: &mut [T],
+    pd: &mut [T],
+    dp: &mut [T],
+    seen: &mut [usize],
+) {
+    let (lse, dd) = stats;
+    let kh = h / (p.hq / p.hkv);
+    p.scores(b, h, i0, rows, j0, cols, s, seen);
+    let row0 = (b * p.hq + h) * p.tq + i0;
+    for r in 0..rows {
+        let n = seen[r];
+        let lr = lse[row0 + r];
+        let (src, dst) = (&s[r * BLOCK_K..r * BLOCK_K + n], &mut pd[r * BLOCK_K..]);
+        if n > 0 && lr < T::of(f64::INFINITY) {
+            T::exp_shift(src, lr, &mut dst[..n]);
+        } else {
+            dst[..n].fill(T::ZERO);
+        }
+        dst[n..cols].fill(T::ZERO);
+    }
+    // dP before dropout's factors: dO V^T.
+    let v = &p.v[((b * p.hkv + kh) * p.tk + j0) * p.dv..];
+    product(
+        (rows, cols, p.dv),
+        dp,
+        BLOCK_K,
+        (&d_o[row0 * p.dv..], 1, p.dv),
+        (v, p.dv, 1),
+        T::of(1.0),
+        false,
+    );
+    // With dropout, dP (of the undropped P) is dO V^T times the factors, and the
+    // product with V uses the dropped P: drop both the same way.
+    p.drop(b, h, i0, rows, j0, cols, dp);
+    let scale = T::of(p.spec.scale());
+    for r in 0..rows {
+        let dr = dd[row0 + r];
+        for j in 0..cols {
+            let at = r * BLOCK_K + j;
+            s[at] = pd[at] * (dp[at] - dr) * scale;
+        }
+    }
+    p.drop(b, h, i0, rows, j0, cols, pd);
+}
+
+/// The backward pass: `dq`, `dk`, `dv` packed.
+fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T]) -> Vec<T> {
+    let (nq, nk, nv) = (p.q.len(), p.k.len(), p.v.len());
+    let mut out = vec![T::ZERO; nq + nk + nv];
+    if p.tq == 0 || p.tk == 0 || p.b == 0 || p.hq == 0 {
+        return out;
+    }
+    let (lse, dd) = row_stats(p, o, d_o);
+    let stats = (&lse[..], &dd[..]);
+    let (dq, rest) = out.split_at_mut(nq);
+    let (dk, dv) = rest.split_at_mut(nk);
+    let group = p.hq / p.hkv;
+    // dK and dV: one task per (batch, key/value head, block of keys).
+    dk.par_chunks_mut(p.tk * p.d)
+        .zip(dv.par_chunks_mut(p.tk * p.dv))
+        .enumerate()
+        .for_each(|(bkh, (dk, dv))| {
+            let (b, kh) = (bkh / p.hkv, bkh % p.hkv);
+            dk.par_chunks_mut(BLOCK_K * p.d)
+                .zip(dv.par_chunks_mut(BLOCK_K * p.dv))
+                .enumerate()
+                .for_each(|(kb, (dk, dv))| {
+                    let j0 = kb * BLOCK_K;
+                    let cols = dk.len() / p.d;
+                    let mut s = vec![T::ZERO; BLOCK_Q * BLOCK_K];
+                    let mut pd = vec![T::ZERO; BLOCK_Q * BLOCK_K];
+                    let mut dp = vec![T::ZERO; BLOCK_Q * BLOCK_K];
+                    let mut seen = vec![0usize; BLOCK_Q];
+                    let first = p.first_row_seeing(b, j0);
+                    for h in kh * group..(kh + 1) * group {
+                        let row0 = (b * p.hq + h) * p.tq;
+                        let mut i0 = first / BLOCK_Q * BLOCK_Q;
+                        while i0 < p.tq {
+                            let rows = BLOCK_Q.min(p.tq - i0);
+                            grad_block(
+                                p,
+                                stats,
+                                d_o,
+                                (b, h, i0, rows),
+                                (j0, cols),
+                                &mut s,
+                                &mut pd,
+                                &mut dp,
+                                &mut seen,
+                            );
+                            // dV += P^T dO; dK += dS^T Q.
+                            product(
+                                (cols, p.dv, rows),
+                                dv,
+                                p.dv,
+                                (&pd, BLOCK_K, 1),
+                                (&d_o[(row0 + i0) * p.dv..], 1, p.dv),
+                                T::of(1.0),
+                                true,
+                            );
+                            product(
+                                (cols, p.d, rows),
+                                dk,
+                                p.d,
+                                (&s, BLOCK_K, 1),
+                                (&p.q[(row0 + i0) * p.d..], 1, p.d),
+                                T::of(1.0),
+                                true,
+                            );
+                            i0 += BLOCK_Q;
+                        }
+                    }
+                });
+        });
+    // dQ: one task per (batch, query head, block of queries).
+    dq.par_chunks_mut(p.tq * p.d)
+        .enumerate()
+        .for_each(|(bh, dq)| {
+            let (b, h) = (bh / p.hq, bh % p.hq);
+            let kh = h / group;
+            let k = &p.k[(b * p.hkv + kh) * p.tk * p.d..];
+            dq.par_chunks_mut(BLOCK_Q * p.d)
+                .enumerate()
+                .for_each(|(qb, dq)| {
+                    let i0 = qb * BLOCK_Q;
+                    let rows = dq.len() / p.d;
+                    let mut s = vec![T::ZERO; BLOCK_Q * BLOCK_K];
+                    let mut pd = vec![T::ZERO; BLOCK_Q * BLOCK_K];
+                    let mut dp = vec![T::ZERO; BLOCK_Q * BLOCK_K];
+                    let mut seen = vec![0usize; BLOCK_Q];
+                    let kmax = p.block_seen(b, i0..i0 + rows);
+                    for j0 in (0..kmax).step_by(BLOCK_K) {
+                        let cols = BLOCK_K.min(kmax - j0);
+                        grad_block(
+                            p,
+                            stats,
+                            d_o,
+                            (b, h, i0, rows),
+                            (j0, cols),
+                            &mut s,
+                            &mut pd,
+                            &mut dp,
+                            &mut seen,
+                        );
+                        product(
+                            (rows, p.d, cols),
+                            dq,
+                            p.d,
+                            (&s, 1, BLOCK_K),
+                            (&k[j0 * p.d..], 1, p.d),
+                            T::of(1.0),
+                            true,
+                        );
+                    }
+                });
+        });
+    out
+}

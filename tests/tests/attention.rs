@@ -1,0 +1,463 @@
+//! Fused attention (`Tensor::attention`, one node forward and one backward) against the
+//! same function built from the primitives (`Attention::unfused`: two products, masks
+//! from iotas, a softmax), on the interpreter in f64 (each node rounded to f64: the two
+//! graphs differ by a few f64 roundings) and on the CPU routine in f32 and the half
+//! types; gradients against central differences. Causal masks aligned top-left and
+//! bottom-right with `Tq != Tk`, rows that see no key, grouped-query heads, padding
+//! masks, an additive bias and dropout. Bad operands are errors naming the shapes.
+
+use ndfuse::{Array, Attention, BackendKind, Causal, Context, DType, Tensor};
+
+/// One attention problem.
+#[derive(Clone, Debug)]
+struct Case {
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    tq: usize,
+    tk: usize,
+    d: usize,
+    dv: usize,
+    causal: Causal,
+    /// The bias's extents (broadcast over the rest).
+    bias: Option<Vec<usize>>,
+    lengths: Option<Vec<i64>>,
+    dropout: Option<f64>,
+}
+
+fn case(b: usize, hq: usize, hkv: usize, tq: usize, tk: usize, d: usize) -> Case {
+    Case {
+        b,
+        hq,
+        hkv,
+        tq,
+        tk,
+        d,
+        dv: d,
+        causal: Causal::None,
+        bias: None,
+        lengths: None,
+        dropout: None,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = vec![
+        case(2, 2, 2, 5, 5, 16),
+        Case {
+            causal: Causal::TopLeft,
+            ..case(2, 4, 4, 7, 7, 16)
+        },
+        // Tq < Tk: top-left sees a prefix, bottom-right the queries as the last positions.
+        Case {
+            causal: Causal::TopLeft,
+            ..case(1, 2, 2, 3, 9, 8)
+        },
+        Case {
+            causal: Causal::BottomRight,
+            ..case(1, 2, 2, 3, 9, 8)
+        },
+        // Tq > Tk bottom-right: the first rows see no key and give zeros.
+        Case {
+            causal: Causal::BottomRight,
+            ..case(1, 2, 1, 9, 4, 8)
+        },
+        // Grouped-query attention, and a value dimension of its own.
+        Case {
+            dv: 12,
+            causal: Causal::TopLeft,
+            ..case(2, 6, 2, 6, 6, 16)
+        },
+        // Padding masks, one sequence empty.
+        Case {
+            lengths: Some(vec![3, 0, 7]),
+            ..case(3, 2, 1, 4, 7, 16)
+        },
+        Case {
+            causal: Causal::TopLeft,
+            lengths: Some(vec![5, 2]),
+            ..case(2, 4, 2, 6, 6, 64)
+        },
+        // An additive bias per head and key position, and one full.
+        Case {
+            bias: Some(vec![1, 3, 1, 5]),
+            ..case(2, 3, 3, 4, 5, 16)
+        },
+        Case {
+            bias: Some(vec![2, 3, 4, 5]),
+            causal: Causal::BottomRight,
+            ..case(2, 3, 1, 4, 5, 16)
+        },
+        Case {
+            dropout: Some(0.25),
+            causal: Causal::TopLeft,
+            ..case(2, 2, 1, 8, 8, 16)
+        },
+    ];
+    v.push(Case {
+        causal: Causal::TopLeft,
+        ..case(1, 2, 2, 33, 33, 128)
+    });
+    v.extend(long_cases());
+    v
+}
+
+/// Cases of several blocks of queries and keys (the CPU routine's blocks are 64 x 64),
+/// with extents that are not multiples of the block.
+fn long_cases() -> Vec<Case> {
+    vec![
+        Case {
+            causal: Causal::TopLeft,
+            ..case(1, 2, 2, 150, 150, 16)
+        },
+        Case {
+            causal: Causal::BottomRight,
+            lengths: Some(vec![190, 77]),
+            ..case(2, 2, 1, 70, 200, 16)
+        },
+        Case {
+            dropout: Some(0.1),
+            bias: Some(vec![1, 4, 1, 130]),
+            ..case(1, 4, 2, 100, 130, 32)
+        },
+    ]
+}
+
+/// Deterministic values in `[-2, 2)`.
+fn vals(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0
+        })
+        .collect()
+}
+
+struct Operands {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    r: Tensor,
+    opts: Attention,
+}
+
+fn operands(ctx: &Context, c: &Case, dtype: DType) -> Operands {
+    let make = |shape: &[usize], seed: u64| {
+        ctx.from_slice(&vals(shape.iter().product(), seed), shape)
+            .expect("data")
+            .cast(dtype)
+    };
+    let q = make(&[c.b, c.hq, c.tq, c.d], 1);
+    let k = make(&[c.b, c.hkv, c.tk, c.d], 2);
+    let v = make(&[c.b, c.hkv, c.tk, c.dv], 3);
+    let r = make(&[c.b, c.hq, c.tq, c.dv], 4);
+    let mut opts = Attention::new().causal(c.causal).scale(0.3);
+    if let Some(shape) = &c.bias {
+        opts = opts.bias(&make(shape, 5));
+    }
+    if let Some(l) = &c.lengths {
+        opts = opts.key_lengths(&ctx.from_vec(l.clone(), &[c.b]).expect("lengths"));
+    }
+    if let Some(p) = c.dropout {
+        opts = opts.dropout(p, &ctx.key(7));
+    }
+    Operands { q, k, v, r, opts }
+}
+
+/// The result and the gradients of `sum(o * r)` with respect to q, k and v.
+fn run(ctx: &Context, c: &Case, dtype: DType, unfused: bool) -> Vec<Array> {
+    let Operands { q, k, v, r, opts } = operands(ctx, c, dtype);
+    let opts = if unfused { opts.unfused() } else { opts };
+    let o = q.attention_with(&k, &v, &opts);
+    let loss = (&o.cast(DType::F64) * &r.cast(DType::F64)).sum(..);
+    let grads = ndfuse::grad(&loss, &[&q, &k, &v]).expect("gradients");
+    let mut all = vec![&o];
+    all.extend(grads.iter());
+    ctx.eval(&all).expect("eval")
+}
+
+fn ctx(backend: BackendKind) -> Context {
+    Context::builder()
+        .backend(backend)
+        .dtype(DType::F64)
+        .build()
+        .expect("a context")
+}
+
+/// `max |got - want| <= bound * (1 + max |want|)`, naming the worst element.
+fn close(what: &str, got: &Array, want: &Array, bound: f64) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    let scale = 1.0 + w.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let (i, worst) = g
+        .iter()
+        .zip(&w)
+        .map(|(a, b)| (a - b).abs())
+        .enumerate()
+        .fold(
+            (0, 0.0f64),
+            |m, (i, d)| if d > m.1 || d.is_nan() { (i, d) } else { m },
+        );
+    assert!(
+        worst <= bound * scale,
+        "{what}: element {i} is {} against {} (|diff| {worst:e} > {:e})",
+        g[i],
+        w[i],
+        bound * scale
+    );
+}
+
+const NAMES: [&str; 4] = ["o", "dq", "dk", "dv"];
+
+#[test]
+fn fused_equals_the_unfused_graph_in_f64() {
+    // The two graphs round differently (the unfused one at every node), in f64: a few
+    // hundred units of f64 roundoff relative to the largest value at most.
+    for backend in [BackendKind::Interp, BackendKind::Cpu] {
+        let ctx = ctx(backend);
+        for c in cases() {
+            let fused = run(&ctx, &c, DType::F64, false);
+            let reference = run(&ctx, &c, DType::F64, true);
+            for ((got, want), name) in fused.iter().zip(&reference).zip(NAMES) {
+                close(&format!("{backend:?} {c:?} {name}"), got, want, 1e-12);
+            }
+        }
+    }
+}
+
+/// f32's and the half types' unit roundoff.
+fn unit(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 2f64.powi(-24),
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        _ => 2f64.powi(-53),
+    }
+}
+
+#[test]
+fn the_cpu_routine_in_f32_and_the_half_types_matches_the_f64_reference() {
+    // The reference: the interpreter's fused node in f64 on the same (rounded) inputs.
+    // The routine computes in f32: each score a sum of D products, each output a sum of
+    // Tk weighted values (and the gradients sums of Tq or Tk terms of products of
+    // those), with the softmax's exp and division in between. Bound for f32, relative to
+    // the largest value: (D + Tk + Tq + 16) units of roundoff, the error of a sum of that
+    // many terms of that size; for f16 and bf16 the one rounding of the result (and the
+    // f32 error below it): 2 units of the half type.
+    let cpu = Context::builder()
+        .backend(BackendKind::Cpu)
+        .dtype(DType::F64)
+        .build()
+        .expect("cpu");
+    let interp = ctx(BackendKind::Interp);
+    let mut all = cases();
+    all.truncate(4);
+    all.extend(long_cases());
+    for c in all {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let got = run(&cpu, &c, dtype, false);
+            let want = run_rounded(&interp, &c, dtype);
+            let bound = match dtype {
+                DType::F32 => (c.d + c.tk + c.tq + 16) as f64 * unit(dtype),
+                _ => 2.0 * unit(dtype),
+            };
+            for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
+                close(&format!("{dtype} {c:?} {name}"), g, w, bound);
+            }
+        }
+    }
+}
+
+/// [`run`] in f64 on inputs rounded to `dtype`.
+fn run_rounded(ctx: &Context, c: &Case, dtype: DType) -> Vec<Array> {
+    let Operands { q, k, v, r, opts } = operands(ctx, c, dtype);
+    let up = |t: &Tensor| ctx.tensor(t.cast(DType::F64).eval().expect("inputs"));
+    let (q, k, v, r) = (up(&q), up(&k), up(&v), up(&r));
+    let o = q.attention_with(&k, &v, &opts);
+    let loss = (&o * &r).sum(..);
+    let grads = ndfuse::grad(&loss, &[&q, &k, &v]).expect("gradients");
+    let mut all = vec![&o];
+    all.extend(grads.iter());
+    ctx.eval(&all).expect("eval")
+}
+
+#[test]
+fn rows_that_see_no_key_give_zeros_and_no_gradient() {
+    let ctx = ctx(BackendKind::Interp);
+    let c = Case {
+        causal: Causal::BottomRight,
+        lengths: Some(vec![4, 0]),
+        ..case(2, 1, 1, 6, 4, 8)
+    };
+    let out = run(&ctx, &c, DType::F64, false);
+    let o = out[0].to_f64_vec();
+    let dq = out[1].to_f64_vec();
+    // Batch 0: rows 0 and 1 see keys j <= i - 2, none; batch 1 sees no key at all.
+    for (i, row) in o.chunks(8).enumerate() {
+        let empty = !(2..6).contains(&i);
+        assert_eq!(row.iter().all(|&x| x == 0.0), empty, "row {i}: {row:?}");
+    }
+    for (i, row) in dq.chunks(8).enumerate() {
+        if !(2..6).contains(&i) {
+            assert!(row.iter().all(|&x| x == 0.0), "dq row {i}: {row:?}");
+        }
+    }
+}
+
+#[test]
+fn gradients_match_central_differences() {
+    let ctx = ctx(BackendKind::Interp);
+    let c = Case {
+        causal: Causal::TopLeft,
+        lengths: Some(vec![4, 3]),
+        bias: Some(vec![1, 1, 5, 4]),
+        ..case(2, 4, 2, 5, 4, 6)
+    };
+    let Operands { q, k, v, r, opts } = operands(&ctx, &c, DType::F64);
+    let loss_of =
+        |q: &Tensor, k: &Tensor, v: &Tensor| (&q.attention_with(k, v, &opts) * &r).sum(..);
+    let grads = ndfuse::grad(&loss_of(&q, &k, &v), &[&q, &k, &v]).expect("gradients");
+    let base: Vec<Vec<f64>> = [&q, &k, &v]
+        .iter()
+        .map(|t| t.eval().expect("value").to_f64_vec())
+        .collect();
+    let shapes: Vec<Vec<usize>> = [&q, &k, &v]
+        .iter()
+        .map(|t| t.shape().expect("shape").to_vec())
+        .collect();
+    let h = 1e-6;
+    for which in 0..3 {
+        let got = grads[which].eval().expect("grad").to_f64_vec();
+        for i in (0..base[which].len()).step_by(7) {
+            let at = |delta: f64| {
+                let mut t: Vec<Tensor> = Vec::new();
+                for (w, b) in base.iter().enumerate() {
+                    let mut b = b.clone();
+                    if w == which {
+                        b[i] += delta;
+                    }
+                    t.push(ctx.from_slice(&b, &shapes[w]).expect("data"));
+                }
+                loss_of(&t[0], &t[1], &t[2])
+                    .eval()
+                    .expect("loss")
+                    .to_f64_vec()[0]
+            };
+            let fd = (at(h) - at(-h)) / (2.0 * h);
+            assert!(
+                (fd - got[i]).abs() <= 1e-6 * (1.0 + fd.abs()),
+                "{} element {i}: autodiff {} against central differences {fd}",
+                NAMES[which + 1],
+                got[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn a_bias_that_needs_a_gradient_is_refused_unless_unfused() {
+    let ctx = ctx(BackendKind::Interp);
+    let q = ctx.ones(&[1, 1, 2, 4]);
+    let bias = ctx.zeros(&[1, 1, 2, 2]);
+    let o = q.attention_with(&q, &q, &Attention::new().bias(&bias));
+    let err = ndfuse::grad(&o.sum(..), &[&bias]).expect_err("refused");
+    assert!(err.to_string().contains("unfused"), "{err}");
+    let o = q.attention_with(&q, &q, &Attention::new().bias(&bias).unfused());
+    let g = ndfuse::grad(&o.sum(..), &[&bias]).expect("the unfused graph learns a bias");
+    assert_eq!(g[0].eval().expect("grad").shape(), &[1, 1, 2, 2]);
+}
+
+#[test]
+fn bad_operands_are_errors_naming_the_shapes_and_the_call_site() {
+    let ctx = Context::new();
+    let q = ctx.ones(&[2, 6, 5, 16]);
+    let check = |t: Tensor, want: &[&str]| {
+        let e = t.eval().expect_err("an error").to_string();
+        for w in want {
+            assert!(e.contains(w), "{e:?} lacks {w:?}");
+        }
+        assert!(e.contains("attention.rs"), "{e:?} names no call site");
+    };
+    check(
+        q.attention(
+            &ctx.ones(&[2, 4, 5, 16]),
+            &ctx.ones(&[2, 4, 5, 16]),
+            true,
+            0.25,
+        ),
+        &["[2, 6, 5, 16]", "[2, 4, 5, 16]", "divide"],
+    );
+    check(
+        q.attention(
+            &ctx.ones(&[2, 6, 5, 8]),
+            &ctx.ones(&[2, 6, 5, 16]),
+            true,
+            0.25,
+        ),
+        &["[2, 6, 5, 8]", "head dimensions"],
+    );
+    check(
+        q.attention(
+            &ctx.ones(&[2, 6, 7, 16]),
+            &ctx.ones(&[2, 6, 5, 16]),
+            false,
+            0.25,
+        ),
+        &["7 keys and v 5 values"],
+    );
+    check(
+        q.attention_with(&q, &q, &Attention::new().bias(&ctx.ones(&[3, 5]))),
+        &["[3, 5]", "[2, 6, 5, 5]"],
+    );
+    check(
+        q.attention_with(
+            &q,
+            &q,
+            &Attention::new().key_lengths(&ctx.from_vec(vec![1i64, 2, 3], &[3]).expect("l")),
+        ),
+        &["[3]", "[2]"],
+    );
+}
+
+#[test]
+fn attention_of_rank_three_and_two_operands() {
+    let ctx = ctx(BackendKind::Interp);
+    let x = ctx.from_slice(&vals(3 * 4 * 8, 9), &[3, 4, 8]).expect("x");
+    let fused = x.attention(&x, &x, true, 0.5).eval().expect("rank 3");
+    let unfused = x
+        .attention_with(&x, &x, &Attention::new().causal(true).scale(0.5).unfused())
+        .eval()
+        .expect("rank 3");
+    close("rank 3", &fused, &unfused, 1e-12);
+    let y = x.reshape(&[12, 8]);
+    let o = y.attention(&y, &y, false, 0.5).eval().expect("rank 2");
+    assert_eq!(o.shape(), &[12, 8]);
+}
+
+#[test]
+fn attention_is_one_routine_forward_and_one_backward_with_no_score_matrix() {
+    let ctx = Context::new();
+    let c = Case {
+        causal: Causal::TopLeft,
+        ..case(2, 4, 2, 80, 80, 32)
+    };
+    let Operands { q, k, v, r, opts } = operands(&ctx, &c, DType::F32);
+    let [q, k, v, r] = [q, k, v, r].map(|t| ctx.tensor(t.eval().expect("data")));
+    let o = q.attention_with(&k, &v, &opts);
+    let loss = (&o * &r).sum(..);
+    let g = ndfuse::grad(&loss, &[&q, &k, &v]).expect("grads");
+    let (_, report) = ctx.eval_report(&[&o, &g[0], &g[1], &g[2]]).expect("eval");
+    let text = report.evaluation().annotated_graph();
+    let steps = |op: &str| {
+        text.lines()
+            .filter(|l| l.contains(&format!("= {op} ")) && l.contains("routine"))
+            .count()
+    };
+    assert_eq!(steps("attention"), 1, "{text}");
+    assert_eq!(steps("attention_backward"), 1, "{text}");
+    // Nothing of the scores' extents [.., 80, 80] is ever a value of the graph.
+    assert!(!text.contains("80,80]"), "{text}");
+}
