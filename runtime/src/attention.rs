@@ -35,7 +35,7 @@ use std::borrow::Cow;
 /// Query rows of a block.
 pub const BLOCK_Q: usize = 64;
 /// Keys of a block.
-pub const BLOCK_K: usize = 64;
+pub const BLOCK_K: usize = 128;
 
 /// The routine for an attention node, `None` for any other node.
 pub(crate) fn run(node: &Node, operands: &[&HostArray]) -> Option<Result<HostArray, RuntimeError>> {
@@ -73,8 +73,14 @@ trait Real:
     fn read(a: &HostArray) -> Cow<'_, [Self]>;
     /// `dst[j] = exp(src[j] - shift)`.
     fn exp_shift(src: &[Self], shift: Self, dst: &mut [Self]);
+    /// The largest of `src` (`-inf` when empty).
+    fn max_of(src: &[Self]) -> Self;
+    /// The sum of `src`.
+    fn sum_of(src: &[Self]) -> Self;
     /// `vals` stored as `dtype`.
     fn store(vals: &[Self], out: &mut Storage);
+    /// The storage's elements when it holds this type.
+    fn direct(out: &mut Storage) -> Option<&mut [Self]>;
 }
 
 impl Real for f32 {
@@ -105,6 +111,24 @@ impl Real for f32 {
         }
         for (d, s) in dst.iter_mut().zip(src) {
             *d = (s - shift).exp();
+        }
+    }
+    fn max_of(src: &[f32]) -> f32 {
+        if let Some(m) = wide::tier().and_then(|t| wide::max(t, src)) {
+            return m;
+        }
+        src.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x))
+    }
+    fn sum_of(src: &[f32]) -> f32 {
+        if let Some(s) = wide::tier().and_then(|t| wide::sum(t, src)) {
+            return s;
+        }
+        src.iter().sum()
+    }
+    fn direct(out: &mut Storage) -> Option<&mut [f32]> {
+        match out {
+            Storage::F32(o) => Some(o),
+            _ => None,
         }
     }
     fn store(vals: &[f32], out: &mut Storage) {
@@ -144,6 +168,18 @@ impl Real for f64 {
     fn exp_shift(src: &[f64], shift: f64, dst: &mut [f64]) {
         for (d, s) in dst.iter_mut().zip(src) {
             *d = (s - shift).exp();
+        }
+    }
+    fn max_of(src: &[f64]) -> f64 {
+        src.iter().fold(f64::NEG_INFINITY, |a, &x| a.max(x))
+    }
+    fn sum_of(src: &[f64]) -> f64 {
+        src.iter().sum()
+    }
+    fn direct(out: &mut Storage) -> Option<&mut [f64]> {
+        match out {
+            Storage::F64(o) => Some(o),
+            _ => None,
         }
     }
     fn store(vals: &[f64], out: &mut Storage) {
@@ -373,23 +409,34 @@ fn attention<T: Real>(
     ops: &[&HostArray],
 ) -> Result<HostArray, RuntimeError> {
     let p = Problem::<T>::new(spec, ops, backward);
-    let vals = if backward {
-        let o = T::read(ops[3]);
-        let d_o = T::read(ops[4]);
-        self::backward(&p, &o, &d_o)
-    } else {
-        forward(&p)
-    };
     let mut out = host_cache().array(node.dtype, node.shape.clone())?;
-    T::store(&vals, out.storage_mut());
+    let run = |dst: &mut [T]| {
+        dst.fill(T::ZERO);
+        if backward {
+            let o = T::read(ops[3]);
+            let d_o = T::read(ops[4]);
+            self::backward(&p, &o, &d_o, dst);
+        } else {
+            forward(&p, dst);
+        }
+    };
+    // Straight into the result when it holds T (f32, f64); through a buffer for the
+    // half types, rounded once.
+    match T::direct(out.storage_mut()) {
+        Some(dst) => run(dst),
+        None => {
+            let mut vals = vec![T::ZERO; node.shape.numel()];
+            run(&mut vals);
+            T::store(&vals, out.storage_mut());
+        }
+    }
     Ok(out)
 }
 
-/// The forward pass: `[B, Hq, Tq, Dv]`.
-fn forward<T: Real>(p: &Problem<T>) -> Vec<T> {
-    let mut out = vec![T::ZERO; p.b * p.hq * p.tq * p.dv];
+/// The forward pass into `out` (`[B, Hq, Tq, Dv]`, zeros).
+fn forward<T: Real>(p: &Problem<T>, out: &mut [T]) {
     if out.is_empty() {
-        return out;
+        return;
     }
     out.par_chunks_mut(p.tq * p.dv)
         .enumerate()
@@ -399,7 +446,6 @@ fn forward<T: Real>(p: &Problem<T>) -> Vec<T> {
                 .enumerate()
                 .for_each(|(qb, o)| forward_block(p, b, h, qb * BLOCK_Q, o));
         });
-    out
 }
 
 /// One block of query rows from `i0` into `o` (`rows x Dv`).
@@ -420,9 +466,7 @@ fn forward_block<T: Real>(p: &Problem<T>, b: usize, h: usize, i0: usize, o: &mut
             let row = &s[r * BLOCK_K..r * BLOCK_K + cols];
             let er = &mut e[r * BLOCK_K..r * BLOCK_K + cols];
             let n = seen[r];
-            let top = row[..n]
-                .iter()
-                .fold(T::NEG_INF, |a, &x| if x > a { x } else { a });
+            let top = T::max_of(&row[..n]);
             let m_new = if top > m[r] { top } else { m[r] };
             if n == 0 || m_new == T::NEG_INF {
                 er.fill(T::ZERO);
@@ -431,7 +475,7 @@ fn forward_block<T: Real>(p: &Problem<T>, b: usize, h: usize, i0: usize, o: &mut
             T::exp_shift(&row[..n], m_new, &mut er[..n]);
             er[n..].fill(T::ZERO);
             let corr = (m[r] - m_new).exp();
-            let sum = er[..n].iter().fold(T::ZERO, |a, &x| a + x);
+            let sum = T::sum_of(&er[..n]);
             l[r] = l[r] * corr + sum;
             if m[r] != m_new {
                 o[r * p.dv..(r + 1) * p.dv]
@@ -511,15 +555,13 @@ fn stats_block<T: Real>(p: &Problem<T>, b: usize, h: usize, i0: usize, lse: &mut
         for r in 0..rows {
             let n = seen[r];
             let row = &s[r * BLOCK_K..r * BLOCK_K + n];
-            let top = row
-                .iter()
-                .fold(T::NEG_INF, |a, &x| if x > a { x } else { a });
+            let top = T::max_of(row);
             let m_new = if top > m[r] { top } else { m[r] };
             if n == 0 || m_new == T::NEG_INF {
                 continue;
             }
             T::exp_shift(row, m_new, &mut e[..n]);
-            let sum = e[..n].iter().fold(T::ZERO, |a, &x| a + x);
+            let sum = T::sum_of(&e[..n]);
             l[r] = l[r] * (m[r] - m_new).exp() + sum;
             m[r] = m_new;
         }
@@ -588,18 +630,137 @@ fn grad_block<T: Real>(
     p.drop(b, h, i0, rows, j0, cols, pd);
 }
 
+/// The buffers of one backward task: a block of scores (then `dS`), of probabilities,
+/// of `dP`, and each row's count of seen keys.
+struct Scratch<T> {
+    s: Vec<T>,
+    pd: Vec<T>,
+    dp: Vec<T>,
+    seen: Vec<usize>,
+}
+
+impl<T: Real> Scratch<T> {
+    fn new() -> Self {
+        Scratch {
+            s: vec![T::ZERO; BLOCK_Q * BLOCK_K],
+            pd: vec![T::ZERO; BLOCK_Q * BLOCK_K],
+            dp: vec![T::ZERO; BLOCK_Q * BLOCK_K],
+            seen: vec![0; BLOCK_Q],
+        }
+    }
+}
+
+/// One block of keys `j0..j0 + cols` of key/value head `kh`: `dV += P^T dO` and
+/// `dK += dS^T Q` over the query blocks (in order) of every query head sharing it, and,
+/// when `dq` (the group's query heads' rows of dQ) is given, `dQ += dS K` for each.
+#[allow(clippy::too_many_arguments)]
+fn key_block<T: Real>(
+    p: &Problem<T>,
+    stats: (&[T], &[T]),
+    d_o: &[T],
+    (b, kh, j0, cols): (usize, usize, usize, usize),
+    dk: &mut [T],
+    dv: &mut [T],
+    mut dq: Option<&mut [T]>,
+    w: &mut Scratch<T>,
+) {
+    let group = p.hq / p.hkv;
+    let first = p.first_row_seeing(b, j0);
+    let k = &p.k[((b * p.hkv + kh) * p.tk + j0) * p.d..];
+    for (gi, h) in (kh * group..(kh + 1) * group).enumerate() {
+        let row0 = (b * p.hq + h) * p.tq;
+        let mut i0 = first / BLOCK_Q * BLOCK_Q;
+        while i0 < p.tq {
+            let rows = BLOCK_Q.min(p.tq - i0);
+            grad_block(
+                p,
+                stats,
+                d_o,
+                (b, h, i0, rows),
+                (j0, cols),
+                &mut w.s,
+                &mut w.pd,
+                &mut w.dp,
+                &mut w.seen,
+            );
+            let one = T::of(1.0);
+            product(
+                (cols, p.dv, rows),
+                dv,
+                p.dv,
+                (&w.pd, BLOCK_K, 1),
+                (&d_o[(row0 + i0) * p.dv..], 1, p.dv),
+                one,
+                true,
+            );
+            product(
+                (cols, p.d, rows),
+                dk,
+                p.d,
+                (&w.s, BLOCK_K, 1),
+                (&p.q[(row0 + i0) * p.d..], 1, p.d),
+                one,
+                true,
+            );
+            if let Some(dq) = dq.as_deref_mut() {
+                let at = (gi * p.tq + i0) * p.d;
+                product(
+                    (rows, p.d, cols),
+                    &mut dq[at..at + rows * p.d],
+                    p.d,
+                    (&w.s, 1, BLOCK_K),
+                    (k, 1, p.d),
+                    one,
+                    true,
+                );
+            }
+            i0 += BLOCK_Q;
+        }
+    }
+}
+
 /// The backward pass: `dq`, `dk`, `dv` packed.
-fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T]) -> Vec<T> {
-    let (nq, nk, nv) = (p.q.len(), p.k.len(), p.v.len());
-    let mut out = vec![T::ZERO; nq + nk + nv];
+///
+/// With at least two (batch, key/value head) pairs a thread, one task per pair walks its
+/// key blocks in order and accumulates dQ, dK and dV together (the scores and `dP`
+/// computed once per block pair). With fewer, the work is split finer: one task per
+/// block of keys for dK and dV, then one per block of queries for dQ (computing the
+/// scores and `dP` again). Both paths add the same products in the same order into
+/// each element, so the bits do not depend on which ran.
+fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T], out: &mut [T]) {
+    let (nq, nk) = (p.q.len(), p.k.len());
     if p.tq == 0 || p.tk == 0 || p.b == 0 || p.hq == 0 {
-        return out;
+        return;
     }
     let (lse, dd) = row_stats(p, o, d_o);
     let stats = (&lse[..], &dd[..]);
     let (dq, rest) = out.split_at_mut(nq);
     let (dk, dv) = rest.split_at_mut(nk);
     let group = p.hq / p.hkv;
+    if p.b * p.hkv >= 2 * rayon::current_num_threads() {
+        dq.par_chunks_mut(group * p.tq * p.d)
+            .zip(dk.par_chunks_mut(p.tk * p.d))
+            .zip(dv.par_chunks_mut(p.tk * p.dv))
+            .enumerate()
+            .for_each(|(bkh, ((dq, dk), dv))| {
+                let (b, kh) = (bkh / p.hkv, bkh % p.hkv);
+                let mut w = Scratch::new();
+                for j0 in (0..p.tk).step_by(BLOCK_K) {
+                    let cols = BLOCK_K.min(p.tk - j0);
+                    key_block(
+                        p,
+                        stats,
+                        d_o,
+                        (b, kh, j0, cols),
+                        &mut dk[j0 * p.d..(j0 + cols) * p.d],
+                        &mut dv[j0 * p.dv..(j0 + cols) * p.dv],
+                        Some(&mut *dq),
+                        &mut w,
+                    );
+                }
+            });
+        return;
+    }
     // dK and dV: one task per (batch, key/value head, block of keys).
     dk.par_chunks_mut(p.tk * p.d)
         .zip(dv.par_chunks_mut(p.tk * p.dv))
@@ -610,51 +771,18 @@ fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T]) -> Vec<T> {
                 .zip(dv.par_chunks_mut(BLOCK_K * p.dv))
                 .enumerate()
                 .for_each(|(kb, (dk, dv))| {
-                    let j0 = kb * BLOCK_K;
                     let cols = dk.len() / p.d;
-                    let mut s = vec![T::ZERO; BLOCK_Q * BLOCK_K];
-                    let mut pd = vec![T::ZERO; BLOCK_Q * BLOCK_K];
-                    let mut dp = vec![T::ZERO; BLOCK_Q * BLOCK_K];
-                    let mut seen = vec![0usize; BLOCK_Q];
-                    let first = p.first_row_seeing(b, j0);
-                    for h in kh * group..(kh + 1) * group {
-                        let row0 = (b * p.hq + h) * p.tq;
-                        let mut i0 = first / BLOCK_Q * BLOCK_Q;
-                        while i0 < p.tq {
-                            let rows = BLOCK_Q.min(p.tq - i0);
-                            grad_block(
-                                p,
-                                stats,
-                                d_o,
-                                (b, h, i0, rows),
-                                (j0, cols),
-                                &mut s,
-                                &mut pd,
-                                &mut dp,
-                                &mut seen,
-                            );
-                            // dV += P^T dO; dK += dS^T Q.
-                            product(
-                                (cols, p.dv, rows),
-                                dv,
-                                p.dv,
-                                (&pd, BLOCK_K, 1),
-                                (&d_o[(row0 + i0) * p.dv..], 1, p.dv),
-                                T::of(1.0),
-                                true,
-                            );
-                            product(
-                                (cols, p.d, rows),
-                                dk,
-                                p.d,
-                                (&s, BLOCK_K, 1),
-                                (&p.q[(row0 + i0) * p.d..], 1, p.d),
-                                T::of(1.0),
-                                true,
-                            );
-                            i0 += BLOCK_Q;
-                        }
-                    }
+                    let mut w = Scratch::new();
+                    key_block(
+                        p,
+                        stats,
+                        d_o,
+                        (b, kh, kb * BLOCK_K, cols),
+                        dk,
+                        dv,
+                        None,
+                        &mut w,
+                    );
                 });
         });
     // dQ: one task per (batch, query head, block of queries).
@@ -669,29 +797,28 @@ fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T]) -> Vec<T> {
                 .for_each(|(qb, dq)| {
                     let i0 = qb * BLOCK_Q;
                     let rows = dq.len() / p.d;
-                    let mut s = vec![T::ZERO; BLOCK_Q * BLOCK_K];
-                    let mut pd = vec![T::ZERO; BLOCK_Q * BLOCK_K];
-                    let mut dp = vec![T::ZERO; BLOCK_Q * BLOCK_K];
-                    let mut seen = vec![0usize; BLOCK_Q];
+                    let mut w = Scratch::new();
                     let kmax = p.block_seen(b, i0..i0 + rows);
+                    // Whole key blocks (their masked columns give dS = 0), as the
+                    // per-pair path has them: the same products, the same bits.
                     for j0 in (0..kmax).step_by(BLOCK_K) {
-                        let cols = BLOCK_K.min(kmax - j0);
+                        let cols = BLOCK_K.min(p.tk - j0);
                         grad_block(
                             p,
                             stats,
                             d_o,
                             (b, h, i0, rows),
                             (j0, cols),
-                            &mut s,
-                            &mut pd,
-                            &mut dp,
-                            &mut seen,
+                            &mut w.s,
+                            &mut w.pd,
+                            &mut w.dp,
+                            &mut w.seen,
                         );
                         product(
                             (rows, p.d, cols),
                             dq,
                             p.d,
-                            (&s, 1, BLOCK_K),
+                            (&w.s, 1, BLOCK_K),
                             (&k[j0 * p.d..], 1, p.d),
                             T::of(1.0),
                             true,
@@ -699,5 +826,4 @@ fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T]) -> Vec<T> {
                     }
                 });
         });
-    out
 }

@@ -461,3 +461,38 @@ fn attention_is_one_routine_forward_and_one_backward_with_no_score_matrix() {
     // Nothing of the scores' extents [.., 80, 80] is ever a value of the graph.
     assert!(!text.contains("80,80]"), "{text}");
 }
+
+#[test]
+fn one_two_and_eight_threads_give_the_same_bits() {
+    // 4 (batch, key/value head) pairs: on 1 and 2 threads the backward runs one task per
+    // pair, on 8 it splits by blocks; both add the same products in the same order.
+    let ctx = Context::new();
+    let c = Case {
+        causal: Causal::TopLeft,
+        lengths: Some(vec![150, 97]),
+        dropout: Some(0.1),
+        ..case(2, 4, 2, 150, 150, 32)
+    };
+    let Operands { q, k, v, r, opts } = operands(&ctx, &c, DType::F32);
+    let [q, k, v, r] = [q, k, v, r].map(|t| ctx.tensor(t.eval().expect("data")));
+    let o = q.attention_with(&k, &v, &opts);
+    let g = ndfuse::grad(&(&o * &r).sum(..), &[&q, &k, &v]).expect("grads");
+    let outs = [&o, &g[0], &g[1], &g[2]];
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a thread pool");
+        pool.install(|| ctx.eval(&outs).expect("evaluates"))
+    };
+    let one = run(1);
+    for threads in [2, 8] {
+        for ((x, y), name) in one.iter().zip(&run(threads)).zip(NAMES) {
+            let (x, y) = (x.to_f64_vec(), y.to_f64_vec());
+            assert!(
+                x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "{name} differs between 1 and {threads} threads"
+            );
+        }
+    }
+}
