@@ -496,3 +496,36 @@ fn one_two_and_eight_threads_give_the_same_bits() {
         }
     }
 }
+
+#[test]
+fn the_expression_language_spells_attention() {
+    let ctx = ctx(BackendKind::Interp);
+    let c = Case {
+        lengths: Some(vec![3, 6]),
+        ..case(2, 4, 2, 5, 6, 8)
+    };
+    let Operands { q, k, v, .. } = operands(&ctx, &c, DType::F64);
+    let lengths = ctx.from_vec(vec![3i64, 6], &[2]).expect("lengths");
+    let inputs = [("q", &q), ("k", &k), ("v", &v), ("n", &lengths)];
+    let got = ctx
+        .evaluate(
+            "attention(q, k, v, causal='bottom_right', scale=0.125, key_lengths=n)",
+            &inputs,
+        )
+        .expect("evaluates");
+    let opts = Attention::new()
+        .causal(Causal::BottomRight)
+        .scale(0.125)
+        .key_lengths(&lengths);
+    let want = q.attention_with(&k, &v, &opts).eval().expect("api");
+    close("expr", &got, &want, 0.0);
+    let got = ctx
+        .evaluate("attention(q, k, v, causal=true, scale=0.125)", &inputs)
+        .expect("evaluates");
+    let want = q.attention(&k, &v, true, 0.125).eval().expect("api");
+    close("expr", &got, &want, 0.0);
+    let err = ctx
+        .evaluate("attention(q, k, v, causal='diagonal')", &inputs)
+        .expect_err("refused");
+    assert!(err.to_string().contains("bottom_right"), "{err}");
+}

@@ -29,6 +29,8 @@ pub const FUNCTIONS: &[&str] = &[
     "arange", "one_hot", "tril", "triu",
     // convolutions and pooling
     "conv1d", "conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool2d",
+    // attention
+    "attention",
     // composites
     "softmax", "log_softmax", "layernorm", "dropout",
     // differentiation
@@ -330,4 +332,26 @@ pub fn conv_padding(n: &Node) -> Result<crate::conv::Padding, ExprError> {
     }
     let p = spatial_literal(n, "padding", 0)?;
     Ok(Padding::Explicit(p.into_iter().map(|v| (v, v)).collect()))
+}
+
+/// Attention's mask: `true` / `'top_left'` (torch's `is_causal`), `'bottom_right'`
+/// (FlashAttention's alignment), `false` / `'none'`.
+pub fn causal_literal(n: &Node) -> Result<crate::Causal, ExprError> {
+    use crate::Causal;
+    match &n.kind {
+        Kind::Lit(Lit::Bool(b)) => Ok(Causal::from(*b)),
+        Kind::Str(s) => match s.as_str() {
+            "top_left" => Ok(Causal::TopLeft),
+            "bottom_right" => Ok(Causal::BottomRight),
+            "none" => Ok(Causal::None),
+            _ => Err(ExprError::new(
+                n.pos,
+                format!("unknown causal '{s}' (use true, false, 'top_left' or 'bottom_right')"),
+            )),
+        },
+        _ => Err(ExprError::new(
+            n.pos,
+            "causal must be true, false, 'top_left' or 'bottom_right'",
+        )),
+    }
 }

@@ -8,8 +8,8 @@
 //! tensor of the context's default dtype (floats), i64 (integers) or bool.
 
 use super::call::{
-    axes_literal, axis_literal, bind, bool_literal, conv_padding, dtype_literal, float_literal,
-    int_list, int_literal, is_none, opt, pad_mode, pad_widths, req, spatial_literal,
+    axes_literal, axis_literal, bind, bool_literal, causal_literal, conv_padding, dtype_literal,
+    float_literal, int_list, int_literal, is_none, opt, pad_mode, pad_widths, req, spatial_literal,
     unknown_function, FUNCTIONS,
 };
 use super::parse::{BinOp, ExprError, IndexItem, Kind, Kwarg, Lit, Node};
@@ -545,6 +545,7 @@ impl<'a> Lowerer<'a> {
             "conv1d" | "conv2d" | "max_pool2d" | "avg_pool2d" | "global_avg_pool2d" => {
                 self.conv_call(name, args, kwargs, pos)?
             }
+            "attention" => self.attention_call(args, kwargs, pos)?,
             "grad" => {
                 // grad(f, x): the gradient of the 0-d float `f` with respect to input `x`.
                 let a = bind(name, pos, args, kwargs, &["f", "x"])?;
@@ -714,6 +715,60 @@ impl<'a> Lowerer<'a> {
             }
             _ => unreachable!("call sends only the indexing functions here"),
         })
+    }
+
+    /// `attention(q, k, v, causal=false, scale=None, bias=None, key_lengths=None,
+    /// dropout=0.0, key=0)`: [`Tensor::attention_with`]; the key an i64 0-d input or an
+    /// integer literal seed.
+    #[inline(never)]
+    fn attention_call(
+        &mut self,
+        args: &[Node],
+        kwargs: &[Kwarg],
+        pos: usize,
+    ) -> Result<Tensor, ExprError> {
+        let names = [
+            "q",
+            "k",
+            "v",
+            "causal=false",
+            "scale=None",
+            "bias=None",
+            "key_lengths=None",
+            "dropout=0.0",
+            "key=0",
+        ];
+        let a = bind("attention", pos, args, kwargs, &names)?;
+        let (q, k, v) = (
+            self.tensor_arg(req(&a, 0))?,
+            self.tensor_arg(req(&a, 1))?,
+            self.tensor_arg(req(&a, 2))?,
+        );
+        let mut opts = crate::Attention::new();
+        if let Some(n) = opt(&a, 3) {
+            opts = opts.causal(causal_literal(n)?);
+        }
+        if let Some(n) = opt(&a, 4) {
+            opts = opts.scale(float_literal(n, "scale")?);
+        }
+        if let Some(n) = opt(&a, 5) {
+            opts = opts.bias(&self.tensor_arg(n)?);
+        }
+        if let Some(n) = opt(&a, 6) {
+            opts = opts.key_lengths(&self.tensor_arg(n)?);
+        }
+        if let Some(n) = opt(&a, 7) {
+            let p = float_literal(n, "dropout")?;
+            let key = match opt(&a, 8).map(|n| (n, int_literal(n, "key"))) {
+                None => self.ctx.key(0),
+                Some((_, Ok(seed))) => self.ctx.key(seed as u64),
+                Some((n, Err(_))) => self.tensor_arg(n)?,
+            };
+            if p > 0.0 {
+                opts = opts.dropout(p, &key);
+            }
+        }
+        Ok(q.attention_with(&k, &v, &opts))
     }
 
     /// PyTorch's `conv1d` / `conv2d(input, weight, bias, stride=1, padding=0,
