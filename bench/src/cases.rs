@@ -3,7 +3,7 @@
 
 use crate::options::{Kind, Size};
 use half::{bf16, f16};
-use ndfuse::{Context, Conv, Result, Tensor};
+use ndfuse::{Attention, Context, Conv, Result, Tensor};
 use ndfuse_ir::DType;
 
 /// Builds a case's output from its inputs; `salt` is a literal the latency cases vary
@@ -284,6 +284,8 @@ fn matmul_cases(size: Size, gpu: bool) -> Vec<Case> {
         _ => (32, 48, 20),
     };
     let (heads, seq, dim) = if full { (32, 256, 64) } else { (2, 12, 8) };
+    // The causal rows: [B, H, T, D] = [8, 8, 512, 64] in full.
+    let (ab, ah, at) = if full { (8, 8, 512) } else { (1, 2, 70) };
     let small = if full { 64 } else { 16 };
     let product = |name, dtype: DType| Case {
         name,
@@ -331,6 +333,48 @@ fn matmul_cases(size: Size, gpu: bool) -> Vec<Case> {
                     .matmul(&t[2])
             },
         },
+        Case {
+            name: "attention_causal",
+            expr: "attention(q, k, v, causal=true, scale=0.125)",
+            inputs: ["q", "k", "v"]
+                .into_iter()
+                .map(|n| (n, vec![ab, ah, at, dim], DType::F32))
+                .collect(),
+            kind: Kind::Throughput,
+            // Two products of [T, D] by [D, T] and [T, T] by [T, D] per head, half of
+            // each under the causal mask.
+            flops: Some(product_flops(ab * ah, at, at, dim)),
+            versus: Some(Versus::Build(
+                "the primitives (softmax of masked scores)",
+                |t, _| {
+                    t[0].attention_with(
+                        &t[1],
+                        &t[2],
+                        &Attention::new().causal(true).scale(0.125).unfused(),
+                    )
+                },
+            )),
+            reads: None,
+            build: |t, _| t[0].attention(&t[1], &t[2], true, 0.125),
+        },
+        Case {
+            name: "attention_causal_grad",
+            expr: "grad(sum(attention(q, k, v, causal=true) * r), [q, k, v])",
+            inputs: ["q", "k", "v", "r"]
+                .into_iter()
+                .map(|n| (n, vec![ab, ah, at, dim], DType::F32))
+                .collect(),
+            kind: Kind::Throughput,
+            // The forward's two products and the backward's nominal five (dV, dP, dQ,
+            // dK and the scores again), half of each under the mask: FlashAttention's
+            // count, 3.5 times the forward.
+            flops: Some(product_flops(ab * ah, at, at, dim) * 7 / 2),
+            versus: Some(Versus::Build("the primitives' gradients", |t, _| {
+                attention_grads(t, Attention::new().causal(true).scale(0.125).unfused())
+            })),
+            reads: None,
+            build: |t, _| attention_grads(t, Attention::new().causal(true).scale(0.125)),
+        },
         product("matmul_f16", DType::F16),
         product("matmul_bf16", DType::BF16),
         Case {
@@ -351,6 +395,19 @@ fn matmul_cases(size: Size, gpu: bool) -> Vec<Case> {
         all.push(gelu_epilogue("matmul_gelu_bf16", DType::BF16));
     }
     all
+}
+
+/// The gradients of `sum(attention(q, k, v) * r)` with respect to q, k and v, summed to
+/// one value (so one output needs all three; the sums read them once).
+fn attention_grads(t: &[Tensor], opts: Attention) -> Tensor {
+    let o = t[0].attention_with(&t[1], &t[2], &opts);
+    let loss = (&o * &t[3]).sum(..);
+    match ndfuse::grad(&loss, &[&t[0], &t[1], &t[2]]) {
+        Ok(g) => g[0].sum(..) + g[1].sum(..) + g[2].sum(..),
+        // The loss is a 0-d float of float inputs: grad has nothing to refuse; should it,
+        // the case's output carries an error (a reshape no shape allows) to its report.
+        Err(_) => loss.reshape(&[-1, -1]),
+    }
 }
 
 /// `dtype[d0,d1]`, as the IR prints types.

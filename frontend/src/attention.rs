@@ -399,15 +399,20 @@ fn unfused(
             None => seen,
         });
     }
+    // Divided through the reciprocal, not `/`: the attention pass (which matches the
+    // softmax's division) leaves this graph be, so it stays the reference.
     let p = match &keep {
-        None => s.softmax(-1),
+        None => {
+            let e = (&s - &s.max_keepdims(-1)).exp();
+            &e * &e.sum_keepdims(-1).recip()
+        }
         Some(keep) => {
             let masked = keep.where_(&s, f64::NEG_INFINITY);
             let m = masked.max_keepdims(-1);
             let m = m.eq(f64::NEG_INFINITY).where_(0.0, &m);
             let e = keep.where_((&s - &m).exp(), 0.0);
             let total = e.sum_keepdims(-1);
-            &e / &total.eq(0.0).where_(1.0, &total)
+            &e * &total.eq(0.0).where_(1.0, &total).recip()
         }
     };
     let p = match &opts.dropout {

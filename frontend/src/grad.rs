@@ -36,7 +36,15 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
     let at = Location::caller();
     let mut outputs = vec![loss];
     outputs.extend_from_slice(wrt);
-    let (graph, tensors) = lower(&outputs)?;
+    let (mut graph, tensors) = lower(&outputs)?;
+    // Attention written with the primitives becomes the fused node first, so its
+    // gradient is the fused backward node rather than the primitives' (which would keep
+    // the [Tq, Tk] probabilities for the backward pass).
+    ndfuse_passes::fuse_attention(&mut graph).map_err(|e| Error::Argument {
+        what: "grad",
+        why: e.to_string(),
+        at,
+    })?;
     let ids = graph.outputs();
     let b = ndfuse_autodiff::grad(&graph, ids[0], &ids[1..]).map_err(|e| Error::Argument {
         what: "grad",

@@ -6,6 +6,7 @@
 //! ([`optimize`]); fusion (`fusion/`, with its rules) and plan choice (`plan.rs`) then
 //! lower the graph.
 
+pub mod attention;
 pub mod cse;
 pub mod dce;
 pub mod fold;
@@ -19,6 +20,7 @@ pub mod schedule;
 pub mod simplify;
 pub mod views;
 
+pub use attention::{fuse_attention, FuseAttention};
 pub use cse::Cse;
 pub use dce::Dce;
 pub use fold::Fold;

@@ -1,6 +1,7 @@
 //! The clean-up pipeline: the one list of graph passes run before fusion, with the
 //! reason for every position, and [`optimize`], which runs it under the manager.
 
+use crate::attention::FuseAttention;
 use crate::cse::Cse;
 use crate::dce::Dce;
 use crate::fold::Fold;
@@ -32,6 +33,11 @@ pub fn pipeline() -> Vec<Box<dyn Pass>> {
         // (the gathers it makes can share their table and index views): a view of a
         // gather becomes a gather of views, so its consumer fuses with it.
         Box::new(GatherViews),
+        // After the views settle (its pattern reads through the softmax's broadcasts and
+        // the transposed keys), before CSE (which merges the attention it makes with the
+        // one `grad` made from the same pattern, and the views in front of both):
+        // `softmax(scale * q @ k^T + bias) @ v` becomes one attention node.
+        Box::new(FuseAttention),
         // After every rewrite that canonicalises, so more duplicates look alike. Its
         // merges (two equal constants, two equal subexpressions) can enable simplify
         // rules that need identical operands (`maximum(x, x)`, `where(c, x, x)`): the

@@ -80,6 +80,8 @@ const NOT_KEYS: &[&str] = &[
     "NDFUSE_REQUIRE_NVRTC",
     // Tests that need a data set from Debian's packages (Fashion-MNIST) fail without it.
     "NDFUSE_REQUIRE_DATA",
+    // Whether nn's progress bar draws (ndfuse_nn::progress), read by the training loop.
+    "NDFUSE_PROGRESS",
     // Where NVRTC finds the CUDA headers (ndfuse_codegen_cuda::include_dirs), read
     // before any configuration exists.
     "NDFUSE_CUDA_INCLUDE",

@@ -529,3 +529,57 @@ fn the_expression_language_spells_attention() {
         .expect_err("refused");
     assert!(err.to_string().contains("bottom_right"), "{err}");
 }
+
+#[test]
+fn attention_written_with_the_primitives_becomes_the_fused_node_forward_and_backward() {
+    // softmax(q @ k^T * scale + bias) @ v, the bias a broadcast [Tq, Tk] mask of -1e9s
+    // (additive) or a where(mask, s, -inf); and q @ k^T / 8 without bias.
+    let ctx = ctx(BackendKind::Cpu);
+    let c = case(2, 3, 3, 9, 11, 8);
+    let Operands { q, k, v, r, .. } = operands(&ctx, &c, DType::F64);
+    let kt = k.permute(&[0, 1, 3, 2]);
+    let rows = ctx.arange_i64(0, 9, 1).expect("rows").reshape(&[9, 1]);
+    let cols = ctx.arange_i64(0, 11, 1).expect("cols");
+    let keep = cols.le(&rows);
+    let additive = keep.where_(0.0, -1e9);
+    let written = [
+        (q.matmul(&kt) * 0.3 + &additive).softmax(-1).matmul(&v),
+        keep.where_(q.matmul(&kt) * 0.3, f64::NEG_INFINITY)
+            .softmax(-1)
+            .matmul(&v),
+        (q.matmul(&kt) / 8.0).softmax(-1).matmul(&v),
+    ];
+    let masked = Attention::new()
+        .causal(Causal::TopLeft)
+        .scale(0.3)
+        .unfused();
+    let references = [
+        q.attention_with(&k, &v, &masked),
+        q.attention_with(&k, &v, &masked),
+        q.attention_with(&k, &v, &Attention::new().scale(0.125).unfused()),
+    ];
+    for (i, (o, reference)) in written.iter().zip(&references).enumerate() {
+        let loss = (o * &r).sum(..);
+        let grads = ndfuse::grad(&loss, &[&q, &k, &v]).expect("grads");
+        let outs = [o, &grads[0], &grads[1], &grads[2]];
+        let (got, report) = ctx.eval_report(&outs).expect("eval");
+        let text = report.evaluation().annotated_graph();
+        assert!(text.contains("= attention "), "pattern {i}: {text}");
+        assert!(
+            text.contains("= attention_backward "),
+            "pattern {i}: {text}"
+        );
+        assert!(
+            !text.contains("= exp "),
+            "pattern {i} kept its softmax: {text}"
+        );
+        let rl = (reference * &r).sum(..);
+        let rg = ndfuse::grad(&rl, &[&q, &k, &v]).expect("grads");
+        let want = ctx
+            .eval(&[reference, &rg[0], &rg[1], &rg[2]])
+            .expect("reference");
+        for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
+            close(&format!("pattern {i} {name}"), g, w, 1e-12);
+        }
+    }
+}
