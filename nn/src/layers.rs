@@ -140,6 +140,14 @@ impl Linear {
     pub fn bias(&self) -> Option<&Parameter> {
         self.bias.as_ref()
     }
+
+    /// A replica (see [`Layer::duplicate`]), as a `Linear`.
+    pub fn replica(&self) -> Linear {
+        Linear {
+            weight: self.weight.duplicate(),
+            bias: self.bias.as_ref().map(Parameter::duplicate),
+        }
+    }
 }
 
 impl Layer for Linear {
@@ -159,10 +167,7 @@ impl Layer for Linear {
     }
 
     fn duplicate(&self) -> Box<dyn Layer> {
-        Box::new(Linear {
-            weight: self.weight.duplicate(),
-            bias: self.bias.as_ref().map(Parameter::duplicate),
-        })
+        Box::new(self.replica())
     }
 }
 

@@ -2,13 +2,15 @@
 //!
 //! Training on ndfuse tensors: layers, losses, optimisers whose steps compile into fused
 //! kernels, seeded data sets with a prefetch thread, `safetensors` checkpoints and a
-//! training loop with a progress bar and loss curves.
+//! training loop with a progress bar and loss curves; transformer layers, a GPT and a
+//! character-level text corpus.
 
 mod checkpoint;
 mod conv_layers;
 mod data;
 mod error;
 mod fit;
+mod gpt;
 mod idx;
 mod init;
 mod layers;
@@ -18,20 +20,28 @@ mod param;
 mod plot;
 mod progress;
 mod schedule;
+mod text;
 mod train;
+mod transformer;
 
 pub use checkpoint::{load as load_checkpoint, save as save_checkpoint, Checkpoint};
 pub use conv_layers::{AvgPool2d, Conv2d, Flatten, GlobalAvgPool, MaxPool2d};
 pub use data::{Batch, Batches, Dataset, Prefetch};
 pub use error::{Error, Result};
 pub use fit::{epoch_line, Epoch, FitOptions, History};
+pub use gpt::{Gpt, GptConfig, Positions};
 pub use idx::{parse_idx, read_idx, FashionMnist, Idx, IdxValues};
 pub use init::Init;
 pub use layers::{Activation, Dropout, Layer, LayerNorm, Linear, Mode, Sequential};
 pub use loss::{accuracy, cross_entropy_with_logits, mse};
-pub use optim::{Method, Optimizer, Update};
+pub use optim::{clip_grad_norm, Method, Optimizer, Update};
 pub use param::Parameter;
 pub use plot::{plot_curves, Curve};
 pub use progress::Progress;
 pub use schedule::Schedule;
+pub use text::{CharCorpus, Split};
 pub use train::{Loss, Scores, Trainer};
+pub use transformer::{
+    AttentionConfig, BlockConfig, Embedding, FeedForward, FeedForwardKind, MultiHeadAttention,
+    NormKind, PositionEmbedding, RmsNorm, Rope, RopeLayout, TransformerBlock,
+};

@@ -1,4 +1,5 @@
-//! Optimisers: SGD (with momentum, Nesterov, weight decay), Adam and AdamW. A step is a
+//! Optimisers: SGD (with momentum, Nesterov, weight decay), Adam and AdamW, with weight
+//! decay masks and global-norm gradient clipping. A step is a
 //! lazy graph: the new value of every parameter and every state tensor from the
 //! gradients, built here and evaluated by the caller (the training step evaluates it in
 //! the same graph as the forward and backward passes, so each parameter's update fuses
@@ -100,6 +101,11 @@ pub struct Optimizer {
     method: Method,
     schedule: Schedule,
     weight_decay: f64,
+    /// Whether parameter `i` takes weight decay (all by default; see
+    /// [`Optimizer::no_decay`]).
+    decay: Vec<bool>,
+    /// The global gradient norm the step clips to, if any.
+    clip: Option<f64>,
     params: Vec<Parameter>,
     /// `state[i][k]`: slot `k` of parameter `i` (zeros until the first step).
     state: Vec<Vec<Tensor>>,
@@ -133,6 +139,8 @@ impl Optimizer {
             method,
             schedule: Schedule::Constant(rate),
             weight_decay: 0.0,
+            decay: vec![true; params.len()],
+            clip: None,
             params: params.to_vec(),
             state,
             steps: 0,
@@ -185,9 +193,11 @@ impl Optimizer {
                 nesterov,
             };
             if (was == 0.0) != (momentum == 0.0) {
+                let (decay, clip) = (self.decay.clone(), self.clip);
                 self = Optimizer::with(self.method, &self.params, 0.0)
                     .schedule(self.schedule.clone())
                     .weight_decay(self.weight_decay);
+                (self.decay, self.clip) = (decay, clip);
             }
         }
         self
@@ -231,6 +241,44 @@ impl Optimizer {
     pub fn weight_decay(mut self, weight_decay: f64) -> Optimizer {
         self.weight_decay = weight_decay;
         self
+    }
+
+    /// Exempts from weight decay every parameter for which `exempt` is true (the others
+    /// keep theirs). GPT-2's recipe (nanoGPT's) decays only the matrices and embedding
+    /// tables, not biases and normalisation scales:
+    ///
+    /// ```
+    /// use ndfuse_nn::{Optimizer, Parameter};
+    /// let ctx = ndfuse::Context::new();
+    /// let w = Parameter::new("w", &ctx.ones(&[2, 2]))?;
+    /// let b = Parameter::new("b", &ctx.ones(&[2]))?;
+    /// let opt = Optimizer::adamw(&[w, b], 1e-3, 0.1).no_decay(|p| p.shape().len() < 2);
+    /// assert_eq!(opt.decays(), &[true, false]);
+    /// # Ok::<(), ndfuse_nn::Error>(())
+    /// ```
+    pub fn no_decay(mut self, exempt: impl Fn(&Parameter) -> bool) -> Optimizer {
+        for (d, p) in self.decay.iter_mut().zip(&self.params) {
+            *d = *d && !exempt(p);
+        }
+        self
+    }
+
+    /// Which parameters take weight decay, in order.
+    pub fn decays(&self) -> &[bool] {
+        &self.decay
+    }
+
+    /// Clips the gradients to a global norm of `max_norm` before every step, as torch's
+    /// `clip_grad_norm_` does (see [`clip_grad_norm`]): in the step's graph, so the step
+    /// stays one compiled graph.
+    pub fn clip_grad_norm(mut self, max_norm: f64) -> Optimizer {
+        self.clip = Some(max_norm);
+        self
+    }
+
+    /// The global norm the gradients are clipped to, if any.
+    pub fn max_grad_norm(&self) -> Option<f64> {
+        self.clip
     }
 
     /// The learning-rate schedule (replaces the constant rate given at construction).
@@ -292,14 +340,23 @@ impl Optimizer {
                 ),
             });
         }
+        let clipped;
+        let grads = match self.clip {
+            Some(max_norm) => {
+                clipped = clip_grad_norm(grads, max_norm).0;
+                &clipped[..]
+            }
+            None => grads,
+        };
         let mut scalars = Scalars::default();
         let (mut params, mut state) = (Vec::new(), Vec::new());
-        for ((p, g), s) in self.params.iter().zip(grads).zip(&self.state) {
+        let items = self.params.iter().zip(grads).zip(&self.state);
+        for (((p, g), s), &decays) in items.zip(&self.decay) {
             let p = p.value();
             let ctx = p.context().clone();
             let dtype = p.dtype()?;
             let mut data = |role| scalars.get(&ctx, dtype, role, self.scalar(role));
-            let wd = self.weight_decay;
+            let wd = if decays { self.weight_decay } else { 0.0 };
             match self.method {
                 Method::Sgd {
                     momentum,
@@ -435,6 +492,8 @@ impl Optimizer {
             method: self.method,
             schedule: self.schedule.clone(),
             weight_decay: self.weight_decay,
+            decay: self.decay.clone(),
+            clip: self.clip,
             params: params.to_vec(),
             state: self.state.clone(),
             steps: self.steps,
@@ -524,6 +583,42 @@ impl Optimizer {
             }
         }
     }
+}
+
+/// torch's `clip_grad_norm_` as lazy tensors: every gradient scaled by
+/// `min(1, max_norm / (total + 1e-6))`, `total` the Euclidean norm of all of them
+/// together; returns the scaled gradients and `total` (a 0-d tensor, f64 when a gradient
+/// is f64, else f32, in which the squares are summed; in the global context when there
+/// is no gradient).
+///
+/// ```
+/// let ctx = ndfuse::Context::new();
+/// let g = [ctx.from_vec(vec![3.0f32], &[1])?, ctx.from_vec(vec![4.0f32], &[1])?];
+/// let (clipped, total) = ndfuse_nn::clip_grad_norm(&g, 1.0);
+/// assert_eq!(total.eval()?.to_vec::<f32>()?, vec![5.0]);
+/// assert!((clipped[1].eval()?.to_vec::<f32>()?[0] - 0.8).abs() < 1e-6);
+/// # Ok::<(), ndfuse::Error>(())
+/// ```
+#[track_caller]
+pub fn clip_grad_norm(grads: &[Tensor], max_norm: f64) -> (Vec<Tensor>, Tensor) {
+    let wide = grads.iter().any(|g| g.dtype().ok() == Some(DType::F64));
+    let acc = if wide { DType::F64 } else { DType::F32 };
+    let total = grads
+        .iter()
+        // Squared in the wide dtype: an f16 gradient of 300 would overflow its square.
+        .map(|g| g.cast(acc).square().sum(..))
+        .reduce(|a, b| &a + &b)
+        .map(|sq| sq.sqrt());
+    let Some(total) = total else {
+        // No gradient: a norm of 0, in the global context (there is no other).
+        return (Vec::new(), Context::global().full_dtype(&[], 0.0, acc));
+    };
+    let factor = ((&total + 1e-6).recip() * max_norm).minimum(1.0);
+    let clipped = grads
+        .iter()
+        .map(|g| g * &factor.cast(g.dtype().unwrap_or(acc)))
+        .collect();
+    (clipped, total)
 }
 
 fn mismatch(name: &str, p: &Parameter, a: &Array) -> Error {

@@ -220,3 +220,141 @@ fn mismatched_gradients_and_state_are_errors_that_change_nothing() {
     assert_eq!(opt.steps(), 0);
     assert_eq!(p.array().unwrap().to_vec::<f32>().unwrap(), vec![1.0; 3]);
 }
+
+/// The gradient of step `t` for element `i` of a two-parameter model: small on even
+/// steps (under the clipping norm), large on odd ones (clipped).
+fn grad2(t: usize, i: usize) -> f64 {
+    let scale = if t.is_multiple_of(2) { 0.05 } else { 3.0 };
+    grad_at(t, i) * scale
+}
+
+/// Runs `make` over a matrix `w [2, 3]` and a bias `b [3]` (f64) for `STEPS` steps of
+/// `grad2` (w's elements first), returning both, joined, after each step.
+fn run2(make: impl Fn(&[Parameter]) -> Optimizer) -> Vec<Vec<f64>> {
+    let ctx = Context::builder().dtype(DType::F64).build().unwrap();
+    let w0 = start2();
+    let w = Parameter::new("w", &ctx.from_vec(w0[..6].to_vec(), &[2, 3]).unwrap()).unwrap();
+    let b = Parameter::new("b", &ctx.from_vec(w0[6..].to_vec(), &[3]).unwrap()).unwrap();
+    let mut opt = make(&[w.clone(), b.clone()]);
+    (0..STEPS)
+        .map(|t| {
+            let g: Vec<f64> = (0..9).map(|i| grad2(t, i)).collect();
+            let gw = ctx.from_vec(g[..6].to_vec(), &[2, 3]).unwrap();
+            let gb = ctx.from_vec(g[6..].to_vec(), &[3]).unwrap();
+            opt.step(&[gw, gb]).unwrap();
+            let mut v = w.array().unwrap().to_vec::<f64>().unwrap();
+            v.extend(b.array().unwrap().to_vec::<f64>().unwrap());
+            v
+        })
+        .collect()
+}
+
+fn start2() -> Vec<f64> {
+    vec![0.5, -1.25, 2.0, 0.0, -0.75, 1.5, 0.25, -0.5, 1.0]
+}
+
+/// torch's `clip_grad_norm_` then AdamW (torch.optim.AdamW docs) with weight decay on
+/// the first `decayed` elements only (nanoGPT's parameter groups).
+fn clipped_adamw_reference(lr: f64, wd: f64, decayed: usize, max_norm: f64) -> Vec<Vec<f64>> {
+    let (b1, b2, eps) = (0.9, 0.999, 1e-8);
+    let mut w = start2();
+    let (mut m, mut v) = (vec![0.0; 9], vec![0.0; 9]);
+    (0..STEPS)
+        .map(|t| {
+            let n = (t + 1) as i32;
+            let g: Vec<f64> = (0..9).map(|i| grad2(t, i)).collect();
+            let total = g.iter().map(|x| x * x).sum::<f64>().sqrt();
+            let coef = (max_norm / (total + 1e-6)).min(1.0);
+            for i in 0..9 {
+                let g = g[i] * coef;
+                if i < decayed {
+                    w[i] *= 1.0 - lr * wd;
+                }
+                m[i] = b1 * m[i] + (1.0 - b1) * g;
+                v[i] = b2 * v[i] + (1.0 - b2) * g * g;
+                let mh = m[i] / (1.0 - b1.powi(n));
+                let vh = v[i] / (1.0 - b2.powi(n));
+                w[i] -= lr * mh / (vh.sqrt() + eps);
+            }
+            w.clone()
+        })
+        .collect()
+}
+
+#[test]
+fn adamw_with_a_decay_mask_and_gradient_clipping_matches_the_textbook() {
+    // Decay on the matrix only (rank >= 2), clipped to norm 1: the odd steps' gradients
+    // (norm ~ 9) are scaled down, the even steps' (norm ~ 0.15) are not.
+    assert_close(
+        &run2(|p| {
+            Optimizer::adamw(p, 0.01, 0.1)
+                .no_decay(|p| p.shape().len() < 2)
+                .clip_grad_norm(1.0)
+        }),
+        &clipped_adamw_reference(0.01, 0.1, 6, 1.0),
+        "adamw, decay mask, clipping",
+    );
+    // Without the mask every parameter decays; a norm no step reaches clips nothing.
+    assert_close(
+        &run2(|p| Optimizer::adamw(p, 0.01, 0.1).clip_grad_norm(1e9)),
+        &clipped_adamw_reference(0.01, 0.1, 9, 1e9),
+        "adamw, no mask, no clipping",
+    );
+    let ctx = Context::new();
+    let p = Parameter::new("p", &ctx.ones(&[2])).unwrap();
+    let q = Parameter::new("q", &ctx.ones(&[2, 2])).unwrap();
+    let opt = Optimizer::sgd(&[p, q], 0.1)
+        .no_decay(|p| p.name() == "p")
+        .momentum(0.9);
+    // Rebuilding the state for momentum keeps the mask.
+    assert_eq!(opt.decays(), &[false, true]);
+}
+
+#[test]
+fn clip_grad_norm_scales_by_the_global_norm() {
+    let ctx = Context::new();
+    let g = [
+        ctx.from_vec(vec![3.0f32, 0.0], &[2]).unwrap(),
+        ctx.from_vec(vec![0.0f32, 4.0, 0.0, 0.0], &[2, 2]).unwrap(),
+    ];
+    let (clipped, total) = ndfuse_nn::clip_grad_norm(&g, 2.0);
+    assert_eq!(total.eval().unwrap().to_vec::<f32>().unwrap(), vec![5.0]);
+    // Scaled by 2 / (5 + 1e-6): f32 rounding of that factor.
+    let c0 = clipped[0].eval().unwrap().to_vec::<f32>().unwrap();
+    let c1 = clipped[1].eval().unwrap().to_vec::<f32>().unwrap();
+    assert!(
+        (c0[0] - 1.2).abs() < 1e-6 && (c1[1] - 1.6).abs() < 1e-6,
+        "{c0:?} {c1:?}"
+    );
+    // Under the norm: unchanged (the factor is exactly 1).
+    let (same, _) = ndfuse_nn::clip_grad_norm(&g, 10.0);
+    assert_eq!(
+        same[1].eval().unwrap().to_vec::<f32>().unwrap(),
+        vec![0.0, 4.0, 0.0, 0.0]
+    );
+}
+
+#[test]
+fn a_clipped_step_compiles_once() {
+    let ctx = Context::new();
+    let params: Vec<Parameter> = [&[8usize, 4][..], &[4]]
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            Parameter::new(format!("p{i}"), &ctx.rand_normal(s, 0.0, 1.0, i as u64)).unwrap()
+        })
+        .collect();
+    let mut opt = Optimizer::adamw(&params, 1e-3, 0.1)
+        .no_decay(|p| p.shape().len() < 2)
+        .clip_grad_norm(0.5);
+    let grads: Vec<Tensor> = params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| ctx.rand_normal(&p.shape(), 0.0, 1.0, 20 + i as u64))
+        .collect();
+    opt.step(&grads).unwrap();
+    let update = opt.update(&grads).unwrap();
+    let outputs: Vec<&Tensor> = update.params.iter().chain(&update.state).collect();
+    let (_, report) = ctx.eval_report(&outputs).unwrap();
+    assert!(report.evaluation().compile_cached, "step 2 recompiled");
+}

@@ -1,0 +1,781 @@
+//! The layers of a transformer: token [`Embedding`], learned [`PositionEmbedding`],
+//! rotary position embedding ([`Rope`], both pair layouts), [`RmsNorm`],
+//! [`MultiHeadAttention`] (grouped-query heads, causal, dropout, on the fused
+//! `attention` op), [`FeedForward`] (GELU MLP or SwiGLU) and the pre-norm
+//! [`TransformerBlock`]. Like every layer they only build lazy tensors.
+
+use crate::error::{Error, Result};
+use crate::init::Init;
+use crate::layers::{Dropout, Layer, LayerNorm, Linear, Mode};
+use crate::param::Parameter;
+use ndfuse::{Context, DType, SliceArg, Tensor};
+
+/// A table of `vocab` learned vectors of `dim` features, read by token id: the forward
+/// pass takes an integer (i32 or i64) tensor of ids `[...]` and gives `[..., dim]`. The
+/// lookup is a `take` on the table's first axis, so its gradient is a scatter-add of
+/// the output's gradient into the rows of the ids.
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    weight: Parameter,
+}
+
+impl Embedding {
+    /// A table named `name` (`name.weight`, `[vocab, dim]`) drawn by `init` from `seed`
+    /// (GPT-2 draws it from `Init::Normal(0.0, 0.02)`).
+    ///
+    /// ```
+    /// use ndfuse_nn::{Embedding, Init, Layer, Mode};
+    /// let ctx = ndfuse::Context::new();
+    /// let e = Embedding::new(&ctx, "tok", 10, 4, Init::Normal(0.0, 0.02), 1)?;
+    /// let ids = ctx.from_vec(vec![3i64, 1, 3], &[1, 3])?;
+    /// assert_eq!(e.forward(&ids, &Mode::eval()).shape()?, &[1, 3, 4]);
+    /// # Ok::<(), ndfuse_nn::Error>(())
+    /// ```
+    pub fn new(
+        ctx: &Context,
+        name: &str,
+        vocab: usize,
+        dim: usize,
+        init: Init,
+        seed: u64,
+    ) -> Result<Embedding> {
+        let w = init.tensor(ctx, &[vocab, dim], vocab, dim, seed);
+        Ok(Embedding {
+            weight: Parameter::new(format!("{name}.weight"), &w)?,
+        })
+    }
+
+    /// A table holding `weight` (`[vocab, dim]`), shared, not copied.
+    pub fn from_parameter(weight: Parameter) -> Embedding {
+        Embedding { weight }
+    }
+
+    /// The table, `[vocab, dim]` (a tied language-model head reads it too).
+    pub fn weight(&self) -> &Parameter {
+        &self.weight
+    }
+}
+
+impl Layer for Embedding {
+    #[track_caller]
+    fn forward(&self, ids: &Tensor, _: &Mode) -> Tensor {
+        self.weight.value().take(ids, 0)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        vec![self.weight.clone()]
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(Embedding::from_parameter(self.weight.duplicate()))
+    }
+}
+
+/// The extent of axis `axis` (negative counts from the end) of `x`, if it has one.
+fn extent(x: &Tensor, axis: i64) -> Option<usize> {
+    let s = x.shape().ok()?;
+    let i = if axis < 0 {
+        s.len().checked_sub(axis.unsigned_abs() as usize)?
+    } else {
+        axis as usize
+    };
+    s.get(i).copied()
+}
+
+/// Learned absolute positions (GPT-2's `wpe`): the forward pass adds row `t` of a
+/// `[max_len, dim]` table to position `t` of `x [..., T, dim]` (`T <= max_len`; a longer
+/// input gives a tensor carrying the shape error).
+#[derive(Debug, Clone)]
+pub struct PositionEmbedding {
+    weight: Parameter,
+}
+
+impl PositionEmbedding {
+    /// A table named `name` (`name.weight`, `[max_len, dim]`) drawn by `init` from
+    /// `seed`.
+    pub fn new(
+        ctx: &Context,
+        name: &str,
+        max_len: usize,
+        dim: usize,
+        init: Init,
+        seed: u64,
+    ) -> Result<PositionEmbedding> {
+        let w = init.tensor(ctx, &[max_len, dim], max_len, dim, seed);
+        Ok(PositionEmbedding {
+            weight: Parameter::new(format!("{name}.weight"), &w)?,
+        })
+    }
+
+    /// A table holding `weight` (`[max_len, dim]`), shared, not copied.
+    pub fn from_parameter(weight: Parameter) -> PositionEmbedding {
+        PositionEmbedding { weight }
+    }
+
+    /// The table, `[max_len, dim]`.
+    pub fn weight(&self) -> &Parameter {
+        &self.weight
+    }
+}
+
+impl Layer for PositionEmbedding {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
+        let w = self.weight.value();
+        match extent(x, -2) {
+            Some(t) => x + &w.slice(&[(0..t as i64).into()]),
+            // x carries its error already, or has no position axis (then the sum names
+            // both shapes).
+            None => x + &w,
+        }
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        vec![self.weight.clone()]
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(PositionEmbedding::from_parameter(self.weight.duplicate()))
+    }
+}
+
+/// Which features a rotary embedding rotates together. Both rotate pair `i` by the
+/// angle `t * base^(-2i / d)` at position `t`; they differ only in where the two
+/// features of pair `i` sit, so one is the other with the features permuted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// Pairs `(2i, 2i + 1)`: the original RoFormer (Su et al. 2021) and GPT-J layout.
+    Interleaved,
+    /// Pairs `(i, i + d/2)` ("rotate half"): the Llama, GPT-NeoX and Hugging Face layout.
+    HalfSplit,
+}
+
+/// Rotary position embedding (Su et al. 2021) on `x [..., T, d]` (positions on the
+/// second-last axis, counted from 0): pair `i` of position `t` becomes
+/// `(a cos θ - b sin θ, b cos θ + a sin θ)` with `θ = t * base^(-2i / d)` and `(a, b)`
+/// the pair's features in the [`RopeLayout`]. The angles come from an iota of the
+/// positions times a constant of `d / 2` frequencies, so any `T` works and the tables
+/// fuse into the kernels that use them. No parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rope {
+    head_dim: usize,
+    base: f64,
+    layout: RopeLayout,
+}
+
+impl Rope {
+    /// The rotary embedding of head dimension `head_dim` (even) in `layout`, base 10000.
+    /// `Err` naming `head_dim` when it is odd or zero.
+    ///
+    /// ```
+    /// use ndfuse_nn::{Rope, RopeLayout};
+    /// let ctx = ndfuse::Context::new();
+    /// let rope = Rope::new(8, RopeLayout::HalfSplit)?;
+    /// let x = ctx.ones(&[2, 5, 8]);
+    /// // Position 0 is not rotated.
+    /// let y = rope.apply(&x).eval()?.to_vec::<f32>()?;
+    /// assert!(y[..8].iter().all(|&v| (v - 1.0).abs() < 1e-6));
+    /// # Ok::<(), ndfuse_nn::Error>(())
+    /// ```
+    pub fn new(head_dim: usize, layout: RopeLayout) -> Result<Rope> {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(Error::Argument {
+                what: "Rope::new",
+                why: format!(
+                    "head dimension {head_dim}: rotary embedding needs an even, non-zero one"
+                ),
+            });
+        }
+        Ok(Rope {
+            head_dim,
+            base: 10_000.0,
+            layout,
+        })
+    }
+
+    /// The same embedding with another base (10000 by default; Llama 3 uses 500000).
+    pub fn base(mut self, base: f64) -> Rope {
+        self.base = base;
+        self
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> RopeLayout {
+        self.layout
+    }
+
+    /// The head dimension.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// The frequencies `base^(-2i / d)`, `i < d / 2`.
+    fn frequencies(&self) -> Vec<f64> {
+        let d = self.head_dim as f64;
+        (0..self.head_dim / 2)
+            .map(|i| self.base.powf(-2.0 * i as f64 / d))
+            .collect()
+    }
+
+    /// `x [..., T, d]` rotated (a tensor carrying the error when `x` is not of that
+    /// form).
+    #[track_caller]
+    pub fn apply(&self, x: &Tensor) -> Tensor {
+        let (Ok(shape), Ok(dtype)) = (x.shape(), x.dtype()) else {
+            return x.clone();
+        };
+        let (rank, half) = (shape.len(), self.head_dim / 2);
+        if rank < 2 || shape[rank - 1] != self.head_dim {
+            // Multiplying by a table of the wrong width names both shapes.
+            return x * &x.context().ones(&[1, self.head_dim + 1]);
+        }
+        let ctx = x.context();
+        let t = shape[rank - 2];
+        // The angles in f32 at least: in f16 or bf16, t * freq would be off by a
+        // sizeable fraction of a radian at positions in the hundreds.
+        let wide = if dtype == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        };
+        let freqs = match ctx.from_vec(self.frequencies(), &[half]) {
+            Ok(f) => f.cast(wide),
+            Err(_) => return x.clone(),
+        };
+        // θ[t, i] = t * freq[i], [T, d/2].
+        let theta = &ctx.arange_n(t).cast(wide).expand_dims(-1) * &freqs;
+        let (cos, sin) = (theta.cos().cast(dtype), theta.sin().cast(dtype));
+        let last = |r: std::ops::Range<i64>, of: &Tensor, rank: usize| {
+            let mut args = vec![SliceArg::all(); rank - 1];
+            args.push(r.into());
+            of.slice(&args)
+        };
+        match self.layout {
+            RopeLayout::HalfSplit => {
+                let (h, d) = (half as i64, self.head_dim as i64);
+                let a = last(0..h, x, rank);
+                let b = last(h..d, x, rank);
+                let ra = &(&a * &cos) - &(&b * &sin);
+                let rb = &(&b * &cos) + &(&a * &sin);
+                ndfuse::concat(&[&ra, &rb], -1)
+            }
+            RopeLayout::Interleaved => {
+                // [..., T, d/2, 2]: the pair on the last axis.
+                let mut pairs: Vec<i64> = shape[..rank - 1].iter().map(|&e| e as i64).collect();
+                pairs.extend([half as i64, 2]);
+                let p = x.reshape(&pairs);
+                let (a, b) = (last(0..1, &p, rank + 1), last(1..2, &p, rank + 1));
+                let (cos, sin) = (cos.expand_dims(-1), sin.expand_dims(-1));
+                let ra = &(&a * &cos) - &(&b * &sin);
+                let rb = &(&b * &cos) + &(&a * &sin);
+                let dims: Vec<i64> = shape.iter().map(|&e| e as i64).collect();
+                ndfuse::concat(&[&ra, &rb], -1).reshape(&dims)
+            }
+        }
+    }
+}
+
+impl Layer for Rope {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
+        self.apply(x)
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+}
+
+/// Root-mean-square normalisation over the last axis (Zhang and Sennrich 2019) with a
+/// learned scale (`name.weight`, ones): `x * rsqrt(mean(x^2) + eps) * weight`, torch's
+/// `nn.RMSNorm`.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    weight: Parameter,
+    eps: f64,
+}
+
+impl RmsNorm {
+    /// Normalisation of `features` features with `eps` added to the mean square.
+    pub fn new(ctx: &Context, name: &str, features: usize, eps: f64) -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            weight: Parameter::new(format!("{name}.weight"), &ctx.ones(&[features]))?,
+            eps,
+        })
+    }
+}
+
+impl Layer for RmsNorm {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
+        let inv = (x.square().mean_keepdims(-1) + self.eps).rsqrt();
+        &(x * &inv) * &self.weight.value()
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        vec![self.weight.clone()]
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(RmsNorm {
+            weight: self.weight.duplicate(),
+            eps: self.eps,
+        })
+    }
+}
+
+/// The settings of a [`MultiHeadAttention`]; [`AttentionConfig::new`] gives the
+/// defaults, and fields are changed with struct-update syntax:
+///
+/// ```
+/// use ndfuse_nn::AttentionConfig;
+/// let gqa = AttentionConfig { n_kv_heads: 2, ..AttentionConfig::new(64, 8) };
+/// assert_eq!(gqa.head_dim(), 8);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionConfig {
+    /// The width of the input and output, `C`.
+    pub d_model: usize,
+    /// Query heads; must divide `d_model`.
+    pub n_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `n_heads`); must
+    /// divide `n_heads`.
+    pub n_kv_heads: usize,
+    /// Whether a position sees only itself and earlier positions.
+    pub causal: bool,
+    /// Dropout on the attention probabilities in training.
+    pub dropout: f64,
+    /// Rotary embedding of queries and keys (none: positions come from elsewhere).
+    pub rope: Option<RopeLayout>,
+    /// Whether the four projections have biases.
+    pub bias: bool,
+    /// How the query, key and value projections are drawn.
+    pub init: Init,
+    /// How the output projection is drawn (GPT-2 scales it down by the depth).
+    pub out_init: Init,
+}
+
+impl AttentionConfig {
+    /// `n_heads` heads over `d_model` features: as many key/value heads, causal, no
+    /// dropout, no rotary embedding, biases, weights `Normal(0, 0.02)` (GPT-2's).
+    pub fn new(d_model: usize, n_heads: usize) -> AttentionConfig {
+        AttentionConfig {
+            d_model,
+            n_heads,
+            n_kv_heads: n_heads,
+            causal: true,
+            dropout: 0.0,
+            rope: None,
+            bias: true,
+            init: Init::Normal(0.0, 0.02),
+            out_init: Init::Normal(0.0, 0.02),
+        }
+    }
+
+    /// The features per head, `d_model / n_heads`.
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_heads.max(1)
+    }
+
+    /// `Err` naming the numbers when the heads do not divide.
+    fn check(&self) -> Result<()> {
+        let refuse = |why: String| {
+            Err(Error::Argument {
+                what: "MultiHeadAttention::new",
+                why,
+            })
+        };
+        let (c, h, kv) = (self.d_model, self.n_heads, self.n_kv_heads);
+        if h == 0 || !c.is_multiple_of(h) {
+            return refuse(format!(
+                "n_heads = {h} must divide d_model = {c} (and not be 0)"
+            ));
+        }
+        if kv == 0 || !h.is_multiple_of(kv) {
+            return refuse(format!(
+                "n_kv_heads = {kv} must divide n_heads = {h} (and not be 0)"
+            ));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return refuse(format!("dropout {} is outside [0, 1)", self.dropout));
+        }
+        Ok(())
+    }
+}
+
+/// Multi-head self-attention on `x [B, T, C]`: the `q`, `k`, `v` projections split
+/// into heads (`[B, T, H, Dh]` permuted to `[B, H, T, Dh]`), rotary embedding when
+/// configured, the fused scaled dot-product `attention` (scale `1 / sqrt(Dh)`), the
+/// heads joined back to `[B, T, C]` and the `o` projection.
+#[derive(Debug, Clone)]
+pub struct MultiHeadAttention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    config: AttentionConfig,
+    rope: Option<Rope>,
+}
+
+impl MultiHeadAttention {
+    /// The layer named `name` (`name.q`, `name.k`, `name.v`, `name.o`), weights drawn
+    /// from `seed`, `seed + 1`, ... `Err` naming the numbers when `n_heads` does not
+    /// divide `d_model`, `n_kv_heads` does not divide `n_heads`, the dropout is outside
+    /// `[0, 1)` or a rotary embedding meets an odd head dimension.
+    ///
+    /// ```
+    /// use ndfuse_nn::{AttentionConfig, Layer, Mode, MultiHeadAttention};
+    /// let ctx = ndfuse::Context::new();
+    /// let mha = MultiHeadAttention::new(&ctx, "attn", &AttentionConfig::new(16, 4), 1)?;
+    /// assert_eq!(mha.forward(&ctx.ones(&[2, 5, 16]), &Mode::eval()).shape()?, &[2, 5, 16]);
+    /// assert!(MultiHeadAttention::new(&ctx, "a", &AttentionConfig::new(16, 3), 1).is_err());
+    /// # Ok::<(), ndfuse_nn::Error>(())
+    /// ```
+    pub fn new(
+        ctx: &Context,
+        name: &str,
+        config: &AttentionConfig,
+        seed: u64,
+    ) -> Result<MultiHeadAttention> {
+        config.check()?;
+        let (c, dh) = (config.d_model, config.head_dim());
+        let kv = config.n_kv_heads * dh;
+        let rope = config.rope.map(|l| Rope::new(dh, l)).transpose()?;
+        let linear = |part: &str, out: usize, init: Init, seed: u64| -> Result<Linear> {
+            let l = Linear::new(ctx, &format!("{name}.{part}"), c, out, init, seed)?;
+            Ok(if config.bias { l } else { l.without_bias() })
+        };
+        Ok(MultiHeadAttention {
+            q: linear("q", c, config.init, seed)?,
+            k: linear("k", kv, config.init, seed + 1)?,
+            v: linear("v", kv, config.init, seed + 2)?,
+            o: linear("o", c, config.out_init, seed + 3)?,
+            config: config.clone(),
+            rope,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AttentionConfig {
+        &self.config
+    }
+
+    /// The projections `q`, `k`, `v`, `o` (weights `[C, out]`).
+    pub fn projections(&self) -> [&Linear; 4] {
+        [&self.q, &self.k, &self.v, &self.o]
+    }
+
+    /// The settings of the attention op in `mode`: the causal mask, scale
+    /// `1 / sqrt(Dh)`, and dropout on the probabilities under the layer's key when
+    /// training.
+    pub fn options(&self, mode: &Mode) -> ndfuse::Attention {
+        let dh = self.config.head_dim();
+        let opts = ndfuse::Attention::new()
+            .causal(self.config.causal)
+            .scale(1.0 / (dh as f64).sqrt());
+        match mode.key() {
+            Some(key) if self.config.dropout > 0.0 => opts.dropout(self.config.dropout, &key),
+            _ => opts,
+        }
+    }
+
+    /// The queries, keys and values of `x [B, T, C]` as `[B, H, T, Dh]` (`Hkv` heads for
+    /// keys and values), rotary embedding applied: what the attention op reads.
+    #[track_caller]
+    pub fn heads(&self, x: &Tensor, mode: &Mode) -> Option<[Tensor; 3]> {
+        let s = x.shape().ok()?;
+        let [b, t, _] = s[..] else { return None };
+        let dh = self.config.head_dim() as i64;
+        let split = |y: Tensor, h: usize| {
+            y.reshape(&[b as i64, t as i64, h as i64, dh])
+                .permute(&[0, 2, 1, 3])
+        };
+        let (h, hkv) = (self.config.n_heads, self.config.n_kv_heads);
+        let mut q = split(self.q.forward(x, mode), h);
+        let mut k = split(self.k.forward(x, mode), hkv);
+        let v = split(self.v.forward(x, mode), hkv);
+        if let Some(r) = &self.rope {
+            (q, k) = (r.apply(&q), r.apply(&k));
+        }
+        Some([q, k, v])
+    }
+}
+
+impl Layer for MultiHeadAttention {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, mode: &Mode) -> Tensor {
+        let Some([q, k, v]) = self.heads(x, mode) else {
+            // Not [B, T, C]: the projection names the shapes (or carries x's error).
+            return self.o.forward(&self.q.forward(x, mode), mode);
+        };
+        let y = q.attention_with(&k, &v, &self.options(mode));
+        let (b, t) = (extent(x, 0).unwrap_or(0), extent(x, 1).unwrap_or(0));
+        let y = y
+            .permute(&[0, 2, 1, 3])
+            .reshape(&[b as i64, t as i64, self.config.d_model as i64]);
+        self.o.forward(&y, mode)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        [&self.q, &self.k, &self.v, &self.o]
+            .into_iter()
+            .flat_map(Layer::parameters)
+            .collect()
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(self.replica())
+    }
+}
+
+impl MultiHeadAttention {
+    /// A replica (see [`Layer::duplicate`]), as this type.
+    pub fn replica(&self) -> MultiHeadAttention {
+        MultiHeadAttention {
+            q: self.q.replica(),
+            k: self.k.replica(),
+            v: self.v.replica(),
+            o: self.o.replica(),
+            config: self.config.clone(),
+            rope: self.rope.clone(),
+        }
+    }
+}
+
+/// The position-wise network of a transformer block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedForwardKind {
+    /// `fc2(gelu(fc1(x)))` with the exact (erf) GELU: GPT-2's MLP as PyTorch's
+    /// `nn.GELU()` computes it.
+    GeluMlp,
+    /// `w2(silu(w1 x) * w3 x)` without biases (Shazeer 2020; Llama's MLP).
+    SwiGlu,
+}
+
+/// A transformer's position-wise network from `d_model` to `hidden` and back.
+#[derive(Debug, Clone)]
+pub struct FeedForward {
+    kind: FeedForwardKind,
+    up: Linear,
+    gate: Option<Linear>,
+    down: Linear,
+}
+
+impl FeedForward {
+    /// The network named `name` (`name.fc1`/`name.fc2`, or `name.w1`/`name.w3`/`name.w2`
+    /// for SwiGLU), inner projections drawn by `init`, the output one by `out_init`,
+    /// from `seed`, `seed + 1`, ...
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: &Context,
+        name: &str,
+        kind: FeedForwardKind,
+        d_model: usize,
+        hidden: usize,
+        init: Init,
+        out_init: Init,
+        seed: u64,
+    ) -> Result<FeedForward> {
+        let lin = |part: &str, i: usize, o: usize, init: Init, s: u64| {
+            Linear::new(ctx, &format!("{name}.{part}"), i, o, init, s)
+        };
+        Ok(match kind {
+            FeedForwardKind::GeluMlp => FeedForward {
+                kind,
+                up: lin("fc1", d_model, hidden, init, seed)?,
+                gate: None,
+                down: lin("fc2", hidden, d_model, out_init, seed + 1)?,
+            },
+            FeedForwardKind::SwiGlu => FeedForward {
+                kind,
+                up: lin("w1", d_model, hidden, init, seed)?.without_bias(),
+                gate: Some(lin("w3", d_model, hidden, init, seed + 2)?.without_bias()),
+                down: lin("w2", hidden, d_model, out_init, seed + 1)?.without_bias(),
+            },
+        })
+    }
+
+    /// The variant.
+    pub fn kind(&self) -> FeedForwardKind {
+        self.kind
+    }
+}
+
+impl Layer for FeedForward {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, mode: &Mode) -> Tensor {
+        let h = self.up.forward(x, mode);
+        let h = match &self.gate {
+            None => h.gelu_erf(),
+            Some(g) => &(&h * &h.sigmoid()) * &g.forward(x, mode),
+        };
+        self.down.forward(&h, mode)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        std::iter::once(&self.up)
+            .chain(&self.gate)
+            .chain(std::iter::once(&self.down))
+            .flat_map(Layer::parameters)
+            .collect()
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(self.replica())
+    }
+}
+
+impl FeedForward {
+    /// A replica (see [`Layer::duplicate`]), as this type.
+    pub fn replica(&self) -> FeedForward {
+        FeedForward {
+            kind: self.kind,
+            up: self.up.replica(),
+            gate: self.gate.as_ref().map(Linear::replica),
+            down: self.down.replica(),
+        }
+    }
+}
+
+/// The normalisation of a transformer block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormKind {
+    /// [`LayerNorm`] (GPT-2).
+    LayerNorm,
+    /// [`RmsNorm`] (Llama).
+    RmsNorm,
+}
+
+impl NormKind {
+    /// The normalisation layer of `features` features named `name`.
+    pub fn layer(
+        self,
+        ctx: &Context,
+        name: &str,
+        features: usize,
+        eps: f64,
+    ) -> Result<Box<dyn Layer>> {
+        Ok(match self {
+            NormKind::LayerNorm => Box::new(LayerNorm::new(ctx, name, features, eps)?),
+            NormKind::RmsNorm => Box::new(RmsNorm::new(ctx, name, features, eps)?),
+        })
+    }
+}
+
+/// The settings of a [`TransformerBlock`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockConfig {
+    /// The attention's settings.
+    pub attention: AttentionConfig,
+    /// The position-wise network.
+    pub feed_forward: FeedForwardKind,
+    /// Its inner width (GPT-2: `4 * d_model`).
+    pub hidden: usize,
+    /// The normalisation before each half.
+    pub norm: NormKind,
+    /// The normalisation's eps.
+    pub eps: f64,
+    /// Dropout on each half's output before the residual sum, in training.
+    pub dropout: f64,
+}
+
+impl BlockConfig {
+    /// GPT-2's block over `d_model` features and `n_heads` heads: causal attention,
+    /// GELU MLP of `4 * d_model`, LayerNorm with eps 1e-5, no dropout.
+    pub fn new(d_model: usize, n_heads: usize) -> BlockConfig {
+        BlockConfig {
+            attention: AttentionConfig::new(d_model, n_heads),
+            feed_forward: FeedForwardKind::GeluMlp,
+            hidden: 4 * d_model,
+            norm: NormKind::LayerNorm,
+            eps: 1e-5,
+            dropout: 0.0,
+        }
+    }
+}
+
+/// A pre-norm transformer block: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`.
+#[derive(Debug)]
+pub struct TransformerBlock {
+    norm1: Box<dyn Layer>,
+    attn: MultiHeadAttention,
+    norm2: Box<dyn Layer>,
+    mlp: FeedForward,
+    dropout: Dropout,
+}
+
+impl TransformerBlock {
+    /// The block named `name` (`name.ln1`, `name.attn`, `name.ln2`, `name.mlp`),
+    /// weights drawn from `seed` on. `Err` as [`MultiHeadAttention::new`] gives.
+    pub fn new(
+        ctx: &Context,
+        name: &str,
+        config: &BlockConfig,
+        seed: u64,
+    ) -> Result<TransformerBlock> {
+        let d = config.attention.d_model;
+        let a = &config.attention;
+        Ok(TransformerBlock {
+            norm1: config
+                .norm
+                .layer(ctx, &format!("{name}.ln1"), d, config.eps)?,
+            attn: MultiHeadAttention::new(ctx, &format!("{name}.attn"), a, seed)?,
+            norm2: config
+                .norm
+                .layer(ctx, &format!("{name}.ln2"), d, config.eps)?,
+            mlp: FeedForward::new(
+                ctx,
+                &format!("{name}.mlp"),
+                config.feed_forward,
+                d,
+                config.hidden,
+                a.init,
+                a.out_init,
+                seed + 4,
+            )?,
+            dropout: Dropout::new(config.dropout),
+        })
+    }
+
+    /// The attention.
+    pub fn attention(&self) -> &MultiHeadAttention {
+        &self.attn
+    }
+}
+
+impl Layer for TransformerBlock {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, mode: &Mode) -> Tensor {
+        let a = self
+            .attn
+            .forward(&self.norm1.forward(x, mode), &mode.child(0));
+        let x = x + &self.dropout.forward(&a, &mode.child(1));
+        let m = self.mlp.forward(&self.norm2.forward(&x, mode), mode);
+        &x + &self.dropout.forward(&m, &mode.child(2))
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        let mut p = self.norm1.parameters();
+        p.extend(self.attn.parameters());
+        p.extend(self.norm2.parameters());
+        p.extend(self.mlp.parameters());
+        p
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(self.replica())
+    }
+}
+
+impl TransformerBlock {
+    /// A replica (see [`Layer::duplicate`]), as a block.
+    pub fn replica(&self) -> TransformerBlock {
+        TransformerBlock {
+            norm1: self.norm1.duplicate(),
+            attn: self.attn.replica(),
+            norm2: self.norm2.duplicate(),
+            mlp: self.mlp.replica(),
+            dropout: self.dropout,
+        }
+    }
+}
