@@ -11,7 +11,7 @@
 use crate::error::Error;
 use crate::index::iota_at;
 use crate::tensor::Tensor;
-use ndfuse_ir::{AttentionSpec, CausalMask, DType, Op, Scalar};
+use ndfuse_ir::{AttentionLayout, AttentionSpec, CausalMask, DType, Op, Scalar};
 use std::panic::Location;
 
 type At = &'static Location<'static>;
@@ -39,6 +39,7 @@ pub struct Attention {
     bias: Option<Tensor>,
     key_lengths: Option<Tensor>,
     dropout: Option<(f64, Tensor)>,
+    layout: AttentionLayout,
     unfused: bool,
 }
 
@@ -78,6 +79,14 @@ impl Attention {
     /// op under `key` ([`Tensor::dropout`]'s mask over `[..., Hq, Tq, Tk]`).
     pub fn dropout(mut self, p: f64, key: &Tensor) -> Self {
         self.dropout = Some((p, key.clone()));
+        self
+    }
+
+    /// The operands' layout: [`AttentionLayout::Bthd`] takes q, k and v as
+    /// `[B, T, H, D]` and gives `[B, Tq, Hq, Dv]` (FlashAttention's order: the heads of a
+    /// `[B, T, H * D]` projection are a free reshape, no transpose before or after).
+    pub fn layout(mut self, layout: AttentionLayout) -> Self {
+        self.layout = layout;
         self
     }
 
@@ -218,7 +227,17 @@ fn attention_at(q: &Tensor, k: &Tensor, v: &Tensor, opts: &Attention, at: At) ->
         (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Tensor::poisoned(&q.ctx, e),
     };
     let (qs, ks, vs) = (qt.shape.dims(), kt.shape.dims(), vt.shape.dims());
-    let dm = match dims(qs, ks, vs) {
+    if opts.layout == AttentionLayout::Bthd && [qs, ks, vs].iter().any(|s| s.len() != 4) {
+        return fail(format!(
+            "q {qs:?}, k {ks:?}, v {vs:?}: the [B, T, H, D] layout takes 4 axes"
+        ));
+    }
+    // The checks read [..., H, T, D]; the other layout swaps T and H for them.
+    let bhtd = |s: &[usize]| match opts.layout {
+        AttentionLayout::Bhtd => s.to_vec(),
+        AttentionLayout::Bthd => vec![s[0], s[2], s[1], s[3]],
+    };
+    let dm = match dims(&bhtd(qs), &bhtd(ks), &bhtd(vs)) {
         Ok(d) => d,
         Err(why) => return fail(why),
     };
@@ -269,7 +288,10 @@ fn attention_at(q: &Tensor, k: &Tensor, v: &Tensor, opts: &Attention, at: At) ->
         }
     }
     let scale = opts.scale.unwrap_or(1.0 / (dm.d as f64).sqrt());
-    if opts.unfused {
+    if opts.unfused && opts.layout == AttentionLayout::Bthd {
+        let swap = |t: &Tensor| t.permute(&[0, 2, 1, 3]);
+        unfused(&swap(q), &swap(k), &swap(v), &dm, scale, opts, at).permute(&[0, 2, 1, 3])
+    } else if opts.unfused {
         unfused(q, k, v, &dm, scale, opts, at)
     } else {
         fused(q, k, v, &dm, scale, opts, at)
@@ -288,8 +310,9 @@ fn fused(
 ) -> Tensor {
     let nb = dm.batch.len();
     let b = dm.batch.iter().product::<usize>() as i64;
-    let four = |t: &Tensor, h: usize, rows: usize, d: usize| {
-        t.reshape(&[b, h as i64, rows as i64, d as i64])
+    let four = |t: &Tensor, h: usize, rows: usize, d: usize| match opts.layout {
+        AttentionLayout::Bhtd => t.reshape(&[b, h as i64, rows as i64, d as i64]),
+        AttentionLayout::Bthd => t.clone(),
     };
     let mut operands = vec![
         four(q, dm.hq, dm.tq, dm.d),
@@ -325,6 +348,7 @@ fn fused(
         operands.push(key.clone());
     }
     let spec = AttentionSpec {
+        layout: opts.layout,
         causal: opts.causal,
         scale: Scalar::F(scale),
         bias: opts.bias.is_some(),
@@ -332,11 +356,16 @@ fn fused(
         dropout: opts.dropout.as_ref().map(|(p, _)| Scalar::F(*p)),
     };
     let refs: Vec<&Tensor> = operands.iter().collect();
-    Tensor::build(Op::Attention(spec), &refs, at).reshape(&out_shape(q, dm))
+    Tensor::build(Op::Attention(spec), &refs, at).reshape(&out_shape(q, dm, opts.layout))
 }
 
 /// The result's shape: the query's with `Dv` last.
-fn out_shape(q: &Tensor, dm: &Dims) -> Vec<i64> {
+fn out_shape(q: &Tensor, dm: &Dims, layout: AttentionLayout) -> Vec<i64> {
+    if layout == AttentionLayout::Bthd {
+        return [dm.batch[0], dm.tq, dm.hq, dm.dv]
+            .map(|d| d as i64)
+            .to_vec();
+    }
     let mut out: Vec<i64> = dm.batch.iter().map(|&d| d as i64).collect();
     if q.rank().map(|r| r >= 3).unwrap_or(true) {
         out.push(dm.hq as i64);
@@ -420,5 +449,6 @@ fn unfused(
         Some((rate, key)) => p.dropout(*rate, key),
     };
     let pg = p.reshape(&with(&[dm.tq, dm.tk]));
-    pg.matmul(&vg).reshape(&out_shape(q, dm))
+    pg.matmul(&vg)
+        .reshape(&out_shape(q, dm, AttentionLayout::Bhtd))
 }

@@ -55,7 +55,7 @@ pub use error::{Error, Result};
 pub use expr::{Expr, ExprError};
 pub use grad::grad;
 pub use index::{concat, stack};
-pub use ndfuse_ir::{DType, PadMode, ReduceOp};
+pub use ndfuse_ir::{AttentionLayout, DType, PadMode, ReduceOp};
 pub use ndfuse_runtime::{
     bind_thread, bound_device, unbind_thread, BackendKind, CacheStats, CodeCacheStats,
     CompileCacheStats, Config, ConfigSource, CpuDevice, Device, DeviceId, DeviceKind, DeviceMove,

@@ -587,30 +587,34 @@ fn infer_attention(
     let shapes = format!("q {q}, k {k}, v {v}");
     let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
     if qd.len() != 4 || kd.len() != 4 || vd.len() != 4 {
-        return fail(format!("{shapes}: q, k and v must be [B, H, T, D]"));
+        let axes = match spec.layout {
+            crate::op::AttentionLayout::Bhtd => "[B, H, T, D]",
+            crate::op::AttentionLayout::Bthd => "[B, T, H, D]",
+        };
+        return fail(format!("{shapes}: q, k and v must be {axes}"));
     }
     if !q.dtype.is_float() || k.dtype != q.dtype || v.dtype != q.dtype {
         return fail(format!("{shapes}: q, k and v must be one float dtype"));
     }
-    let [b, hq, tq, d] = [qd[0], qd[1], qd[2], qd[3]];
-    let [hkv, tk] = [kd[1], kd[2]];
-    if kd[0] != b || vd[0] != b {
+    let split = |d: &[usize]| spec.layout.split(d);
+    let (b, hq, tq, d) = split(qd);
+    let (kb, hkv, tk, dk) = split(kd);
+    let (vb, hv, tv, dv) = split(vd);
+    if kb != b || vb != b {
         return fail(format!("{shapes}: the batch extents differ"));
     }
-    if vd[1] != hkv || hkv == 0 || hq % hkv != 0 {
+    if hv != hkv || hkv == 0 || hq % hkv != 0 {
         return fail(format!(
-            "{shapes}: the key/value heads ({hkv} and {}) must be equal and divide the {hq} query heads",
-            vd[1]
+            "{shapes}: the key/value heads ({hkv} and {hv}) must be equal and divide the {hq} query heads"
         ));
     }
-    if kd[3] != d {
+    if dk != d {
         return fail(format!(
-            "{shapes}: the head dimensions of q ({d}) and k ({}) differ",
-            kd[3]
+            "{shapes}: the head dimensions of q ({d}) and k ({dk}) differ"
         ));
     }
-    if vd[2] != tk {
-        return fail(format!("{shapes}: {tk} keys and {} values", vd[2]));
+    if tv != tk {
+        return fail(format!("{shapes}: {tk} keys and {tv} values"));
     }
     if spec.scale.to_f64().is_nan() || !(0.0..1.0).contains(&spec.dropout_p()) {
         return fail(format!(
@@ -619,7 +623,7 @@ fn infer_attention(
             spec.dropout_p()
         ));
     }
-    let out = Shape::new([b, hq, tq, vd[3]]);
+    let out = Shape::new(spec.layout.shape(b, hq, tq, dv));
     let mut next = 3;
     if backward {
         for (what, t) in [("o", &operands[3]), ("do", &operands[4])] {

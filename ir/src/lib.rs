@@ -32,8 +32,8 @@ pub use kernel::{
     Prologue, Store, ValueId,
 };
 pub use op::{
-    ArgReduceOp, AttentionSpec, BinaryOp, CausalMask, Node, Op, PadMode, ReduceOp, ScanOp, UnaryOp,
-    ViewOp,
+    ArgReduceOp, AttentionLayout, AttentionSpec, BinaryOp, CausalMask, Node, Op, PadMode, ReduceOp,
+    ScanOp, UnaryOp, ViewOp,
 };
 pub use shape::{AxisSlice, Shape, View};
 pub use verify::{verify, VerifyError, VerifyErrors};

@@ -506,7 +506,7 @@ pub enum Op {
         k: usize,
     },
     /// Scaled dot-product attention, fused: `softmax(scale * q @ k^T + bias, masked) @ v`
-    /// over `[B, H, T, D]` operands `q [B, Hq, Tq, D]`, `k [B, Hkv, Tk, D]`,
+    /// over `[B, H, T, D]` operands (`[B, T, H, D]` in the spec's other layout) `q [B, Hq, Tq, D]`, `k [B, Hkv, Tk, D]`,
     /// `v [B, Hkv, Tk, Dv]` (one float dtype; `Hkv` divides `Hq`: query head `h` reads
     /// key/value head `h / (Hq / Hkv)`), then, as the spec says, `bias` (a float of
     /// extents `[B|1, Hq|1, Tq|1, Tk|1]`, added to the scaled scores), `key_lengths`
@@ -570,11 +570,59 @@ impl CausalMask {
     }
 }
 
+/// How [`Op::Attention`]'s q, k, v (and its result, and the backward's o, do and
+/// gradients) lay out their axes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AttentionLayout {
+    /// `[B, H, T, D]` (torch's `scaled_dot_product_attention`).
+    #[default]
+    Bhtd,
+    /// `[B, T, H, D]` (FlashAttention's): the heads of a `[B, T, H * D]` projection
+    /// without a transpose.
+    Bthd,
+}
+
+impl AttentionLayout {
+    /// `(batch, heads, time, features)` of a 4-axis shape in this layout.
+    pub fn split(self, d: &[usize]) -> (usize, usize, usize, usize) {
+        match self {
+            AttentionLayout::Bhtd => (d[0], d[1], d[2], d[3]),
+            AttentionLayout::Bthd => (d[0], d[2], d[1], d[3]),
+        }
+    }
+
+    /// The 4-axis shape of `(batch, heads, time, features)` in this layout.
+    pub fn shape(self, b: usize, h: usize, t: usize, d: usize) -> [usize; 4] {
+        match self {
+            AttentionLayout::Bhtd => [b, h, t, d],
+            AttentionLayout::Bthd => [b, t, h, d],
+        }
+    }
+
+    /// The offset of row `(b, h, t)` (its feature 0) and the distance between rows `t` and
+    /// `t + 1` of one head, in a contiguous tensor of `heads` heads, `time` rows and
+    /// `features` features.
+    pub fn row(
+        self,
+        (b, h, t): (usize, usize, usize),
+        heads: usize,
+        time: usize,
+        features: usize,
+    ) -> (usize, usize) {
+        match self {
+            AttentionLayout::Bhtd => (((b * heads + h) * time + t) * features, features),
+            AttentionLayout::Bthd => (((b * time + t) * heads + h) * features, heads * features),
+        }
+    }
+}
+
 /// The attributes of [`Op::Attention`] and [`Op::AttentionBackward`]: the mask, the
-/// scale, and which extra operands follow q, k and v (in this order: bias, key lengths,
-/// dropout key).
+/// scale, the layout, and which extra operands follow q, k and v (in this order: bias,
+/// key lengths, dropout key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionSpec {
+    /// The axes' order of q, k, v and the result.
+    pub layout: AttentionLayout,
     /// The causal mask.
     pub causal: CausalMask,
     /// The factor of `q @ k^T` (a float).

@@ -109,6 +109,9 @@ fn write_op(out: &mut String, g: &Graph, id: NodeId, num: &HashMap<NodeId, usize
                 spec.causal.name(),
                 const_text(spec.scale, DType::F32)
             );
+            if spec.layout == crate::op::AttentionLayout::Bthd {
+                let _ = write!(out, ", layout=bthd");
+            }
             if spec.bias {
                 let _ = write!(out, ", bias");
             }

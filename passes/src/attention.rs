@@ -18,8 +18,8 @@
 use crate::pass::{live_order, Pass, PassCx, PassError};
 use crate::rewrite::const_value;
 use ndfuse_ir::{
-    AttentionSpec, BinaryOp, CausalMask, Graph, NodeId, Op, ReduceOp, Scalar, Shape, UnaryOp,
-    ViewOp,
+    AttentionLayout, AttentionSpec, BinaryOp, CausalMask, Graph, NodeId, Op, ReduceOp, Scalar,
+    Shape, UnaryOp, ViewOp,
 };
 
 /// Replaces `softmax(scale * q @ k^T + bias) @ v` with one attention node.
@@ -296,6 +296,7 @@ fn build(g: &mut Graph, m: &Match) -> Result<NodeId, ndfuse_ir::IrError> {
         }
     }
     let spec = AttentionSpec {
+        layout: AttentionLayout::Bhtd,
         causal: CausalMask::None,
         scale: Scalar::F(m.scale),
         bias: m.bias.is_some(),

@@ -28,7 +28,7 @@ use gemm::Parallelism;
 use half::{bf16, f16};
 use ndfuse_codegen_cpu::wide;
 use ndfuse_ir::op::random_uniform;
-use ndfuse_ir::{AttentionSpec, CausalMask, DType, HostArray, Node, Op, Storage};
+use ndfuse_ir::{AttentionLayout, AttentionSpec, CausalMask, DType, HostArray, Node, Op, Storage};
 use rayon::prelude::*;
 use std::borrow::Cow;
 
@@ -278,15 +278,17 @@ impl<'a, T: Real> Problem<'a, T> {
         let key = spec
             .dropout
             .map(|_| rest.next().expect("counted").storage().get_i64(0));
+        let split = |d: &[usize]| spec.layout.split(d);
+        let ((b, hq, tq, d), (_, hkv, tk, _)) = (split(qd), split(kd));
         Problem {
             spec: *spec,
-            b: qd[0],
-            hq: qd[1],
-            hkv: kd[1],
-            tq: qd[2],
-            tk: kd[2],
-            d: qd[3],
-            dv: vd[3],
+            b,
+            hq,
+            hkv,
+            tq,
+            tk,
+            d,
+            dv: split(vd).3,
             q: T::read(q),
             k: T::read(k),
             v: T::read(v),
@@ -294,6 +296,26 @@ impl<'a, T: Real> Problem<'a, T> {
             lengths,
             key,
         }
+    }
+
+    /// Query row `(b, h, i)` of q: its offset and the distance to row `i + 1`.
+    fn q_row(&self, b: usize, h: usize, i: usize) -> (usize, usize) {
+        self.spec.layout.row((b, h, i), self.hq, self.tq, self.d)
+    }
+
+    /// Row `(b, h, i)` of the result (and of o and do).
+    fn o_row(&self, b: usize, h: usize, i: usize) -> (usize, usize) {
+        self.spec.layout.row((b, h, i), self.hq, self.tq, self.dv)
+    }
+
+    /// Key row `(b, kh, j)` of k.
+    fn k_row(&self, b: usize, kh: usize, j: usize) -> (usize, usize) {
+        self.spec.layout.row((b, kh, j), self.hkv, self.tk, self.d)
+    }
+
+    /// Value row `(b, kh, j)` of v.
+    fn v_row(&self, b: usize, kh: usize, j: usize) -> (usize, usize) {
+        self.spec.layout.row((b, kh, j), self.hkv, self.tk, self.dv)
     }
 
     /// Keys query `i` of batch `b` sees: `0..seen(b, i)`.
@@ -344,15 +366,15 @@ impl<'a, T: Real> Problem<'a, T> {
         seen: &mut [usize],
     ) {
         let kh = h / (self.hq / self.hkv);
-        let q = &self.q[((b * self.hq + h) * self.tq + i0) * self.d..];
-        let k = &self.k[((b * self.hkv + kh) * self.tk + j0) * self.d..];
+        let (qo, qs) = self.q_row(b, h, i0);
+        let (ko, ks) = self.k_row(b, kh, j0);
         let scale = T::of(self.spec.scale());
         product(
             (rows, cols, self.d),
             s,
             BLOCK_K,
-            (q, 1, self.d),
-            (k, self.d, 1),
+            (&self.q[qo..], 1, qs),
+            (&self.k[ko..], ks, 1),
             scale,
             false,
         );
@@ -438,21 +460,53 @@ fn forward<T: Real>(p: &Problem<T>, out: &mut [T]) {
     if out.is_empty() {
         return;
     }
-    out.par_chunks_mut(p.tq * p.dv)
-        .enumerate()
-        .for_each(|(bh, head)| {
-            let (b, h) = (bh / p.hq, bh % p.hq);
-            head.par_chunks_mut(BLOCK_Q * p.dv)
+    match p.spec.layout {
+        // A task per (batch, head, block of queries): its rows are one slice.
+        AttentionLayout::Bhtd => {
+            out.par_chunks_mut(p.tq * p.dv)
                 .enumerate()
-                .for_each(|(qb, o)| forward_block(p, b, h, qb * BLOCK_Q, o));
-        });
+                .for_each(|(bh, head)| {
+                    let (b, h) = (bh / p.hq, bh % p.hq);
+                    head.par_chunks_mut(BLOCK_Q * p.dv)
+                        .enumerate()
+                        .for_each(|(qb, o)| {
+                            let rows = o.len() / p.dv;
+                            forward_block(p, (b, h, qb * BLOCK_Q, rows), o, p.dv)
+                        });
+                })
+        }
+        // A task per (batch, block of queries), every head: their rows are one slice.
+        AttentionLayout::Bthd => {
+            let row = p.hq * p.dv;
+            out.par_chunks_mut(p.tq * row)
+                .enumerate()
+                .for_each(|(b, seq)| {
+                    seq.par_chunks_mut(BLOCK_Q * row)
+                        .enumerate()
+                        .for_each(|(qb, o)| {
+                            let rows = o.len() / row;
+                            for h in 0..p.hq {
+                                forward_block(
+                                    p,
+                                    (b, h, qb * BLOCK_Q, rows),
+                                    &mut o[h * p.dv..],
+                                    row,
+                                );
+                            }
+                        });
+                })
+        }
+    }
 }
 
-/// One block of query rows from `i0` into `o` (`rows x Dv`).
-fn forward_block<T: Real>(p: &Problem<T>, b: usize, h: usize, i0: usize, o: &mut [T]) {
-    let rows = o.len() / p.dv;
+/// Query rows `i0..i0 + rows` of head `h` into `o` (row `r` at `r * drs`).
+fn forward_block<T: Real>(
+    p: &Problem<T>,
+    (b, h, i0, rows): (usize, usize, usize, usize),
+    o: &mut [T],
+    drs: usize,
+) {
     let kh = h / (p.hq / p.hkv);
-    let v = &p.v[(b * p.hkv + kh) * p.tk * p.dv..];
     let mut s = vec![T::ZERO; rows * BLOCK_K];
     let mut e = vec![T::ZERO; rows * BLOCK_K];
     let mut seen = vec![0usize; rows];
@@ -478,19 +532,20 @@ fn forward_block<T: Real>(p: &Problem<T>, b: usize, h: usize, i0: usize, o: &mut
             let sum = T::sum_of(&er[..n]);
             l[r] = l[r] * corr + sum;
             if m[r] != m_new {
-                o[r * p.dv..(r + 1) * p.dv]
+                o[r * drs..r * drs + p.dv]
                     .iter_mut()
                     .for_each(|x| *x *= corr);
             }
             m[r] = m_new;
         }
         p.drop(b, h, i0, rows, j0, cols, &mut e);
+        let (vo, vs) = p.v_row(b, kh, j0);
         product(
             (rows, p.dv, cols),
             o,
-            p.dv,
+            drs,
             (&e, 1, BLOCK_K),
-            (&v[j0 * p.dv..], 1, p.dv),
+            (&p.v[vo..], 1, vs),
             T::of(1.0),
             true,
         );
@@ -501,7 +556,7 @@ fn forward_block<T: Real>(p: &Problem<T>, b: usize, h: usize, i0: usize, o: &mut
         } else {
             T::ZERO
         };
-        o[r * p.dv..(r + 1) * p.dv]
+        o[r * drs..r * drs + p.dv]
             .iter_mut()
             .for_each(|x| *x *= inv);
     }
@@ -528,7 +583,7 @@ fn row_stats<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T]) -> (Vec<T>, Vec<T>) {
                 let rows = (lse.len() - r).min(p.tq - i0);
                 stats_block(p, b, h, i0, &mut lse[r..r + rows]);
                 for k in 0..rows {
-                    let at = (row + k) * p.dv;
+                    let at = p.o_row(b, h, i0 + k).0;
                     dd[r + k] = o[at..at + p.dv]
                         .iter()
                         .zip(&d_o[at..at + p.dv])
@@ -606,13 +661,14 @@ fn grad_block<T: Real>(
         dst[n..cols].fill(T::ZERO);
     }
     // dP before dropout's factors: dO V^T.
-    let v = &p.v[((b * p.hkv + kh) * p.tk + j0) * p.dv..];
+    let (vo, vs) = p.v_row(b, kh, j0);
+    let (oo, os) = p.o_row(b, h, i0);
     product(
         (rows, cols, p.dv),
         dp,
         BLOCK_K,
-        (&d_o[row0 * p.dv..], 1, p.dv),
-        (v, p.dv, 1),
+        (&d_o[oo..], 1, os),
+        (&p.v[vo..], vs, 1),
         T::of(1.0),
         false,
     );
@@ -650,25 +706,33 @@ impl<T: Real> Scratch<T> {
     }
 }
 
+/// Where a backward task writes dQ: its slice, the offset of query row `(h, i)` in
+/// it, and the distance between rows.
+struct DqView<'a, T> {
+    data: &'a mut [T],
+    at: &'a (dyn Fn(usize, usize) -> usize + Sync),
+    drs: usize,
+}
+
 /// One block of keys `j0..j0 + cols` of key/value head `kh`: `dV += P^T dO` and
 /// `dK += dS^T Q` over the query blocks (in order) of every query head sharing it, and,
-/// when `dq` (the group's query heads' rows of dQ) is given, `dQ += dS K` for each.
+/// when `dq` is given, `dQ += dS K` for each. `dk` and `dv` start at the block's first
+/// key row, `drs` apart.
 #[allow(clippy::too_many_arguments)]
 fn key_block<T: Real>(
     p: &Problem<T>,
     stats: (&[T], &[T]),
     d_o: &[T],
     (b, kh, j0, cols): (usize, usize, usize, usize),
-    dk: &mut [T],
-    dv: &mut [T],
-    mut dq: Option<&mut [T]>,
+    (dk, dks): (&mut [T], usize),
+    (dv, dvs): (&mut [T], usize),
+    mut dq: Option<&mut DqView<'_, T>>,
     w: &mut Scratch<T>,
 ) {
     let group = p.hq / p.hkv;
     let first = p.first_row_seeing(b, j0);
-    let k = &p.k[((b * p.hkv + kh) * p.tk + j0) * p.d..];
-    for (gi, h) in (kh * group..(kh + 1) * group).enumerate() {
-        let row0 = (b * p.hq + h) * p.tq;
+    let (ko, ks) = p.k_row(b, kh, j0);
+    for h in kh * group..(kh + 1) * group {
         let mut i0 = first / BLOCK_Q * BLOCK_Q;
         while i0 < p.tq {
             let rows = BLOCK_Q.min(p.tq - i0);
@@ -684,32 +748,34 @@ fn key_block<T: Real>(
                 &mut w.seen,
             );
             let one = T::of(1.0);
+            let (oo, os) = p.o_row(b, h, i0);
+            let (qo, qs) = p.q_row(b, h, i0);
             product(
                 (cols, p.dv, rows),
                 dv,
-                p.dv,
+                dvs,
                 (&w.pd, BLOCK_K, 1),
-                (&d_o[(row0 + i0) * p.dv..], 1, p.dv),
+                (&d_o[oo..], 1, os),
                 one,
                 true,
             );
             product(
                 (cols, p.d, rows),
                 dk,
-                p.d,
+                dks,
                 (&w.s, BLOCK_K, 1),
-                (&p.q[(row0 + i0) * p.d..], 1, p.d),
+                (&p.q[qo..], 1, qs),
                 one,
                 true,
             );
             if let Some(dq) = dq.as_deref_mut() {
-                let at = (gi * p.tq + i0) * p.d;
+                let at = (dq.at)(h, i0);
                 product(
                     (rows, p.d, cols),
-                    &mut dq[at..at + rows * p.d],
-                    p.d,
+                    &mut dq.data[at..],
+                    dq.drs,
                     (&w.s, 1, BLOCK_K),
-                    (k, 1, p.d),
+                    (&p.k[ko..], 1, ks),
                     one,
                     true,
                 );
@@ -719,14 +785,15 @@ fn key_block<T: Real>(
     }
 }
 
-/// The backward pass: `dq`, `dk`, `dv` packed.
+/// The backward pass into `out` (zeros): `dq`, `dk`, `dv` packed.
 ///
 /// With at least two (batch, key/value head) pairs a thread, one task per pair walks its
 /// key blocks in order and accumulates dQ, dK and dV together (the scores and `dP`
 /// computed once per block pair). With fewer, the work is split finer: one task per
 /// block of keys for dK and dV, then one per block of queries for dQ (computing the
 /// scores and `dP` again). Both paths add the same products in the same order into
-/// each element, so the bits do not depend on which ran.
+/// each element, so the bits do not depend on which ran. In the `[B, T, H, D]` layout a
+/// batch's rows of every head are one slice: one task per batch.
 fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T], out: &mut [T]) {
     let (nq, nk) = (p.q.len(), p.k.len());
     if p.tq == 0 || p.tk == 0 || p.b == 0 || p.hq == 0 {
@@ -737,6 +804,38 @@ fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T], out: &mut [T]) {
     let (dq, rest) = out.split_at_mut(nq);
     let (dk, dv) = rest.split_at_mut(nk);
     let group = p.hq / p.hkv;
+    if p.spec.layout == AttentionLayout::Bthd {
+        let (qrow, krow, vrow) = (p.hq * p.d, p.hkv * p.d, p.hkv * p.dv);
+        let at = move |h: usize, i: usize| i * qrow + h * p.d;
+        dq.par_chunks_mut(p.tq * qrow)
+            .zip(dk.par_chunks_mut(p.tk * krow))
+            .zip(dv.par_chunks_mut(p.tk * vrow))
+            .enumerate()
+            .for_each(|(b, ((dq, dk), dv))| {
+                let mut w = Scratch::new();
+                let mut view = DqView {
+                    data: dq,
+                    at: &at,
+                    drs: qrow,
+                };
+                for kh in 0..p.hkv {
+                    for j0 in (0..p.tk).step_by(BLOCK_K) {
+                        let cols = BLOCK_K.min(p.tk - j0);
+                        key_block(
+                            p,
+                            stats,
+                            d_o,
+                            (b, kh, j0, cols),
+                            (&mut dk[j0 * krow + kh * p.d..], krow),
+                            (&mut dv[j0 * vrow + kh * p.dv..], vrow),
+                            Some(&mut view),
+                            &mut w,
+                        );
+                    }
+                }
+            });
+        return;
+    }
     if p.b * p.hkv >= 2 * rayon::current_num_threads() {
         dq.par_chunks_mut(group * p.tq * p.d)
             .zip(dk.par_chunks_mut(p.tk * p.d))
@@ -744,6 +843,12 @@ fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T], out: &mut [T]) {
             .enumerate()
             .for_each(|(bkh, ((dq, dk), dv))| {
                 let (b, kh) = (bkh / p.hkv, bkh % p.hkv);
+                let at = move |h: usize, i: usize| ((h - kh * group) * p.tq + i) * p.d;
+                let mut view = DqView {
+                    data: dq,
+                    at: &at,
+                    drs: p.d,
+                };
                 let mut w = Scratch::new();
                 for j0 in (0..p.tk).step_by(BLOCK_K) {
                     let cols = BLOCK_K.min(p.tk - j0);
@@ -752,9 +857,9 @@ fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T], out: &mut [T]) {
                         stats,
                         d_o,
                         (b, kh, j0, cols),
-                        &mut dk[j0 * p.d..(j0 + cols) * p.d],
-                        &mut dv[j0 * p.dv..(j0 + cols) * p.dv],
-                        Some(&mut *dq),
+                        (&mut dk[j0 * p.d..], p.d),
+                        (&mut dv[j0 * p.dv..], p.dv),
+                        Some(&mut view),
                         &mut w,
                     );
                 }
@@ -773,16 +878,8 @@ fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T], out: &mut [T]) {
                 .for_each(|(kb, (dk, dv))| {
                     let cols = dk.len() / p.d;
                     let mut w = Scratch::new();
-                    key_block(
-                        p,
-                        stats,
-                        d_o,
-                        (b, kh, kb * BLOCK_K, cols),
-                        dk,
-                        dv,
-                        None,
-                        &mut w,
-                    );
+                    let block = (b, kh, kb * BLOCK_K, cols);
+                    key_block(p, stats, d_o, block, (dk, p.d), (dv, p.dv), None, &mut w);
                 });
         });
     // dQ: one task per (batch, query head, block of queries).
@@ -791,7 +888,6 @@ fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T], out: &mut [T]) {
         .for_each(|(bh, dq)| {
             let (b, h) = (bh / p.hq, bh % p.hq);
             let kh = h / group;
-            let k = &p.k[(b * p.hkv + kh) * p.tk * p.d..];
             dq.par_chunks_mut(BLOCK_Q * p.d)
                 .enumerate()
                 .for_each(|(qb, dq)| {
@@ -814,12 +910,13 @@ fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T], out: &mut [T]) {
                             &mut w.dp,
                             &mut w.seen,
                         );
+                        let (ko, ks) = p.k_row(b, kh, j0);
                         product(
                             (rows, p.d, cols),
                             dq,
                             p.d,
                             (&w.s, 1, BLOCK_K),
-                            (&k[j0 * p.d..], 1, p.d),
+                            (&p.k[ko..], 1, ks),
                             T::of(1.0),
                             true,
                         );

@@ -6,7 +6,7 @@
 //! bottom-right with `Tq != Tk`, rows that see no key, grouped-query heads, padding
 //! masks, an additive bias and dropout. Bad operands are errors naming the shapes.
 
-use ndfuse::{Array, Attention, BackendKind, Causal, Context, DType, Tensor};
+use ndfuse::{Array, Attention, AttentionLayout, BackendKind, Causal, Context, DType, Tensor};
 
 /// One attention problem.
 #[derive(Clone, Debug)]
@@ -580,6 +580,32 @@ fn attention_written_with_the_primitives_becomes_the_fused_node_forward_and_back
             .expect("reference");
         for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
             close(&format!("pattern {i} {name}"), g, w, 1e-12);
+        }
+    }
+}
+
+#[test]
+fn the_bthd_layout_is_the_bhtd_one_transposed() {
+    // The same problems with q, k, v (and the result, and the gradients) as [B, T, H, D]:
+    // equal to the [B, H, T, D] run up to f64 roundings, on the interpreter and the CPU
+    // routine (whose tasks split the work differently in this layout).
+    for backend in [BackendKind::Interp, BackendKind::Cpu] {
+        let ctx = ctx(backend);
+        for c in cases().into_iter().filter(|c| c.bias.is_none()) {
+            let Operands { q, k, v, r, opts } = operands(&ctx, &c, DType::F64);
+            let swap = |t: &Tensor| ctx.tensor(t.permute(&[0, 2, 1, 3]).eval().expect("data"));
+            let (qt, kt, vt, rt) = (swap(&q), swap(&k), swap(&v), swap(&r));
+            let o = qt.attention_with(&kt, &vt, &opts.clone().layout(AttentionLayout::Bthd));
+            let g = ndfuse::grad(&(&o * &rt).sum(..), &[&qt, &kt, &vt]).expect("grads");
+            let got: Vec<Tensor> = [&o, &g[0], &g[1], &g[2]]
+                .iter()
+                .map(|t| t.permute(&[0, 2, 1, 3]))
+                .collect();
+            let got = ctx.eval(&got.iter().collect::<Vec<_>>()).expect("eval");
+            let want = run(&ctx, &c, DType::F64, false);
+            for ((g, w), name) in got.iter().zip(&want).zip(NAMES) {
+                close(&format!("{backend:?} bthd {c:?} {name}"), g, w, 1e-12);
+            }
         }
     }
 }

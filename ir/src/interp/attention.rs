@@ -5,13 +5,14 @@
 use super::random::key_of;
 use super::vals::{Tensor, Vals};
 use crate::dtype::DType;
-use crate::op::{random_uniform, AttentionSpec};
+use crate::op::{random_uniform, AttentionLayout, AttentionSpec};
 use crate::round::round_f64;
 
 /// The extents of one attention, from `q [B, Hq, Tq, D]`, `k [B, Hkv, Tk, D]`,
 /// `v [B, Hkv, Tk, Dv]`.
 #[derive(Clone, Copy)]
 struct Dims {
+    layout: AttentionLayout,
     b: usize,
     hq: usize,
     hkv: usize,
@@ -52,16 +53,32 @@ fn extras<'a>(spec: &AttentionSpec, rest: &[&'a Tensor]) -> Extras<'a> {
     Extras { bias, lengths, key }
 }
 
-fn dims(q: &Tensor, k: &Tensor, v: &Tensor) -> Dims {
-    let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
+fn dims(layout: AttentionLayout, q: &Tensor, k: &Tensor, v: &Tensor) -> Dims {
+    let (b, hq, tq, d) = layout.split(q.shape.dims());
+    let (_, hkv, tk, _) = layout.split(k.shape.dims());
+    let dv = layout.split(v.shape.dims()).3;
     Dims {
-        b: qd[0],
-        hq: qd[1],
-        hkv: kd[1],
-        tq: qd[2],
-        tk: kd[2],
-        d: qd[3],
-        dv: vd[3],
+        layout,
+        b,
+        hq,
+        hkv,
+        tq,
+        tk,
+        d,
+        dv,
+    }
+}
+
+impl Dims {
+    /// The offset of query row `(b, h, i)` in q (`width` features: D for q, Dv for the
+    /// result, o and do).
+    fn q_row(&self, b: usize, h: usize, i: usize, width: usize) -> usize {
+        self.layout.row((b, h, i), self.hq, self.tq, width).0
+    }
+
+    /// The offset of key row `(b, kh, j)` in k or v (`width` features).
+    fn k_row(&self, b: usize, kh: usize, j: usize, width: usize) -> usize {
+        self.layout.row((b, kh, j), self.hkv, self.tk, width).0
     }
 }
 
@@ -80,10 +97,10 @@ fn row(
     if let Some(l) = x.lengths {
         seen = seen.min(l[b].clamp(0, m.tk as i64) as usize);
     }
-    let qi = &q[((b * m.hq + h) * m.tq + i) * m.d..][..m.d];
+    let qi = &q[m.q_row(b, h, i, m.d)..][..m.d];
     let mut s = vec![f64::NEG_INFINITY; m.tk];
     for (j, sj) in s.iter_mut().enumerate().take(seen) {
-        let kj = &k[((b * m.hkv + kh) * m.tk + j) * m.d..][..m.d];
+        let kj = &k[m.k_row(b, kh, j, m.d)..][..m.d];
         let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
         *sj = spec.scale() * dot;
         if let Some(bias) = x.bias {
@@ -120,7 +137,7 @@ fn row(
 /// [`crate::Op::Attention`]: `[B, Hq, Tq, Dv]`, rounded once to `dtype`.
 pub(super) fn attention(spec: &AttentionSpec, operands: &[&Tensor], dtype: DType) -> Vals {
     let (q, k, v) = (operands[0], operands[1], operands[2]);
-    let m = dims(q, k, v);
+    let m = dims(spec.layout, q, k, v);
     let x = extras(spec, &operands[3..]);
     let (qv, kv, vv) = (floats(q), floats(k), floats(v));
     let mut out = vec![0.0; m.b * m.hq * m.tq * m.dv];
@@ -129,11 +146,11 @@ pub(super) fn attention(spec: &AttentionSpec, operands: &[&Tensor], dtype: DType
             let kh = h / (m.hq / m.hkv);
             for i in 0..m.tq {
                 let (p, f) = row(spec, &x, m, qv, kv, (b, h, i));
-                let o = &mut out[((b * m.hq + h) * m.tq + i) * m.dv..][..m.dv];
+                let o = &mut out[m.q_row(b, h, i, m.dv)..][..m.dv];
                 for j in 0..m.tk {
                     let w = p[j] * f[j];
                     if w != 0.0 {
-                        let vj = &vv[((b * m.hkv + kh) * m.tk + j) * m.dv..][..m.dv];
+                        let vj = &vv[m.k_row(b, kh, j, m.dv)..][..m.dv];
                         o.iter_mut().zip(vj).for_each(|(o, v)| *o += w * v);
                     }
                 }
@@ -148,7 +165,7 @@ pub(super) fn attention(spec: &AttentionSpec, operands: &[&Tensor], dtype: DType
 /// `do_i . o_i`, which the routines use).
 pub(super) fn attention_backward(spec: &AttentionSpec, operands: &[&Tensor], dtype: DType) -> Vals {
     let (q, k, v, d_o) = (operands[0], operands[1], operands[2], operands[4]);
-    let m = dims(q, k, v);
+    let m = dims(spec.layout, q, k, v);
     let x = extras(spec, &operands[5..]);
     let (qv, kv, vv, dov) = (floats(q), floats(k), floats(v), floats(d_o));
     let mut dq = vec![0.0; qv.len()];
@@ -160,14 +177,14 @@ pub(super) fn attention_backward(spec: &AttentionSpec, operands: &[&Tensor], dty
             let kh = h / (m.hq / m.hkv);
             for i in 0..m.tq {
                 let (p, f) = row(spec, &x, m, qv, kv, (b, h, i));
-                let qo = ((b * m.hq + h) * m.tq + i) * m.d;
-                let doi = &dov[((b * m.hq + h) * m.tq + i) * m.dv..][..m.dv];
+                let qo = m.q_row(b, h, i, m.d);
+                let doi = &dov[m.q_row(b, h, i, m.dv)..][..m.dv];
                 let mut dp = vec![0.0; m.tk];
                 for j in 0..m.tk {
                     if p[j] == 0.0 {
                         continue;
                     }
-                    let vo = ((b * m.hkv + kh) * m.tk + j) * m.dv;
+                    let vo = m.k_row(b, kh, j, m.dv);
                     let dot: f64 = doi.iter().zip(&vv[vo..vo + m.dv]).map(|(a, b)| a * b).sum();
                     dp[j] = dot * f[j];
                     let w = p[j] * f[j];
@@ -181,7 +198,7 @@ pub(super) fn attention_backward(spec: &AttentionSpec, operands: &[&Tensor], dty
                         continue;
                     }
                     let ds = p[j] * (dp[j] - di) * scale;
-                    let ko = ((b * m.hkv + kh) * m.tk + j) * m.d;
+                    let ko = m.k_row(b, kh, j, m.d);
                     for c in 0..m.d {
                         dq[qo + c] += ds * kv[ko + c];
                         dk[ko + c] += ds * qv[qo + c];
