@@ -84,7 +84,7 @@ pub fn grad(graph: &Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Backward, Aut
         }
         let op = graph.node(n).op.clone();
         if let Op::Attention(spec) = &op {
-            if spec.bias && needs[&operands[3]] {
+            if spec.bias && needs[&operands[spec.layout.tensors()]] {
                 return Err(AutodiffError::NoRule {
                     op: "the bias of fused attention (build it with Attention::unfused() to learn a bias)",
                 });

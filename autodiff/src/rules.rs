@@ -131,9 +131,17 @@ pub(crate) fn vjp(e: &mut Emit, op: &Op, x: &[NodeId], y: NodeId, g: NodeId) -> 
         // its packed result split into dq, dk, dv; none to the bias (the caller refuses
         // a bias that needs one), the key lengths and the dropout key
         Op::Attention(spec) => {
-            let mut operands = vec![x[0], x[1], x[2], y, g];
-            operands.extend(&x[3..]);
+            let n = spec.layout.tensors();
+            let mut operands = x[..n].to_vec();
+            operands.extend([y, g]);
+            operands.extend(&x[n..]);
             let packed = e.op(Op::AttentionBackward(*spec), &operands)?;
+            if n == 1 {
+                // qkv packed: the backward's result is its gradient.
+                let mut gs = vec![Some(packed)];
+                gs.extend(x[1..].iter().map(|_| None));
+                return Ok(gs);
+            }
             let mut gs = Vec::with_capacity(x.len());
             let mut start = 0;
             for &t in &x[..3] {

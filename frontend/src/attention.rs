@@ -10,6 +10,7 @@
 
 use crate::error::Error;
 use crate::index::iota_at;
+use crate::ops::SliceArg;
 use crate::tensor::Tensor;
 use ndfuse_ir::{AttentionLayout, AttentionSpec, CausalMask, DType, Op, Scalar};
 use std::panic::Location;
@@ -41,6 +42,8 @@ pub struct Attention {
     dropout: Option<(f64, Tensor)>,
     layout: AttentionLayout,
     unfused: bool,
+    /// Set by [`Tensor::attention_qkv`]: the packed operand and its head counts.
+    packed: Option<(Tensor, usize, usize)>,
 }
 
 impl Attention {
@@ -131,6 +134,64 @@ impl Tensor {
     #[track_caller]
     pub fn attention_with(&self, k: &Tensor, v: &Tensor, opts: &Attention) -> Tensor {
         attention_at(self, k, v, opts, Location::caller())
+    }
+}
+
+impl Tensor {
+    /// Attention on packed projections (FlashAttention's `qkvpacked`, GPT-2's `c_attn`):
+    /// this tensor is `qkv [B, T, (Hq + 2 Hkv) D]`, at each position the `q_heads` query
+    /// heads, then the `kv_heads` key heads, then the value heads, `D` features each. The
+    /// result is `[B, T, Hq, D]` (so `[B, T, Hq * D]` is a free reshape), and the
+    /// gradient of `qkv` comes out of the backward node in `qkv`'s own layout: one
+    /// projection's product feeds the attention and takes its gradient with no copy
+    /// between. `opts` as [`Tensor::attention_with`] (its layout is ignored).
+    ///
+    /// ```
+    /// use ndfuse::Attention;
+    /// let ctx = ndfuse::Context::new();
+    /// let qkv = ctx.rand_uniform(&[2, 10, 3 * 4 * 8], -1.0, 1.0, 0); // 4 heads of 8
+    /// let o = qkv.attention_qkv(4, 4, &Attention::new().causal(true));
+    /// assert_eq!(o.eval()?.shape(), &[2, 10, 4, 8]);
+    /// # Ok::<(), ndfuse::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn attention_qkv(&self, q_heads: usize, kv_heads: usize, opts: &Attention) -> Tensor {
+        let at = Location::caller();
+        let fail = |why: String| {
+            Tensor::poisoned(
+                &self.ctx,
+                Error::Argument {
+                    what: "attention_qkv",
+                    why,
+                    at,
+                },
+            )
+        };
+        let shape = match self.shape() {
+            Ok(s) => s.to_vec(),
+            Err(e) => return Tensor::poisoned(&self.ctx, e),
+        };
+        let per = q_heads + 2 * kv_heads;
+        let fits = shape.len() == 3 && kv_heads > 0 && q_heads.is_multiple_of(kv_heads);
+        if !fits || !shape[2].is_multiple_of(per) {
+            return fail(format!(
+                "qkv {shape:?} must be [B, T, (Hq + 2 Hkv) D] with Hkv = {kv_heads} dividing Hq = {q_heads} (Hq + 2 Hkv = {per})"
+            ));
+        }
+        let (b, t, d) = (shape[0] as i64, shape[1] as i64, (shape[2] / per) as i64);
+        let part = |first: usize, heads: usize| {
+            let (lo, hi) = (first as i64 * d, (first + heads) as i64 * d);
+            self.slice(&[SliceArg::all(), SliceArg::all(), (lo..hi).into()])
+                .reshape(&[b, t, heads as i64, d])
+        };
+        let q = part(0, q_heads);
+        let k = part(q_heads, kv_heads);
+        let v = part(q_heads + kv_heads, kv_heads);
+        let mut bthd = opts.clone().layout(AttentionLayout::Bthd);
+        if !opts.unfused {
+            bthd.packed = Some((self.clone(), q_heads, kv_heads));
+        }
+        attention_at(&q, &k, &v, &bthd, at)
     }
 }
 
@@ -233,9 +294,12 @@ fn attention_at(q: &Tensor, k: &Tensor, v: &Tensor, opts: &Attention, at: At) ->
         ));
     }
     // The checks read [..., H, T, D]; the other layout swaps T and H for them.
+    if let AttentionLayout::Packed { .. } = opts.layout {
+        return fail("the packed layout takes one operand: call qkv.attention_qkv".into());
+    }
     let bhtd = |s: &[usize]| match opts.layout {
         AttentionLayout::Bhtd => s.to_vec(),
-        AttentionLayout::Bthd => vec![s[0], s[2], s[1], s[3]],
+        _ => vec![s[0], s[2], s[1], s[3]],
     };
     let dm = match dims(&bhtd(qs), &bhtd(ks), &bhtd(vs)) {
         Ok(d) => d,
@@ -312,13 +376,16 @@ fn fused(
     let b = dm.batch.iter().product::<usize>() as i64;
     let four = |t: &Tensor, h: usize, rows: usize, d: usize| match opts.layout {
         AttentionLayout::Bhtd => t.reshape(&[b, h as i64, rows as i64, d as i64]),
-        AttentionLayout::Bthd => t.clone(),
+        _ => t.clone(),
     };
-    let mut operands = vec![
-        four(q, dm.hq, dm.tq, dm.d),
-        four(k, dm.hkv, dm.tk, dm.d),
-        four(v, dm.hkv, dm.tk, dm.dv),
-    ];
+    let mut operands = match &opts.packed {
+        Some((qkv, _, _)) => vec![qkv.clone()],
+        None => vec![
+            four(q, dm.hq, dm.tq, dm.d),
+            four(k, dm.hkv, dm.tk, dm.d),
+            four(v, dm.hkv, dm.tk, dm.dv),
+        ],
+    };
     if let Some(bias) = &opts.bias {
         // Size-1 axes in front up to the scores' rank; the batch axes become one, of
         // extent 1 when the bias does not vary over them (broadcast first when it
@@ -347,8 +414,15 @@ fn fused(
     if let Some((_, key)) = &opts.dropout {
         operands.push(key.clone());
     }
+    let layout = match &opts.packed {
+        Some((_, q_heads, kv_heads)) => AttentionLayout::Packed {
+            q_heads: *q_heads,
+            kv_heads: *kv_heads,
+        },
+        None => opts.layout,
+    };
     let spec = AttentionSpec {
-        layout: opts.layout,
+        layout,
         causal: opts.causal,
         scale: Scalar::F(scale),
         bias: opts.bias.is_some(),

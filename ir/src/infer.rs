@@ -583,13 +583,16 @@ fn infer_attention(
     backward: bool,
 ) -> Result<TensorType, IrError> {
     let fail = |why: String| Err(IrError::Attention { why });
+    if let crate::op::AttentionLayout::Packed { q_heads, kv_heads } = spec.layout {
+        return infer_packed(spec, operands, backward, q_heads, kv_heads);
+    }
     let (q, k, v) = (&operands[0], &operands[1], &operands[2]);
     let shapes = format!("q {q}, k {k}, v {v}");
     let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
     if qd.len() != 4 || kd.len() != 4 || vd.len() != 4 {
         let axes = match spec.layout {
             crate::op::AttentionLayout::Bhtd => "[B, H, T, D]",
-            crate::op::AttentionLayout::Bthd => "[B, T, H, D]",
+            _ => "[B, T, H, D]",
         };
         return fail(format!("{shapes}: q, k and v must be {axes}"));
     }
@@ -624,9 +627,65 @@ fn infer_attention(
         ));
     }
     let out = Shape::new(spec.layout.shape(b, hq, tq, dv));
-    let mut next = 3;
+    check_extras(spec, operands, backward, &shapes, q, &out, (b, hq, tq, tk))?;
+    Ok(TensorType {
+        dtype: q.dtype,
+        shape: if backward {
+            Shape::new([q.shape.numel() + k.shape.numel() + v.shape.numel()])
+        } else {
+            out
+        },
+    })
+}
+
+/// [`infer_attention`] for the packed layout: `qkv [B, T, (Hq + 2 Hkv) D]`.
+fn infer_packed(
+    spec: &AttentionSpec,
+    operands: &[TensorType],
+    backward: bool,
+    hq: usize,
+    hkv: usize,
+) -> Result<TensorType, IrError> {
+    let fail = |why: String| Err(IrError::Attention { why });
+    let qkv = &operands[0];
+    let shapes = format!("qkv {qkv}");
+    let d3 = qkv.shape.dims();
+    let per = hq + 2 * hkv;
+    if d3.len() != 3 || !qkv.dtype.is_float() {
+        return fail(format!(
+            "{shapes}: the packed q, k and v must be a float [B, T, (Hq + 2 Hkv) D]"
+        ));
+    }
+    if hkv == 0 || !hq.is_multiple_of(hkv) || !d3[2].is_multiple_of(per) {
+        return fail(format!(
+            "{shapes}: {hkv} key/value heads must divide the {hq} query heads, and Hq + 2 Hkv = {per} the last extent"
+        ));
+    }
+    let (b, t, d) = (d3[0], d3[1], d3[2] / per);
+    let out = Shape::new([b, t, hq, d]);
+    check_extras(spec, operands, backward, &shapes, qkv, &out, (b, hq, t, t))?;
+    Ok(TensorType {
+        dtype: qkv.dtype,
+        shape: if backward { qkv.shape.clone() } else { out },
+    })
+}
+
+/// The operands after q, k and v: the backward's o and do (of the result's type), the
+/// bias, the key lengths and the dropout key.
+fn check_extras(
+    spec: &AttentionSpec,
+    operands: &[TensorType],
+    backward: bool,
+    shapes: &str,
+    q: &TensorType,
+    out: &Shape,
+    (b, hq, tq, tk): (usize, usize, usize, usize),
+) -> Result<(), IrError> {
+    let fail = |why: String| Err(IrError::Attention { why });
+    let out = out.clone();
+    let mut next = spec.layout.tensors();
     if backward {
-        for (what, t) in [("o", &operands[3]), ("do", &operands[4])] {
+        for (what, t) in [("o", &operands[next]), ("do", &operands[next + 1])] {
             if t.shape != out || t.dtype != q.dtype {
                 return fail(format!(
                     "{shapes}: {what} {t} must be the result's {} {out}",
@@ -634,7 +693,7 @@ fn infer_attention(
                 ));
             }
         }
-        next = 5;
+        next += 2;
     }
     if spec.bias {
         let bias = &operands[next];
@@ -661,12 +720,5 @@ fn infer_attention(
             return fail(format!("the dropout key {key} must be a 0-d i64"));
         }
     }
-    Ok(TensorType {
-        dtype: q.dtype,
-        shape: if backward {
-            Shape::new([q.shape.numel() + k.shape.numel() + v.shape.numel()])
-        } else {
-            out
-        },
-    })
+    Ok(())
 }

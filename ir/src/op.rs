@@ -580,14 +580,26 @@ pub enum AttentionLayout {
     /// `[B, T, H, D]` (FlashAttention's): the heads of a `[B, T, H * D]` projection
     /// without a transpose.
     Bthd,
+    /// One operand `qkv [B, T, (Hq + 2 Hkv) D]` in place of q, k and v: at each position
+    /// the `q_heads` query heads, then the `kv_heads` key heads, then the value heads, `D`
+    /// features each (FlashAttention's `qkvpacked`, GPT-2's `c_attn` projection). The
+    /// result is `[B, T, Hq, D]` as in [`AttentionLayout::Bthd`]; the backward's result
+    /// is the gradient of `qkv`, of its shape.
+    Packed {
+        /// Query heads.
+        q_heads: usize,
+        /// Key (and value) heads.
+        kv_heads: usize,
+    },
 }
 
 impl AttentionLayout {
-    /// `(batch, heads, time, features)` of a 4-axis shape in this layout.
+    /// `(batch, heads, time, features)` of a 4-axis shape in this layout (the packed
+    /// layout's result is `[B, T, H, D]`).
     pub fn split(self, d: &[usize]) -> (usize, usize, usize, usize) {
         match self {
             AttentionLayout::Bhtd => (d[0], d[1], d[2], d[3]),
-            AttentionLayout::Bthd => (d[0], d[2], d[1], d[3]),
+            _ => (d[0], d[2], d[1], d[3]),
         }
     }
 
@@ -595,7 +607,15 @@ impl AttentionLayout {
     pub fn shape(self, b: usize, h: usize, t: usize, d: usize) -> [usize; 4] {
         match self {
             AttentionLayout::Bhtd => [b, h, t, d],
-            AttentionLayout::Bthd => [b, t, h, d],
+            _ => [b, t, h, d],
+        }
+    }
+
+    /// Tensor operands in front of the extras: 1 when packed, else 3 (q, k, v).
+    pub fn tensors(self) -> usize {
+        match self {
+            AttentionLayout::Packed { .. } => 1,
+            _ => 3,
         }
     }
 
@@ -611,7 +631,7 @@ impl AttentionLayout {
     ) -> (usize, usize) {
         match self {
             AttentionLayout::Bhtd => (((b * heads + h) * time + t) * features, features),
-            AttentionLayout::Bthd => (((b * time + t) * heads + h) * features, heads * features),
+            _ => (((b * time + t) * heads + h) * features, heads * features),
         }
     }
 }
@@ -706,8 +726,8 @@ impl Op {
             Op::ScatterAdd { .. } => 3,
             Op::Concat { parts, .. } => *parts,
             Op::Pad { .. } => 1,
-            Op::Attention(s) => 3 + s.extras(),
-            Op::AttentionBackward(s) => 5 + s.extras(),
+            Op::Attention(s) => s.layout.tensors() + s.extras(),
+            Op::AttentionBackward(s) => s.layout.tensors() + 2 + s.extras(),
         }
     }
 

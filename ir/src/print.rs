@@ -109,8 +109,14 @@ fn write_op(out: &mut String, g: &Graph, id: NodeId, num: &HashMap<NodeId, usize
                 spec.causal.name(),
                 const_text(spec.scale, DType::F32)
             );
-            if spec.layout == crate::op::AttentionLayout::Bthd {
-                let _ = write!(out, ", layout=bthd");
+            match spec.layout {
+                crate::op::AttentionLayout::Bhtd => {}
+                crate::op::AttentionLayout::Bthd => {
+                    let _ = write!(out, ", layout=bthd");
+                }
+                crate::op::AttentionLayout::Packed { q_heads, kv_heads } => {
+                    let _ = write!(out, ", layout=packed({q_heads},{kv_heads})");
+                }
             }
             if spec.bias {
                 let _ = write!(out, ", bias");

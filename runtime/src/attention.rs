@@ -240,6 +240,12 @@ fn product<T: Real>(
     }
 }
 
+/// The keys and the values of an attention whose operands are not packed.
+type KeysValues<'a, T> = (Cow<'a, [T]>, Cow<'a, [T]>);
+
+/// The offset of query row `(h, i)` in a backward task's dQ buffer.
+type RowAt<'b> = &'b (dyn Fn(usize, usize) -> usize + Sync);
+
 /// The extents and extra operands of one attention.
 struct Problem<'a, T: Real> {
     spec: AttentionSpec,
@@ -250,9 +256,12 @@ struct Problem<'a, T: Real> {
     tk: usize,
     d: usize,
     dv: usize,
+    /// q, or the packed qkv.
     q: Cow<'a, [T]>,
-    k: Cow<'a, [T]>,
-    v: Cow<'a, [T]>,
+    /// k and v (none when packed in `q`).
+    kv: Option<KeysValues<'a, T>>,
+    /// The packed layout's row width `(Hq + 2 Hkv) D` (0 otherwise).
+    width: usize,
     /// The bias's values and extents `[B|1, Hq|1, Tq|1, Tk|1]`.
     bias: Option<(Cow<'a, [T]>, [usize; 4])>,
     lengths: Option<&'a [i64]>,
@@ -261,9 +270,8 @@ struct Problem<'a, T: Real> {
 
 impl<'a, T: Real> Problem<'a, T> {
     fn new(spec: &AttentionSpec, ops: &[&'a HostArray], backward: bool) -> Self {
-        let (q, k, v) = (ops[0], ops[1], ops[2]);
-        let (qd, kd, vd) = (q.shape().dims(), k.shape().dims(), v.shape().dims());
-        let mut rest = ops[if backward { 5 } else { 3 }..].iter();
+        let n = spec.layout.tensors();
+        let mut rest = ops[if backward { n + 2 } else { n }..].iter();
         let bias = spec.bias.then(|| {
             let a = rest.next().expect("infer counts the operands");
             let d = a.shape().dims();
@@ -278,8 +286,20 @@ impl<'a, T: Real> Problem<'a, T> {
         let key = spec
             .dropout
             .map(|_| rest.next().expect("counted").storage().get_i64(0));
-        let split = |d: &[usize]| spec.layout.split(d);
-        let ((b, hq, tq, d), (_, hkv, tk, _)) = (split(qd), split(kd));
+        let (b, hq, hkv, tq, tk, d, dv, width, kv) = match spec.layout {
+            AttentionLayout::Packed { q_heads, kv_heads } => {
+                let s = ops[0].shape().dims();
+                let d = s[2] / (q_heads + 2 * kv_heads);
+                (s[0], q_heads, kv_heads, s[1], s[1], d, d, s[2], None)
+            }
+            layout => {
+                let split = |a: &HostArray| layout.split(a.shape().dims());
+                let ((b, hq, tq, d), (_, hkv, tk, _)) = (split(ops[0]), split(ops[1]));
+                let dv = split(ops[2]).3;
+                let kv = Some((T::read(ops[1]), T::read(ops[2])));
+                (b, hq, hkv, tq, tk, d, dv, 0, kv)
+            }
+        };
         Problem {
             spec: *spec,
             b,
@@ -288,19 +308,38 @@ impl<'a, T: Real> Problem<'a, T> {
             tq,
             tk,
             d,
-            dv: split(vd).3,
-            q: T::read(q),
-            k: T::read(k),
-            v: T::read(v),
+            dv,
+            q: T::read(ops[0]),
+            kv,
+            width,
             bias,
             lengths,
             key,
         }
     }
 
+    /// The keys (the packed qkv when packed).
+    fn k(&self) -> &[T] {
+        self.kv.as_ref().map_or(&self.q, |(k, _)| k)
+    }
+
+    /// The values (the packed qkv when packed).
+    fn v(&self) -> &[T] {
+        self.kv.as_ref().map_or(&self.q, |(_, v)| v)
+    }
+
+    /// Row `t` of head `head` (counted over q's, then k's, then v's heads) of the packed
+    /// qkv of batch `b`.
+    fn packed_row(&self, b: usize, head: usize, t: usize) -> (usize, usize) {
+        ((b * self.tq + t) * self.width + head * self.d, self.width)
+    }
+
     /// Query row `(b, h, i)` of q: its offset and the distance to row `i + 1`.
     fn q_row(&self, b: usize, h: usize, i: usize) -> (usize, usize) {
-        self.spec.layout.row((b, h, i), self.hq, self.tq, self.d)
+        match self.spec.layout {
+            AttentionLayout::Packed { .. } => self.packed_row(b, h, i),
+            layout => layout.row((b, h, i), self.hq, self.tq, self.d),
+        }
     }
 
     /// Row `(b, h, i)` of the result (and of o and do).
@@ -310,12 +349,18 @@ impl<'a, T: Real> Problem<'a, T> {
 
     /// Key row `(b, kh, j)` of k.
     fn k_row(&self, b: usize, kh: usize, j: usize) -> (usize, usize) {
-        self.spec.layout.row((b, kh, j), self.hkv, self.tk, self.d)
+        match self.spec.layout {
+            AttentionLayout::Packed { .. } => self.packed_row(b, self.hq + kh, j),
+            layout => layout.row((b, kh, j), self.hkv, self.tk, self.d),
+        }
     }
 
     /// Value row `(b, kh, j)` of v.
     fn v_row(&self, b: usize, kh: usize, j: usize) -> (usize, usize) {
-        self.spec.layout.row((b, kh, j), self.hkv, self.tk, self.dv)
+        match self.spec.layout {
+            AttentionLayout::Packed { .. } => self.packed_row(b, self.hq + self.hkv + kh, j),
+            layout => layout.row((b, kh, j), self.hkv, self.tk, self.dv),
+        }
     }
 
     /// Keys query `i` of batch `b` sees: `0..seen(b, i)`.
@@ -374,7 +419,7 @@ impl<'a, T: Real> Problem<'a, T> {
             s,
             BLOCK_K,
             (&self.q[qo..], 1, qs),
-            (&self.k[ko..], ks, 1),
+            (&self.k()[ko..], ks, 1),
             scale,
             false,
         );
@@ -435,8 +480,9 @@ fn attention<T: Real>(
     let run = |dst: &mut [T]| {
         dst.fill(T::ZERO);
         if backward {
-            let o = T::read(ops[3]);
-            let d_o = T::read(ops[4]);
+            let n = spec.layout.tensors();
+            let o = T::read(ops[n]);
+            let d_o = T::read(ops[n + 1]);
             self::backward(&p, &o, &d_o, dst);
         } else {
             forward(&p, dst);
@@ -476,7 +522,7 @@ fn forward<T: Real>(p: &Problem<T>, out: &mut [T]) {
                 })
         }
         // A task per (batch, block of queries), every head: their rows are one slice.
-        AttentionLayout::Bthd => {
+        _ => {
             let row = p.hq * p.dv;
             out.par_chunks_mut(p.tq * row)
                 .enumerate()
@@ -545,7 +591,7 @@ fn forward_block<T: Real>(
             o,
             drs,
             (&e, 1, BLOCK_K),
-            (&p.v[vo..], 1, vs),
+            (&p.v()[vo..], 1, vs),
             T::of(1.0),
             true,
         );
@@ -668,7 +714,7 @@ fn grad_block<T: Real>(
         dp,
         BLOCK_K,
         (&d_o[oo..], 1, os),
-        (&p.v[vo..], vs, 1),
+        (&p.v()[vo..], vs, 1),
         T::of(1.0),
         false,
     );
@@ -706,27 +752,26 @@ impl<T: Real> Scratch<T> {
     }
 }
 
-/// Where a backward task writes dQ: its slice, the offset of query row `(h, i)` in
-/// it, and the distance between rows.
-struct DqView<'a, T> {
-    data: &'a mut [T],
-    at: &'a (dyn Fn(usize, usize) -> usize + Sync),
-    drs: usize,
+/// Where a backward task writes: its buffers (one when q, k and v are packed), and for
+/// dK and dV the buffer, the offset of the block's first key row and the distance
+/// between rows; for dQ, when the task accumulates it, the buffer, the offset of query
+/// row `(h, i)` and the distance between rows.
+struct Grads<'a, 'b, T> {
+    bufs: &'b mut [&'a mut [T]],
+    dk: (usize, usize, usize),
+    dv: (usize, usize, usize),
+    dq: Option<(usize, RowAt<'b>, usize)>,
 }
 
 /// One block of keys `j0..j0 + cols` of key/value head `kh`: `dV += P^T dO` and
 /// `dK += dS^T Q` over the query blocks (in order) of every query head sharing it, and,
-/// when `dq` is given, `dQ += dS K` for each. `dk` and `dv` start at the block's first
-/// key row, `drs` apart.
-#[allow(clippy::too_many_arguments)]
+/// when the destination has dQ, `dQ += dS K` for each.
 fn key_block<T: Real>(
     p: &Problem<T>,
     stats: (&[T], &[T]),
     d_o: &[T],
     (b, kh, j0, cols): (usize, usize, usize, usize),
-    (dk, dks): (&mut [T], usize),
-    (dv, dvs): (&mut [T], usize),
-    mut dq: Option<&mut DqView<'_, T>>,
+    g: &mut Grads<'_, '_, T>,
     w: &mut Scratch<T>,
 ) {
     let group = p.hq / p.hkv;
@@ -750,32 +795,34 @@ fn key_block<T: Real>(
             let one = T::of(1.0);
             let (oo, os) = p.o_row(b, h, i0);
             let (qo, qs) = p.q_row(b, h, i0);
+            let (buf, at, drs) = g.dv;
             product(
                 (cols, p.dv, rows),
-                dv,
-                dvs,
+                &mut g.bufs[buf][at..],
+                drs,
                 (&w.pd, BLOCK_K, 1),
                 (&d_o[oo..], 1, os),
                 one,
                 true,
             );
+            let (buf, at, drs) = g.dk;
             product(
                 (cols, p.d, rows),
-                dk,
-                dks,
+                &mut g.bufs[buf][at..],
+                drs,
                 (&w.s, BLOCK_K, 1),
                 (&p.q[qo..], 1, qs),
                 one,
                 true,
             );
-            if let Some(dq) = dq.as_deref_mut() {
-                let at = (dq.at)(h, i0);
+            if let Some((buf, at, drs)) = g.dq {
+                let at = at(h, i0);
                 product(
                     (rows, p.d, cols),
-                    &mut dq.data[at..],
-                    dq.drs,
+                    &mut g.bufs[buf][at..],
+                    drs,
                     (&w.s, 1, BLOCK_K),
-                    (&p.k[ko..], 1, ks),
+                    (&p.k()[ko..], 1, ks),
                     one,
                     true,
                 );
@@ -795,15 +842,39 @@ fn key_block<T: Real>(
 /// each element, so the bits do not depend on which ran. In the `[B, T, H, D]` layout a
 /// batch's rows of every head are one slice: one task per batch.
 fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T], out: &mut [T]) {
-    let (nq, nk) = (p.q.len(), p.k.len());
     if p.tq == 0 || p.tk == 0 || p.b == 0 || p.hq == 0 {
         return;
     }
     let (lse, dd) = row_stats(p, o, d_o);
     let stats = (&lse[..], &dd[..]);
+    let group = p.hq / p.hkv;
+    if let AttentionLayout::Packed { .. } = p.spec.layout {
+        // The gradient of qkv: a batch's rows hold dQ, dK and dV side by side.
+        let w = p.width;
+        let at = move |h: usize, i: usize| i * w + h * p.d;
+        out.par_chunks_mut(p.tq * w)
+            .enumerate()
+            .for_each(|(b, chunk)| {
+                let mut scratch = Scratch::new();
+                let mut bufs = [chunk];
+                for kh in 0..p.hkv {
+                    for j0 in (0..p.tk).step_by(BLOCK_K) {
+                        let cols = BLOCK_K.min(p.tk - j0);
+                        let mut g = Grads {
+                            bufs: &mut bufs,
+                            dk: (0, j0 * w + (p.hq + kh) * p.d, w),
+                            dv: (0, j0 * w + (p.hq + p.hkv + kh) * p.d, w),
+                            dq: Some((0, &at, w)),
+                        };
+                        key_block(p, stats, d_o, (b, kh, j0, cols), &mut g, &mut scratch);
+                    }
+                }
+            });
+        return;
+    }
+    let (nq, nk) = (p.q.len(), p.k().len());
     let (dq, rest) = out.split_at_mut(nq);
     let (dk, dv) = rest.split_at_mut(nk);
-    let group = p.hq / p.hkv;
     if p.spec.layout == AttentionLayout::Bthd {
         let (qrow, krow, vrow) = (p.hq * p.d, p.hkv * p.d, p.hkv * p.dv);
         let at = move |h: usize, i: usize| i * qrow + h * p.d;
@@ -812,25 +883,18 @@ fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T], out: &mut [T]) {
             .zip(dv.par_chunks_mut(p.tk * vrow))
             .enumerate()
             .for_each(|(b, ((dq, dk), dv))| {
-                let mut w = Scratch::new();
-                let mut view = DqView {
-                    data: dq,
-                    at: &at,
-                    drs: qrow,
-                };
+                let mut scratch = Scratch::new();
+                let mut bufs = [dk, dv, dq];
                 for kh in 0..p.hkv {
                     for j0 in (0..p.tk).step_by(BLOCK_K) {
                         let cols = BLOCK_K.min(p.tk - j0);
-                        key_block(
-                            p,
-                            stats,
-                            d_o,
-                            (b, kh, j0, cols),
-                            (&mut dk[j0 * krow + kh * p.d..], krow),
-                            (&mut dv[j0 * vrow + kh * p.dv..], vrow),
-                            Some(&mut view),
-                            &mut w,
-                        );
+                        let mut g = Grads {
+                            bufs: &mut bufs,
+                            dk: (0, j0 * krow + kh * p.d, krow),
+                            dv: (1, j0 * vrow + kh * p.dv, vrow),
+                            dq: Some((2, &at, qrow)),
+                        };
+                        key_block(p, stats, d_o, (b, kh, j0, cols), &mut g, &mut scratch);
                     }
                 }
             });
@@ -844,24 +908,17 @@ fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T], out: &mut [T]) {
             .for_each(|(bkh, ((dq, dk), dv))| {
                 let (b, kh) = (bkh / p.hkv, bkh % p.hkv);
                 let at = move |h: usize, i: usize| ((h - kh * group) * p.tq + i) * p.d;
-                let mut view = DqView {
-                    data: dq,
-                    at: &at,
-                    drs: p.d,
-                };
-                let mut w = Scratch::new();
+                let mut scratch = Scratch::new();
+                let mut bufs = [dk, dv, dq];
                 for j0 in (0..p.tk).step_by(BLOCK_K) {
                     let cols = BLOCK_K.min(p.tk - j0);
-                    key_block(
-                        p,
-                        stats,
-                        d_o,
-                        (b, kh, j0, cols),
-                        (&mut dk[j0 * p.d..], p.d),
-                        (&mut dv[j0 * p.dv..], p.dv),
-                        Some(&mut view),
-                        &mut w,
-                    );
+                    let mut g = Grads {
+                        bufs: &mut bufs,
+                        dk: (0, j0 * p.d, p.d),
+                        dv: (1, j0 * p.dv, p.dv),
+                        dq: Some((2, &at, p.d)),
+                    };
+                    key_block(p, stats, d_o, (b, kh, j0, cols), &mut g, &mut scratch);
                 }
             });
         return;
@@ -879,7 +936,14 @@ fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T], out: &mut [T]) {
                     let cols = dk.len() / p.d;
                     let mut w = Scratch::new();
                     let block = (b, kh, kb * BLOCK_K, cols);
-                    key_block(p, stats, d_o, block, (dk, p.d), (dv, p.dv), None, &mut w);
+                    let mut bufs = [dk, dv];
+                    let mut g = Grads {
+                        bufs: &mut bufs,
+                        dk: (0, 0, p.d),
+                        dv: (1, 0, p.dv),
+                        dq: None,
+                    };
+                    key_block(p, stats, d_o, block, &mut g, &mut w);
                 });
         });
     // dQ: one task per (batch, query head, block of queries).
@@ -916,7 +980,7 @@ fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T], out: &mut [T]) {
                             dq,
                             p.d,
                             (&w.s, 1, BLOCK_K),
-                            (&p.k[ko..], 1, ks),
+                            (&p.k()[ko..], 1, ks),
                             T::of(1.0),
                             true,
                         );

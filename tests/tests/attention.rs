@@ -609,3 +609,57 @@ fn the_bthd_layout_is_the_bhtd_one_transposed() {
         }
     }
 }
+
+#[test]
+fn packed_qkv_is_the_bthd_attention_of_its_slices() {
+    // qkv [B, T, (Hq + 2 Hkv) D]: the result equals attention of its three slices, and
+    // the backward node's result (qkv's gradient) equals the gradient through the slices
+    // of the unfused graph; causal, grouped heads, key lengths and dropout; f64 on the
+    // interpreter and the CPU routine, f32 on the routine against the f64 reference.
+    for backend in [BackendKind::Interp, BackendKind::Cpu] {
+        let ctx = ctx(backend);
+        for (b, t, hq, hkv, d, lengths, dropout) in [
+            (2, 9, 4, 2, 8, Some(vec![9i64, 4]), None),
+            (1, 150, 2, 1, 16, None, Some(0.1)),
+            (3, 70, 4, 4, 8, Some(vec![70, 0, 33]), None),
+        ] {
+            let w = (hq + 2 * hkv) * d;
+            let qkv = ctx
+                .from_slice(&vals(b * t * w, 21), &[b, t, w])
+                .expect("qkv");
+            let r = ctx
+                .from_slice(&vals(b * t * hq * d, 22), &[b, t, hq, d])
+                .expect("r");
+            let mut opts = Attention::new().causal(Causal::TopLeft).scale(0.4);
+            if let Some(l) = &lengths {
+                opts = opts.key_lengths(&ctx.from_vec(l.clone(), &[b]).expect("lengths"));
+            }
+            if let Some(p) = dropout {
+                opts = opts.dropout(p, &ctx.key(3));
+            }
+            let o = qkv.attention_qkv(hq, hkv, &opts);
+            let g = ndfuse::grad(&(&o * &r).sum(..), &[&qkv]).expect("grad");
+            let ou = qkv.attention_qkv(hq, hkv, &opts.clone().unfused());
+            let gu = ndfuse::grad(&(&ou * &r).sum(..), &[&qkv]).expect("grad");
+            let got = ctx.eval(&[&o, &g[0]]).expect("packed");
+            let want = ctx.eval(&[&ou, &gu[0]]).expect("unfused");
+            for ((g, w), name) in got.iter().zip(&want).zip(["o", "dqkv"]) {
+                close(&format!("{backend:?} packed t={t} {name}"), g, w, 1e-12);
+            }
+            if backend == BackendKind::Cpu {
+                let (f, r32) = (qkv.cast(DType::F32), r.cast(DType::F32));
+                let f = ctx.tensor(f.eval().expect("f32"));
+                let o = f.attention_qkv(hq, hkv, &opts);
+                let g = ndfuse::grad(
+                    &(&o.cast(DType::F64) * &r32.cast(DType::F64)).sum(..),
+                    &[&f],
+                );
+                let got = ctx.eval(&[&o, &g.expect("grad")[0]]).expect("f32");
+                let bound = (d + 2 * t + 16) as f64 * unit(DType::F32);
+                for ((g, w), name) in got.iter().zip(&want).zip(["o", "dqkv"]) {
+                    close(&format!("f32 packed t={t} {name}"), g, w, bound);
+                }
+            }
+        }
+    }
+}

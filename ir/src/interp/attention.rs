@@ -136,6 +136,12 @@ fn row(
 
 /// [`crate::Op::Attention`]: `[B, Hq, Tq, Dv]`, rounded once to `dtype`.
 pub(super) fn attention(spec: &AttentionSpec, operands: &[&Tensor], dtype: DType) -> Vals {
+    if let AttentionLayout::Packed { q_heads, kv_heads } = spec.layout {
+        let (parts, bthd) = unpack(spec, operands[0], q_heads, kv_heads);
+        let mut ops: Vec<&Tensor> = parts.iter().collect();
+        ops.extend(&operands[1..]);
+        return attention(&bthd, &ops, dtype);
+    }
     let (q, k, v) = (operands[0], operands[1], operands[2]);
     let m = dims(spec.layout, q, k, v);
     let x = extras(spec, &operands[3..]);
@@ -164,6 +170,15 @@ pub(super) fn attention(spec: &AttentionSpec, operands: &[&Tensor], dtype: DType
 /// `dtype`. `D_i = sum_j p_ij dp_ij` is computed from the probabilities (it equals
 /// `do_i . o_i`, which the routines use).
 pub(super) fn attention_backward(spec: &AttentionSpec, operands: &[&Tensor], dtype: DType) -> Vals {
+    if let AttentionLayout::Packed { q_heads, kv_heads } = spec.layout {
+        let (parts, bthd) = unpack(spec, operands[0], q_heads, kv_heads);
+        let mut ops: Vec<&Tensor> = parts.iter().collect();
+        ops.extend(&operands[1..]);
+        let Vals::F(flat) = attention_backward(&bthd, &ops, dtype) else {
+            unreachable!("attention's gradients are floats")
+        };
+        return Vals::F(pack(&flat, operands[0], q_heads, kv_heads));
+    }
     let (q, k, v, d_o) = (operands[0], operands[1], operands[2], operands[4]);
     let m = dims(spec.layout, q, k, v);
     let x = extras(spec, &operands[5..]);
@@ -214,4 +229,51 @@ pub(super) fn attention_backward(spec: &AttentionSpec, operands: &[&Tensor], dty
             .map(|v| round_f64(v, dtype))
             .collect(),
     )
+}
+
+/// The packed `qkv [B, T, (Hq + 2 Hkv) D]` as q, k, v in the `[B, T, H, D]` layout, and
+/// the spec in that layout.
+fn unpack(
+    spec: &AttentionSpec,
+    qkv: &Tensor,
+    hq: usize,
+    hkv: usize,
+) -> ([Tensor; 3], AttentionSpec) {
+    let d3 = qkv.shape.dims();
+    let (b, t, w) = (d3[0], d3[1], d3[2]);
+    let d = w / (hq + 2 * hkv);
+    let vals = floats(qkv);
+    let part = |first: usize, heads: usize| {
+        let mut out = Vec::with_capacity(b * t * heads * d);
+        for row in 0..b * t {
+            out.extend_from_slice(&vals[row * w + first * d..][..heads * d]);
+        }
+        Tensor {
+            dtype: qkv.dtype,
+            shape: crate::shape::Shape::new([b, t, heads, d]),
+            vals: Vals::F(out),
+        }
+    };
+    let parts = [part(0, hq), part(hq, hkv), part(hq + hkv, hkv)];
+    let bthd = AttentionSpec {
+        layout: AttentionLayout::Bthd,
+        ..*spec
+    };
+    (parts, bthd)
+}
+
+/// `dq`, `dk`, `dv` (flat, `[B, T, H, D]` each, one after another) packed as `qkv`.
+fn pack(flat: &[f64], qkv: &Tensor, hq: usize, hkv: usize) -> Vec<f64> {
+    let d3 = qkv.shape.dims();
+    let (b, t, w) = (d3[0], d3[1], d3[2]);
+    let d = w / (hq + 2 * hkv);
+    let mut out = vec![0.0; b * t * w];
+    let mut at = 0;
+    for (first, heads) in [(0, hq), (hq, hkv), (hq + hkv, hkv)] {
+        for row in 0..b * t {
+            out[row * w + first * d..][..heads * d].copy_from_slice(&flat[at..at + heads * d]);
+            at += heads * d;
+        }
+    }
+    out
 }
