@@ -12,7 +12,7 @@ decay to 1e-4, gradient norm clipped to 1). Prints the validation loss in bits p
 character. Initial weights differ (another generator), so expect the curves to agree
 to a few hundredths of a bit, not exactly.
 
-Run by hand, not in CI:  python3 scripts/train_gpt_torch.py [--steps 2000]
+Run by hand, not in CI:  python3 scripts/train_gpt_torch.py [--steps 2000] [--compile]
 Needs torch (CPU is enough: pip install torch).
 """
 
@@ -133,6 +133,7 @@ def main():
     ap.add_argument("--eval-batches", type=int, default=16)
     ap.add_argument("--data", default="/usr/share/games/fortunes")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's choice)")
+    ap.add_argument("--compile", action="store_true", help="train through torch.compile(model)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -146,6 +147,7 @@ def main():
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
         lr=1e-3, betas=(0.9, 0.99), eps=1e-8,
     )
+    step_model = torch.compile(model) if args.compile else model
     every = args.eval_every or max(args.steps // 8, 1)
     val_batches = [batch(val, VALIDATION_SEED, i) for i in range(args.eval_batches)]
 
@@ -164,7 +166,7 @@ def main():
         for g in opt.param_groups:
             g["lr"] = rate(step, args.steps)
         x, y = batch(train, TRAIN_SEED, step)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss = F.cross_entropy(step_model(x).flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
