@@ -27,7 +27,17 @@ impl Fuser<'_> {
             if self.role[&n] == Role::Routine {
                 let operands = self.g.operands(n);
                 let op = &self.g.node(n).op;
-                let reason = format!("{} runs as a routine of its own", op.name());
+                let reason = match op {
+                    Op::Attention(_) => "attention runs as a routine of its own: \
+                                         softmax(scale * q @ k^T + mask) @ v fused, the \
+                                         scores never stored"
+                        .to_string(),
+                    Op::AttentionBackward(_) => "attention_backward runs as a routine of \
+                                                 its own: dq, dk and dv from the \
+                                                 probabilities recomputed per block"
+                        .to_string(),
+                    _ => format!("{} runs as a routine of its own", op.name()),
+                };
                 lowered.push((
                     self.pos[&n],
                     Step::Interp {
