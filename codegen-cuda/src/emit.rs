@@ -77,15 +77,17 @@
 //! another: `elementwise`, `rows`, `columns`, `split`, and `gemm` for matrix products
 //! (with `gemm_wmma`, its tensor-core variant, which shares its staging, tile loop and
 //! epilogue body).
-//! This file picks the plan's file. `routine` stands apart: scatter-add, scans and
-//! argsort, graph nodes of their own rather than kernel descriptions, on `launch` and the
-//! per-op table only.
+//! This file picks the plan's file. `routine` stands apart: scatter-add, scans, argsort
+//! and attention (`attention`, its gradient in `attention_backward`), graph nodes of
+//! their own rather than kernel descriptions, on `launch` and the per-op table only.
 
 use crate::CudaError;
 use launch::{CudaKernel, CudaOptions};
 use ndfuse_ir::{Kernel, Plan};
 use source::Gen;
 
+pub(crate) mod attention;
+mod attention_backward;
 mod columns;
 mod elementwise;
 mod gemm;

@@ -39,6 +39,7 @@ mod index;
 mod nvrtc;
 mod scalar;
 
+pub use emit::attention::ATTENTION_MAX_HEAD_DIM;
 pub use emit::emit;
 pub use emit::launch::{CudaKernel, CudaOptions, Launch};
 pub use emit::routine::{

@@ -835,6 +835,160 @@ fn routine_kernels() -> Vec<CudaKernel> {
     ks
 }
 
+/// An attention node (`backward`: its gradient) over `q [B, Hq, Tq, D]`, `k`, `v
+/// [B, Hkv, Tk, D|Dv]` of `dtype` (in `spec`'s layout), with the extras `spec` asks for:
+/// an f32 bias `[1, Hq, 1, Tk]`, key lengths, a dropout key.
+fn attention_kernel(
+    spec: ndfuse_ir::AttentionSpec,
+    backward: bool,
+    dtype: DType,
+    [b, hq, hkv, tq, tk, d, dv]: [usize; 7],
+) -> CudaKernel {
+    let l = spec.layout;
+    let (qs, ks, vs) = (
+        l.shape(b, hq, tq, d),
+        l.shape(b, hkv, tk, d),
+        l.shape(b, hkv, tk, dv),
+    );
+    let os = l.shape(b, hq, tq, dv);
+    let qkv = [b, tq, (hq + 2 * hkv) * d];
+    let mut inputs: Vec<(DType, &[usize])> = match l {
+        ndfuse_ir::AttentionLayout::Packed { .. } => vec![(dtype, &qkv)],
+        _ => vec![(dtype, &qs), (dtype, &ks), (dtype, &vs)],
+    };
+    if backward {
+        inputs.extend([(dtype, &os[..]), (dtype, &os[..])]);
+    }
+    let bias = [1, hq, 1, tk];
+    let lens = [b];
+    if spec.bias {
+        inputs.push((DType::F32, &bias));
+    }
+    if spec.key_lengths {
+        inputs.push((DType::I64, &lens));
+    }
+    if spec.dropout.is_some() {
+        inputs.push((DType::I64, &[]));
+    }
+    let op = if backward {
+        ndfuse_ir::Op::AttentionBackward(spec)
+    } else {
+        ndfuse_ir::Op::Attention(spec)
+    };
+    routine_kernel(op, &inputs)
+}
+
+/// Attention's spec: `causal`, scale `1 / sqrt(d)`, all the extras when `extras`.
+fn attention_spec(
+    causal: ndfuse_ir::CausalMask,
+    layout: ndfuse_ir::AttentionLayout,
+    d: usize,
+    extras: bool,
+) -> ndfuse_ir::AttentionSpec {
+    ndfuse_ir::AttentionSpec {
+        layout,
+        causal,
+        scale: ndfuse_ir::Scalar::F(1.0 / (d as f64).sqrt()),
+        bias: extras,
+        key_lengths: extras,
+        dropout: extras.then_some(ndfuse_ir::Scalar::F(0.1)),
+    }
+}
+
+/// Every attention variant: each float dtype, forward and backward, with and without
+/// the extras, each layout, narrow and the widest heads.
+fn attention_kernels() -> Vec<CudaKernel> {
+    use ndfuse_ir::{AttentionLayout as L, CausalMask as M};
+    let mut ks = Vec::new();
+    for d in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        for backward in [false, true] {
+            ks.push(attention_kernel(
+                attention_spec(M::TopLeft, L::Bhtd, 64, true),
+                backward,
+                d,
+                [2, 8, 2, 300, 500, 64, 64],
+            ));
+            ks.push(attention_kernel(
+                attention_spec(M::BottomRight, L::Bthd, 16, false),
+                backward,
+                d,
+                [1, 4, 4, 7, 130, 16, 32],
+            ));
+        }
+    }
+    for backward in [false, true] {
+        let packed = L::Packed {
+            q_heads: 12,
+            kv_heads: 4,
+        };
+        ks.push(attention_kernel(
+            attention_spec(M::TopLeft, packed, 64, true),
+            backward,
+            DType::BF16,
+            [2, 12, 4, 256, 256, 64, 64],
+        ));
+        ks.push(attention_kernel(
+            attention_spec(M::None, L::Bhtd, 256, true),
+            backward,
+            DType::F64,
+            [1, 2, 1, 40, 40, 256, 256],
+        ));
+    }
+    ks
+}
+
+#[test]
+fn attention_routines_have_their_cuda_c_pinned() {
+    use ndfuse_ir::{AttentionLayout as L, CausalMask as M};
+    let kernels = vec![
+        attention_kernel(
+            attention_spec(M::TopLeft, L::Bhtd, 64, true),
+            false,
+            DType::F32,
+            [2, 8, 2, 300, 500, 64, 64],
+        ),
+        attention_kernel(
+            attention_spec(M::BottomRight, L::Bthd, 16, false),
+            true,
+            DType::F16,
+            [1, 4, 2, 7, 130, 16, 32],
+        ),
+    ];
+    insta::assert_snapshot!("cuda_attention", render(&kernels));
+}
+
+#[test]
+fn attention_emission_is_deterministic_and_wide_heads_go_to_the_host() {
+    assert_eq!(render(&attention_kernels()), render(&attention_kernels()));
+    let spec = attention_spec(
+        ndfuse_ir::CausalMask::None,
+        ndfuse_ir::AttentionLayout::Bhtd,
+        512,
+        false,
+    );
+    let wide = routine(
+        ndfuse_ir::Op::Attention(spec),
+        &[
+            (DType::F32, &[1, 2, 16, 512]),
+            (DType::F32, &[1, 2, 16, 512]),
+            (DType::F32, &[1, 2, 16, 64]),
+        ],
+        &CudaOptions::default(),
+    );
+    assert!(
+        matches!(&wide, ndfuse_codegen_cuda::RoutineCode::Host(why) if why.contains("512")),
+        "{wide:?}"
+    );
+}
+
+#[test]
+fn attention_routines_compile_with_nvrtc() {
+    if !nvrtc_or_skip("attention_routines_compile_with_nvrtc") {
+        return;
+    }
+    compile_all(&attention_kernels(), "attention routines");
+}
+
 #[test]
 fn routines_have_their_cuda_c_pinned() {
     use ndfuse_ir::{Op, ScanOp};

@@ -1413,7 +1413,7 @@ fn routine_results_do_not_depend_on_the_launch_shape() {
     };
     let dir = scratch_dir("routine_shapes");
     let normal = |u: u64| 0.5 + 4.0 * (uniform(u) - 0.5);
-    let cases = [
+    let mut cases = vec![
         routine_case(
             "cumsum f32 [3, 2500]".into(),
             ndfuse_ir::Op::Scan {
@@ -1442,6 +1442,12 @@ fn routine_results_do_not_depend_on_the_launch_shape() {
             ],
         ),
     ];
+    // Attention: 64 rows a block, then 32 (the tiles of keys stay as they are).
+    let attn = attn_cases();
+    cases.push(attention_case(&attn[1], false, 12));
+    cases.push(attention_case(&attn[5], false, 13));
+    cases.push(attention_case(&attn[2], true, 14));
+    cases.push(attention_case(&attn[5], true, 15));
     let shapes = [(256, 7), (32, 1), (128, 3)];
     let mut runs: Vec<Vec<Vec<u8>>> = Vec::new();
     for (block, grid) in shapes {
@@ -1476,4 +1482,271 @@ fn routine_results_do_not_depend_on_the_launch_shape() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------------------
+// Attention (`Op::Attention`, `Op::AttentionBackward`): the emitted routine against the
+// interpreter's f64 formulas. Tolerances, per element, relative to the element plus the
+// same relative to the largest magnitude of its segment (the output; dq, dk, dv of the
+// backward), since the sums over keys cancel: f64 1e-12, f32 2e-5, f16 2e-3 and bf16
+// 1.6e-2 (the rounding of one store, about one unit of their precision; the backward's
+// `D_i = do_i . o_i` reads the rounded forward result, which the reference's
+// `sum_j p_ij dp_ij` does not).
+// ---------------------------------------------------------------------------------------
+
+/// One attention test: extents `[B, Hq, Hkv, Tq, Tk, D, Dv]`, mask, layout and extras.
+struct AttnCase {
+    dtype: DType,
+    dims: [usize; 7],
+    causal: ndfuse_ir::CausalMask,
+    layout: ndfuse_ir::AttentionLayout,
+    /// The bias's dtype and extents (`[B|1, Hq|1, Tq|1, Tk|1]`): values in -1..1, with
+    /// `-inf` at every 7th element and along the whole of its second row.
+    bias: Option<(DType, [usize; 4])>,
+    lengths: Option<Vec<i64>>,
+    dropout: Option<f64>,
+}
+
+/// `AttnCase` as the routine node (`backward`: of its gradient, on the forward's result
+/// as `o`, as the gradient rule passes it) with its operands.
+fn attention_case(c: &AttnCase, backward: bool, seed: u64) -> RoutineCase {
+    use ndfuse_ir::{AttentionSpec, Op, Scalar};
+    let [b, hq, hkv, tq, tk, d, dv] = c.dims;
+    let spec = AttentionSpec {
+        layout: c.layout,
+        causal: c.causal,
+        scale: Scalar::F(1.0 / (d as f64).sqrt()),
+        bias: c.bias.is_some(),
+        key_lengths: c.lengths.is_some(),
+        dropout: c.dropout.map(Scalar::F),
+    };
+    let shape = |h, t, f| c.layout.shape(b, h, t, f);
+    let signed = |u: u64| 0.5 + 2.0 * (uniform(u) - 0.5);
+    let mut inputs = if let ndfuse_ir::AttentionLayout::Packed { .. } = c.layout {
+        assert!(tq == tk && d == dv, "packed: one T and one D");
+        vec![values(c.dtype, &[b, tq, (hq + 2 * hkv) * d], seed, &signed)]
+    } else {
+        vec![
+            values(c.dtype, &shape(hq, tq, d), seed, &signed),
+            values(c.dtype, &shape(hkv, tk, d), seed + 1, &signed),
+            values(c.dtype, &shape(hkv, tk, dv), seed + 2, &signed),
+        ]
+    };
+    let mut extras = Vec::new();
+    if let Some((bd, ext)) = c.bias {
+        let n: usize = ext.iter().product();
+        let row = ext[3];
+        let mut next = stream(seed + 3);
+        let v: Vec<f64> = (0..n)
+            .map(|e| {
+                if e % 7 == 3 || (e / row) == 1 {
+                    f64::NEG_INFINITY
+                } else {
+                    2.0 * uniform(next()) - 1.0
+                }
+            })
+            .collect();
+        extras.push(HostArray::from_f64s(bd, Shape::new(ext.to_vec()), &v));
+    }
+    if let Some(l) = &c.lengths {
+        extras.push(
+            HostArray::new(Shape::new([l.len()]), Storage::from_i64s(DType::I64, l))
+                .expect("length matches"),
+        );
+    }
+    if c.dropout.is_some() {
+        let key = [-0x1234_5678_9abc - seed as i64];
+        extras.push(
+            HostArray::new(Shape::scalar(), Storage::from_i64s(DType::I64, &key)).expect("one key"),
+        );
+    }
+    let what = format!(
+        "attention{} {} {:?} causal {:?} {:?}{}{}{}",
+        if backward { "_backward" } else { "" },
+        c.dtype,
+        c.dims,
+        c.causal,
+        c.layout,
+        c.bias
+            .map(|(bd, e)| format!(", bias {bd} {e:?}"))
+            .unwrap_or_default(),
+        c.lengths
+            .as_ref()
+            .map(|l| format!(", key lengths {l:?}"))
+            .unwrap_or_default(),
+        c.dropout
+            .map(|p| format!(", dropout {p}"))
+            .unwrap_or_default(),
+    );
+    let forward = {
+        let mut ops = inputs.clone();
+        ops.extend(extras.iter().cloned());
+        routine_case(what.clone(), Op::Attention(spec), ops)
+    };
+    if !backward {
+        return forward;
+    }
+    let refs: Vec<&HostArray> = forward.inputs.iter().collect();
+    let o = ndfuse_ir::interp::eval_node(&forward.node, &refs).expect("the forward evaluates");
+    inputs.push(o);
+    inputs.push(values(c.dtype, &shape(hq, tq, dv), seed + 4, &signed));
+    inputs.extend(extras);
+    routine_case(what, Op::AttentionBackward(spec), inputs)
+}
+
+fn attn_cases() -> Vec<AttnCase> {
+    use ndfuse_ir::{AttentionLayout as L, CausalMask as M};
+    let packed = |q_heads, kv_heads| L::Packed { q_heads, kv_heads };
+    let case = |dtype, dims, causal, layout| AttnCase {
+        dtype,
+        dims,
+        causal,
+        layout,
+        bias: None,
+        lengths: None,
+        dropout: None,
+    };
+    vec![
+        case(DType::F32, [2, 2, 2, 37, 37, 16, 16], M::None, L::Bhtd),
+        // Grouped heads; two blocks of query rows; Tq > Tk.
+        case(DType::F32, [1, 4, 2, 70, 45, 16, 24], M::TopLeft, L::Bhtd),
+        AttnCase {
+            lengths: Some(vec![45, 30]),
+            ..case(
+                DType::F32,
+                [2, 2, 1, 20, 45, 16, 16],
+                M::BottomRight,
+                L::Bhtd,
+            )
+        },
+        // Bottom-right with Tq > Tk: the first 25 rows see no key; a bias row all -inf.
+        AttnCase {
+            bias: Some((DType::F32, [1, 1, 45, 20])),
+            ..case(
+                DType::F32,
+                [1, 2, 2, 45, 20, 16, 16],
+                M::BottomRight,
+                L::Bhtd,
+            )
+        },
+        // Batch 0 has no key at all.
+        AttnCase {
+            bias: Some((DType::F64, [1, 4, 1, 40])),
+            lengths: Some(vec![0, 23]),
+            dropout: Some(0.25),
+            ..case(DType::F64, [2, 4, 2, 33, 40, 64, 64], M::TopLeft, L::Bhtd)
+        },
+        AttnCase {
+            bias: Some((DType::F32, [2, 1, 30, 50])),
+            dropout: Some(0.2),
+            ..case(DType::F32, [2, 2, 2, 30, 50, 64, 64], M::None, L::Bthd)
+        },
+        AttnCase {
+            bias: Some((DType::F32, [1, 2, 24, 1])),
+            lengths: Some(vec![40, 17]),
+            ..case(DType::F16, [2, 2, 1, 24, 40, 16, 16], M::TopLeft, L::Bhtd)
+        },
+        AttnCase {
+            dropout: Some(0.1),
+            ..case(
+                DType::BF16,
+                [1, 2, 2, 20, 30, 64, 32],
+                M::BottomRight,
+                L::Bhtd,
+            )
+        },
+        AttnCase {
+            lengths: Some(vec![-3, 100]),
+            ..case(DType::F64, [2, 2, 1, 17, 29, 16, 16], M::None, L::Bthd)
+        },
+        // One qkv operand; the backward writes qkv's gradient.
+        AttnCase {
+            lengths: Some(vec![31, 12]),
+            dropout: Some(0.15),
+            ..case(
+                DType::F32,
+                [2, 4, 2, 31, 31, 16, 16],
+                M::TopLeft,
+                packed(4, 2),
+            )
+        },
+        AttnCase {
+            bias: Some((DType::F64, [1, 2, 1, 24])),
+            ..case(DType::F64, [1, 2, 1, 24, 24, 16, 16], M::None, packed(2, 1))
+        },
+    ]
+}
+
+/// The bound of an attention element (see the section's head): `rtol` of the element
+/// plus `rtol` of the largest magnitude in its segment.
+fn attention_tolerance(c: &RoutineCase) -> RoutineTolerance {
+    let (rtol, _) = tolerance(c.node.dtype);
+    let refs: Vec<&HostArray> = c.inputs.iter().collect();
+    let want = ndfuse_ir::interp::eval_node(&c.node, &refs)
+        .expect("evaluates")
+        .to_f64s();
+    // Each element's segment: 0 for the forward; 0, 1, 2 for dq, dk, dv (packed: by the
+    // head the element's column falls in).
+    let segment: Vec<usize> = match c.node.op {
+        ndfuse_ir::Op::AttentionBackward(spec) => match spec.layout {
+            ndfuse_ir::AttentionLayout::Packed { q_heads, kv_heads } => {
+                let row = c.inputs[0].shape().dims()[2];
+                let d = row / (q_heads + 2 * kv_heads);
+                let head = |e: usize| (e % row) / d;
+                (0..want.len())
+                    .map(|e| {
+                        usize::from(head(e) >= q_heads) + usize::from(head(e) >= q_heads + kv_heads)
+                    })
+                    .collect()
+            }
+            _ => (0..3)
+                .flat_map(|i| std::iter::repeat_n(i, c.inputs[i].len()))
+                .collect(),
+        },
+        _ => vec![0; want.len()],
+    };
+    let mut big = [0.0f64; 3];
+    for (&s, v) in segment.iter().zip(&want) {
+        if v.is_finite() {
+            big[s] = big[s].max(v.abs());
+        }
+    }
+    Box::new(move |e, want| rtol * (want.abs() + big[segment[e]]))
+}
+
+#[test]
+fn attention_routines_compute_what_the_reference_does() {
+    let Some(cxx) = compiler() else {
+        eprintln!("skipped: no C++ compiler ($CXX or g++) to build the CUDA emulator");
+        return;
+    };
+    let dir = scratch_dir("attention");
+    let cases: Vec<RoutineCase> = attn_cases()
+        .iter()
+        .enumerate()
+        .flat_map(|(i, c)| [false, true].map(|backward| attention_case(c, backward, 10 * i as u64)))
+        .collect();
+    check_routines(&cxx, &dir, &cases, &SMALL_GRID, &attention_tolerance);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn attention_heads_past_the_bound_run_on_the_host() {
+    let c = attention_case(
+        &AttnCase {
+            dtype: DType::F32,
+            dims: [1, 1, 1, 2, 2, 300, 8],
+            causal: ndfuse_ir::CausalMask::None,
+            layout: ndfuse_ir::AttentionLayout::Bhtd,
+            bias: None,
+            lengths: None,
+            dropout: None,
+        },
+        false,
+        1,
+    );
+    match ndfuse_codegen_cuda::emit_routine(&c.node, &c.types, &CudaOptions::default()) {
+        Ok(ndfuse_codegen_cuda::RoutineCode::Host(why)) => assert!(why.contains("300"), "{why}"),
+        other => panic!("expected the host: {other:?}"),
+    }
 }

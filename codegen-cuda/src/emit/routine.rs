@@ -24,7 +24,12 @@
 //!   above `+inf`; descending: the keys' complement), ties broken by position, so the
 //!   sort is the stable one. Rows longer than [`ARGSORT_MAX_ROW`] get no kernel
 //!   ([`RoutineCode::Host`]): the runtime sorts them on the host.
+//! - **attention / attention_backward**: FlashAttention's streaming softmax, a thread
+//!   per query (or key) row, tiles staged through shared memory (`emit/attention.rs`,
+//!   the gradient's launches in `emit/attention_backward.rs`).
+//!   Heads wider than [`ATTENTION_MAX_HEAD_DIM`](crate::ATTENTION_MAX_HEAD_DIM) get no kernel.
 
+use super::attention;
 use super::launch::{CudaKernel, CudaOptions, Launch};
 use crate::scalar;
 use crate::CudaError;
@@ -51,10 +56,11 @@ pub enum RoutineCode {
     Host(String),
 }
 
-/// Renders routine `node` (scatter-add, a scan or argsort) applied to operands of types
-/// `operands` as CUDA C; [`RoutineCode::Host`] for any other op, and for argsort rows
-/// longer than [`ARGSORT_MAX_ROW`]. The text depends only on the node, the operand types
-/// and `opts`.
+/// Renders routine `node` (scatter-add, a scan, argsort, attention or its backward)
+/// applied to operands of types `operands` as CUDA C; [`RoutineCode::Host`] for any other
+/// op, for argsort rows longer than [`ARGSORT_MAX_ROW`] and for attention heads wider than
+/// [`ATTENTION_MAX_HEAD_DIM`](crate::ATTENTION_MAX_HEAD_DIM). The text depends only on the node, the operand types and
+/// `opts`.
 ///
 /// ```
 /// use ndfuse_codegen_cuda::{emit_routine, CudaOptions, RoutineCode};
@@ -74,7 +80,11 @@ pub fn emit_routine(
 ) -> Result<RoutineCode, CudaError> {
     if !matches!(
         node.op,
-        Op::ScatterAdd { .. } | Op::Scan { .. } | Op::Argsort { .. }
+        Op::ScatterAdd { .. }
+            | Op::Scan { .. }
+            | Op::Argsort { .. }
+            | Op::Attention(_)
+            | Op::AttentionBackward(_)
     ) {
         return Ok(RoutineCode::Host(format!(
             "{} has no CUDA routine",
@@ -114,6 +124,14 @@ pub fn emit_routine(
                 )));
             }
             argsort(x, *axis, *descending, *k, opts)
+        }
+        (Op::Attention(spec), _) | (Op::AttentionBackward(spec), _) => {
+            let backward = matches!(node.op, Op::AttentionBackward(_));
+            match attention::plan(spec, backward, operands, opts) {
+                Ok(a) if backward => a.backward_kernel(operands, opts),
+                Ok(a) => a.forward_kernel(operands, opts),
+                Err(why) => return Ok(RoutineCode::Host(why)),
+            }
         }
         _ => return Err(invalid(format!("{} operands", operands.len()))),
     };
