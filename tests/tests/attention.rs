@@ -663,3 +663,26 @@ fn packed_qkv_is_the_bthd_attention_of_its_slices() {
         }
     }
 }
+
+#[test]
+fn empty_extents_give_empty_or_zero_results() {
+    // No queries: an empty result; no keys: every row sees nothing, so zeros; and their
+    // gradients (zeros, of the operands' shapes).
+    for backend in [BackendKind::Interp, BackendKind::Cpu] {
+        let ctx = ctx(backend);
+        for (tq, tk) in [(0, 5), (4, 0), (0, 0)] {
+            let q = ctx.ones(&[2, 2, tq, 8]);
+            let k = ctx.ones(&[2, 2, tk, 8]);
+            let o = q.attention(&k, &k, false, 0.5);
+            let g = ndfuse::grad(&o.sum(..), &[&q, &k]).expect("grads");
+            let out = ctx.eval(&[&o, &g[0], &g[1]]).expect("eval");
+            assert_eq!(out[0].shape(), &[2, 2, tq, 8]);
+            for a in &out {
+                assert!(
+                    a.to_f64_vec().iter().all(|&x| x == 0.0),
+                    "{backend:?} {tq} {tk}"
+                );
+            }
+        }
+    }
+}
