@@ -8,13 +8,17 @@
 //! trained model. `scripts/train_gpt_torch.py` is the same run in PyTorch.
 //!
 //! `cargo run --release -p ndfuse-nn --example train_gpt [-- --steps N --eval-every N
-//! --eval-batches N --out DIR --sample N --temperature T --greedy --data DIR]`
-//! (default 2000 steps, about 0.6 s each on two cores; `--steps 200` is a short run).
+//! --eval-batches N --out DIR --sample N --temperature T --greedy --data DIR
+//! --dtype f32|bf16|f16]` (default 2000 steps, about 0.6 s each on two cores; `--steps
+//! 200` is a short run). `--dtype bf16` or `f16` trains in mixed precision: the
+//! context's default dtype, so activations and products are half precision while the
+//! parameters and AdamW's moments stay f32; f16 scales the loss dynamically and reports
+//! the steps it skipped.
 //! Steps come as an argument, not an `NDFUSE_*` variable: ndfuse's configuration refuses
 //! `NDFUSE_*` variables that are not its keys. Files go to `DIR` (default `target/gpt`):
 //! `loss.csv`, `loss.svg`, `sample.txt`.
 
-use ndfuse::{Compiled, Context, Tensor};
+use ndfuse::{Compiled, Context, DType, Tensor};
 use ndfuse_nn::{
     cross_entropy_with_logits, plot_curves, CharCorpus, Curve, Gpt, GptConfig, Layer, Loss, Mode,
     Optimizer, Parameter, Progress, Schedule, Split, Trainer,
@@ -24,7 +28,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 const USAGE: &str = "--steps N, --eval-every N, --eval-batches N, --out DIR, --sample N, \
-                     --temperature T, --greedy, --data DIR";
+                     --temperature T, --greedy, --data DIR, --dtype f32|bf16|f16";
 const BATCH: usize = 32;
 const CONTEXT: usize = 128;
 /// The seeds of the training windows, the validation windows and the sampler.
@@ -41,6 +45,7 @@ struct Args {
     temperature: f64,
     greedy: bool,
     data: PathBuf,
+    dtype: DType,
 }
 
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
@@ -53,6 +58,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         temperature: 0.8,
         greedy: false,
         data: CharCorpus::FORTUNES_DIR.into(),
+        dtype: DType::F32,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -66,6 +72,14 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--temperature" => a.temperature = value("--temperature")?.parse()?,
             "--greedy" => a.greedy = true,
             "--data" => a.data = value("--data")?.into(),
+            "--dtype" => {
+                a.dtype = match value("--dtype")?.as_str() {
+                    "f32" => DType::F32,
+                    "bf16" => DType::BF16,
+                    "f16" => DType::F16,
+                    other => return Err(format!("--dtype {other:?}: f32, bf16 or f16").into()),
+                }
+            }
             other => return Err(format!("unknown argument {other:?} ({USAGE})").into()),
         }
     }
@@ -196,6 +210,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse()?;
     let start = Instant::now();
     let ctx = Context::new();
+    // Before the model is made: its parameters are then f32 master weights for a
+    // half-precision model (see ndfuse_nn::Parameter::new).
+    ctx.set_default_dtype(args.dtype)?;
     let corpus = CharCorpus::fortunes(&args.data)?;
     println!(
         "fortunes: {} files, {} characters ({} training, {} validation), vocabulary {} ({:.1} s to load)",
@@ -212,12 +229,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let model = Gpt::new(&ctx, &config)?;
     println!(
-        "GPT: {} blocks, {} heads, d_model {}, context {}, {} parameters (head tied)",
+        "GPT: {} blocks, {} heads, d_model {}, context {}, {} parameters (head tied); computing in {}, parameters in {}",
         config.n_layers,
         config.n_heads,
         config.d_model,
         config.context,
-        model.parameter_count()
+        model.parameter_count(),
+        args.dtype,
+        Parameter::master_dtype(&ctx)
     );
     let warmup = (args.steps / 20).max(1);
     let schedule = Schedule::Cosine {
@@ -257,11 +276,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let done = step + 1;
         train_curve.push((done as f64, loss));
         let secs = train_start.elapsed().as_secs_f64();
-        bar.update(
-            done,
-            loss,
-            (done as usize * BATCH * CONTEXT) as f64 / secs.max(1e-9),
-        );
+        let rate = (done as usize * BATCH * CONTEXT) as f64 / secs.max(1e-9);
+        match trainer.optimizer().loss_scaler() {
+            Some(s) => bar.update_scaled(done, loss, rate, s.scale(), s.skipped_steps()),
+            None => bar.update(done, loss, rate),
+        }
         let mut val = String::new();
         if done % args.eval_every == 0 || done == args.steps {
             let v = bits(validation.loss(trainer.model())?);
@@ -294,6 +313,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         per_step,
         total - steady,
     );
+    if let Some(s) = trainer.optimizer().loss_scaler() {
+        println!(
+            "loss scaling: {} of {} steps skipped (a gradient overflowed f16), final scale {}",
+            s.skipped_steps(),
+            args.steps,
+            s.scale()
+        );
+    }
     let csv_path = args.out.join("loss.csv");
     std::fs::write(&csv_path, csv)?;
     let svg = args.out.join("loss.svg");

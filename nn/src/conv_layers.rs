@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::init::Init;
-use crate::layers::{Layer, Mode};
+use crate::layers::{autocast, Layer, Mode};
 use crate::param::Parameter;
 use ndfuse::{Context, Conv, Pool, Tensor};
 
@@ -101,8 +101,9 @@ impl Conv2d {
 impl Layer for Conv2d {
     #[track_caller]
     fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
-        let b = self.bias.as_ref().map(|b| b.value());
-        x.conv2d(&self.weight.value(), b.as_ref(), &self.conv)
+        let x = autocast(x);
+        let b = self.bias.as_ref().map(|b| b.value_like(&x));
+        x.conv2d(&self.weight.value_like(&x), b.as_ref(), &self.conv)
     }
 
     fn parameters(&self) -> Vec<Parameter> {

@@ -6,7 +6,7 @@ use crate::data::{Batch, Dataset};
 use crate::error::Result;
 use crate::layers::Layer;
 use crate::plot::{plot_curves, Curve};
-use crate::progress::Progress;
+use crate::progress::{scale_status, Progress};
 use crate::train::{Scores, Trainer};
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -58,6 +58,10 @@ pub struct Epoch {
     pub seconds: f64,
     /// Training samples per second over the epoch.
     pub samples_per_sec: f64,
+    /// With dynamic loss scaling (f16): the scale at the epoch's end.
+    pub loss_scale: Option<f64>,
+    /// The steps of the epoch skipped because a gradient was not finite (loss scaling).
+    pub skipped_steps: u64,
 }
 
 /// Every epoch's record and every step's loss.
@@ -164,6 +168,7 @@ impl<M: Layer> Trainer<M> {
                 Box::new(batches)
             };
             let start = Instant::now();
+            let skipped_before = self.optimizer().skipped_steps();
             let (mut loss_sum, mut samples) = (0.0, 0usize);
             for batch in batches {
                 let batch = batch?;
@@ -173,8 +178,11 @@ impl<M: Layer> Trainer<M> {
                 loss_sum += loss * n as f64;
                 samples += n;
                 step += 1;
-                let secs = start.elapsed().as_secs_f64();
-                bar.update(step, loss, samples as f64 / secs.max(1e-9));
+                let rate = samples as f64 / start.elapsed().as_secs_f64().max(1e-9);
+                match self.optimizer().loss_scaler() {
+                    Some(s) => bar.update_scaled(step, loss, rate, s.scale(), s.skipped_steps()),
+                    None => bar.update(step, loss, rate),
+                }
             }
             let seconds = start.elapsed().as_secs_f64();
             let validation = match validation {
@@ -187,6 +195,8 @@ impl<M: Layer> Trainer<M> {
                 validation,
                 seconds,
                 samples_per_sec: samples as f64 / seconds.max(1e-9),
+                loss_scale: self.optimizer().loss_scaler().map(|s| s.scale()),
+                skipped_steps: self.optimizer().skipped_steps() - skipped_before,
             };
             bar.message(&epoch_line(&record));
             let flow = after_epoch(&record);
@@ -201,7 +211,8 @@ impl<M: Layer> Trainer<M> {
     }
 }
 
-/// `epoch 3: loss 0.1234, validation loss 0.2345, accuracy 96.1%, 51234 samples/s`.
+/// `epoch 3: loss 0.1234, validation loss 0.2345, accuracy 96.1%, 51234 samples/s`,
+/// and with loss scaling `, scale 2^15, 1 skipped` (the steps of this epoch).
 pub fn epoch_line(e: &Epoch) -> String {
     let mut s = format!("epoch {}: loss {:.4}", e.epoch + 1, e.train_loss);
     if let Some(v) = e.validation {
@@ -210,5 +221,9 @@ pub fn epoch_line(e: &Epoch) -> String {
             s += &format!(", accuracy {:.1}%", a * 100.0);
         }
     }
-    s + &format!(", {:.0} samples/s", e.samples_per_sec)
+    s += &format!(", {:.0} samples/s", e.samples_per_sec);
+    if let Some(scale) = e.loss_scale {
+        s += &format!(", {}", scale_status(scale, e.skipped_steps));
+    }
+    s
 }

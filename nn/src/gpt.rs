@@ -252,7 +252,7 @@ impl Layer for Gpt {
             Some(head) => head.forward(&h, mode),
             // logits = h @ E^T: the table's gradient sums the lookup's scatter-add and
             // this product's.
-            None => h.matmul(&self.tok.weight().value().transpose()),
+            None => h.matmul(&self.tok.weight().value_like(&h).transpose()),
         }
     }
 

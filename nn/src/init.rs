@@ -1,7 +1,10 @@
 //! Seeded initialisers: Glorot (Xavier) and He (Kaiming), uniform and normal, and
 //! constants. The same seed gives the same bits in every release: the draws come from
-//! the frontend's hand-written generator, not from a dependency.
+//! the frontend's hand-written generator, not from a dependency. In a context whose
+//! default dtype is f16 or bf16 the draws are f32 (the parameters' master dtype), the
+//! same bits an f32 context draws from the seed.
 
+use crate::param::Parameter;
 use ndfuse::{Context, Tensor};
 
 /// How a parameter's first values are drawn. `fan_in` and `fan_out` are the layer's
@@ -25,7 +28,9 @@ pub enum Init {
 }
 
 impl Init {
-    /// A data tensor of `shape` in `ctx`'s default dtype, drawn from `seed`.
+    /// A data tensor of `shape` in the dtype `ctx` keeps parameters in
+    /// ([`Parameter::master_dtype`]: the default dtype, or f32 when that is f16 or
+    /// bf16), drawn from `seed`.
     ///
     /// ```
     /// use ndfuse_nn::Init;
@@ -36,6 +41,31 @@ impl Init {
     /// # Ok::<(), ndfuse::Error>(())
     /// ```
     pub fn tensor(
+        &self,
+        ctx: &Context,
+        shape: &[usize],
+        fan_in: usize,
+        fan_out: usize,
+        seed: u64,
+    ) -> Tensor {
+        let dtype = Parameter::master_dtype(ctx);
+        if dtype == ctx.default_dtype() {
+            return self.draw(ctx, shape, fan_in, fan_out, seed);
+        }
+        // Drawn where the default dtype is the master dtype (the generator draws in the
+        // default dtype), then moved into `ctx` as data.
+        let wide = Context::builder()
+            .dtype(dtype)
+            .backend(ctx.backend())
+            .build();
+        match wide.map(|w| self.draw(&w, shape, fan_in, fan_out, seed).eval()) {
+            Ok(Ok(a)) => ctx.tensor(a),
+            // Out of memory, say: the draw in `ctx`, widened, carries the error on.
+            _ => self.draw(ctx, shape, fan_in, fan_out, seed).cast(dtype),
+        }
+    }
+
+    fn draw(
         &self,
         ctx: &Context,
         shape: &[usize],

@@ -1,13 +1,46 @@
 //! Layers: Linear, activations, LayerNorm, Dropout and Sequential. A layer's forward
 //! pass only builds lazy tensors; the training step evaluates forward, backward and the
 //! optimiser together as one graph.
+//!
+//! Mixed precision: in a context whose default dtype is f16 or bf16, a layer computes
+//! in that dtype ([`autocast`] of its input, [`Parameter::value_like`] of its f32
+//! parameters), and normalisation statistics are taken in f32 ([`in_f32`]).
 
 use crate::data::hash64;
 use crate::error::Result;
 use crate::init::Init;
 use crate::param::Parameter;
-use ndfuse::{Context, Tensor};
+use ndfuse::{Context, DType, Tensor};
 use std::fmt::Debug;
+
+/// `x` in the dtype layers compute in: the default dtype of `x`'s context when that is
+/// f16 or bf16 and `x` is a float tensor of another dtype (autocast: a half-precision
+/// context computes in half precision whatever its data comes in), else `x` itself.
+///
+/// ```
+/// use ndfuse::DType;
+/// let ctx = ndfuse::Context::builder().dtype(DType::BF16).build()?;
+/// let x = ctx.from_vec(vec![1.0f32, 2.0], &[2])?;
+/// assert_eq!(ndfuse_nn::autocast(&x).dtype()?, DType::BF16);
+/// # Ok::<(), ndfuse::Error>(())
+/// ```
+pub fn autocast(x: &Tensor) -> Tensor {
+    let half = x.context().default_dtype();
+    match x.dtype() {
+        Ok(d) if half.is_half() && d.is_float() && d != half => x.cast(half),
+        _ => x.clone(),
+    }
+}
+
+/// `f(x)` computed in f32 when `x` is f16 or bf16 (cast up, then the result back to
+/// `x`'s dtype): for statistics such as a normalisation's mean and variance, whose sums
+/// and differences lose too much in 8 or 11 bits of mantissa. Other dtypes as they are.
+pub fn in_f32(x: &Tensor, f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
+    match x.dtype() {
+        Ok(d) if d.is_half() => f(&x.cast(DType::F32)).cast(d),
+        _ => f(x),
+    }
+}
 
 /// Whether a forward pass trains (Dropout drops) or evaluates (Dropout passes through),
 /// and the random key of the step, from which each layer draws its own.
@@ -153,9 +186,10 @@ impl Linear {
 impl Layer for Linear {
     #[track_caller]
     fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
-        let y = x.matmul(&self.weight.value());
+        let x = autocast(x);
+        let y = x.matmul(&self.weight.value_like(&x));
         match &self.bias {
-            Some(b) => &y + &b.value(),
+            Some(b) => &y + &b.value_like(&x),
             None => y,
         }
     }
@@ -221,7 +255,9 @@ impl LayerNorm {
 
 impl Layer for LayerNorm {
     fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
-        &(&x.layernorm(-1, self.eps) * &self.weight.value()) + &self.bias.value()
+        let x = autocast(x);
+        let n = in_f32(&x, |x| x.layernorm(-1, self.eps));
+        &(&n * &self.weight.value_like(&x)) + &self.bias.value_like(&x)
     }
 
     fn parameters(&self) -> Vec<Parameter> {

@@ -4,6 +4,12 @@
 //! kernels, seeded data sets with a prefetch thread, `safetensors` checkpoints and a
 //! training loop with a progress bar and loss curves; transformer layers, a GPT and a
 //! character-level text corpus.
+//!
+//! Mixed precision: in a context whose default dtype is bf16 or f16
+//! (`ctx.set_default_dtype(DType::BF16)` before the model is made), parameters and the
+//! optimiser's state are f32 master copies while layers compute in the half dtype;
+//! normalisation statistics and losses are taken in f32; in f16 the optimiser scales
+//! the loss dynamically and skips steps whose gradients overflow ([`LossScale`]).
 
 mod checkpoint;
 mod conv_layers;
@@ -15,6 +21,7 @@ mod idx;
 mod init;
 mod layers;
 mod loss;
+mod loss_scale;
 mod optim;
 mod param;
 mod plot;
@@ -32,9 +39,12 @@ pub use fit::{epoch_line, Epoch, FitOptions, History};
 pub use gpt::{Gpt, GptConfig, Positions};
 pub use idx::{parse_idx, read_idx, FashionMnist, Idx, IdxValues};
 pub use init::Init;
-pub use layers::{Activation, Dropout, Layer, LayerNorm, Linear, Mode, Sequential};
+pub use layers::{
+    autocast, in_f32, Activation, Dropout, Layer, LayerNorm, Linear, Mode, Sequential,
+};
 pub use loss::{accuracy, cross_entropy_with_logits, mse};
-pub use optim::{clip_grad_norm, Method, Optimizer, Update};
+pub use loss_scale::LossScale;
+pub use optim::{clip_grad_norm, Gradients, Method, Optimizer, Update};
 pub use param::Parameter;
 pub use plot::{plot_curves, Curve};
 pub use progress::Progress;

@@ -6,8 +6,16 @@
 //! into one kernel). The step's rate and Adam's bias corrections change every step, so
 //! they enter as data (0-d leaves), never as constants: the compiled graph stays the
 //! same from step to step.
+//!
+//! Mixed precision: parameters and state are f32 master copies in a half-precision
+//! context (see [`Parameter::new`]), and in an f16 context the optimiser scales the
+//! loss dynamically ([`LossScale`]): [`Optimizer::gradients`] takes the gradients of
+//! the loss times the scale and divides them back, and [`Optimizer::update`] keeps the
+//! old parameters and state, by a select in the same graph, when a gradient is not
+//! finite; [`Optimizer::commit_checked`] then counts the step as skipped.
 
 use crate::error::{Error, Result};
+use crate::loss_scale::LossScale;
 use crate::param::Parameter;
 use crate::schedule::Schedule;
 use ndfuse::{Array, Context, DType, Tensor};
@@ -80,6 +88,20 @@ pub struct Update {
     /// The step's scalars, the data leaves the update reads: (dtype, role, leaf).
     /// Their values at a later step are [`Optimizer::scalar`] of the role.
     pub scalars: Vec<(DType, &'static str, Tensor)>,
+    /// With loss scaling, whether every gradient was finite (a 0-d bool): when it is
+    /// false, `params` and `state` are the old values, and the step is to be committed
+    /// as skipped ([`Optimizer::commit_checked`]). `None` without loss scaling.
+    pub finite: Option<Tensor>,
+}
+
+/// Gradients for [`Optimizer::update`] and the data leaves they read (the loss scale,
+/// when scaling): [`Optimizer::gradients`]'s result.
+#[derive(Debug, Clone)]
+pub struct Gradients {
+    /// One per parameter asked for, of the loss itself (unscaled).
+    pub grads: Vec<Tensor>,
+    /// The step scalars the graph reads: (dtype, role, leaf), as in [`Update::scalars`].
+    pub scalars: Vec<(DType, &'static str, Tensor)>,
 }
 
 /// An optimiser over a fixed list of parameters, with its state and step count.
@@ -110,6 +132,8 @@ pub struct Optimizer {
     /// `state[i][k]`: slot `k` of parameter `i` (zeros until the first step).
     state: Vec<Vec<Tensor>>,
     steps: u64,
+    /// Dynamic loss scaling, if on (by default in an f16 context).
+    scaler: Option<LossScale>,
 }
 
 impl Optimizer {
@@ -144,6 +168,11 @@ impl Optimizer {
             params: params.to_vec(),
             state,
             steps: 0,
+            // f16's range needs the loss scaled; bf16 has f32's exponent range.
+            scaler: params
+                .iter()
+                .any(|p| p.value().context().default_dtype() == DType::F16)
+                .then(LossScale::new),
         }
     }
 
@@ -193,11 +222,11 @@ impl Optimizer {
                 nesterov,
             };
             if (was == 0.0) != (momentum == 0.0) {
-                let (decay, clip) = (self.decay.clone(), self.clip);
+                let (decay, clip, scaler) = (self.decay.clone(), self.clip, self.scaler.take());
                 self = Optimizer::with(self.method, &self.params, 0.0)
                     .schedule(self.schedule.clone())
                     .weight_decay(self.weight_decay);
-                (self.decay, self.clip) = (decay, clip);
+                (self.decay, self.clip, self.scaler) = (decay, clip, scaler);
             }
         }
         self
@@ -281,6 +310,48 @@ impl Optimizer {
         self.clip
     }
 
+    /// Dynamic loss scaling with `scale`'s settings and state (`LossScale::new()`: start
+    /// at 2^16, double after 2000 finite steps), or none. On by default when a
+    /// parameter's context has f16 as its default dtype; bf16 needs none (it has f32's
+    /// exponent range). Set it before the first step: a trainer's compiled step keeps
+    /// the setting it was compiled with.
+    ///
+    /// ```
+    /// use ndfuse::DType;
+    /// use ndfuse_nn::{LossScale, Optimizer, Parameter};
+    /// let ctx = ndfuse::Context::builder().dtype(DType::F16).build()?;
+    /// let w = Parameter::new("w", &ctx.ones(&[2]))?;
+    /// let opt = Optimizer::adam(&[w.clone()], 1e-3);
+    /// assert_eq!((w.dtype(), opt.loss_scale()), (DType::F32, 65536.0));
+    /// let opt = opt.with_loss_scale(Some(LossScale::new().growth_interval(100)));
+    /// assert_eq!(opt.loss_scaler().map(LossScale::interval), Some(100));
+    /// # Ok::<(), ndfuse_nn::Error>(())
+    /// ```
+    pub fn with_loss_scale(mut self, scale: Option<LossScale>) -> Optimizer {
+        self.scaler = scale;
+        self
+    }
+
+    /// The loss-scaling state, if scaling is on.
+    pub fn loss_scaler(&self) -> Option<&LossScale> {
+        self.scaler.as_ref()
+    }
+
+    /// The loss-scaling state, to change between steps ([`LossScale::set_scale`]).
+    pub fn loss_scaler_mut(&mut self) -> Option<&mut LossScale> {
+        self.scaler.as_mut()
+    }
+
+    /// The scale the next step multiplies the loss by (1 without scaling).
+    pub fn loss_scale(&self) -> f64 {
+        self.scaler.as_ref().map_or(1.0, LossScale::scale)
+    }
+
+    /// The steps skipped so far because a gradient was not finite (0 without scaling).
+    pub fn skipped_steps(&self) -> u64 {
+        self.scaler.as_ref().map_or(0, LossScale::skipped_steps)
+    }
+
     /// The learning-rate schedule (replaces the constant rate given at construction).
     pub fn schedule(mut self, schedule: impl Into<Schedule>) -> Optimizer {
         self.schedule = schedule.into();
@@ -297,7 +368,7 @@ impl Optimizer {
         &self.params
     }
 
-    /// Steps taken so far.
+    /// Steps taken so far (skipped ones not counted).
     pub fn steps(&self) -> u64 {
         self.steps
     }
@@ -327,8 +398,46 @@ impl Optimizer {
             .collect()
     }
 
+    /// The gradients of `loss` with respect to `wrt` (lazy), as [`Optimizer::update`]
+    /// takes them. With loss scaling they are taken of `loss * S`, `S` a 0-d f32 data
+    /// leaf (role `loss_scale`, in the returned scalars) holding
+    /// [`Optimizer::loss_scale`], and multiplied by `1 / S` (role `inv_loss_scale`, in
+    /// f32 at least) again, so that
+    /// the backward pass of an f16 model runs on gradients `S` times larger: those too
+    /// small for f16 survive, and those that overflow make the step's gradients
+    /// non-finite, which the update detects. Without scaling: `ndfuse::grad`.
+    pub fn gradients(&self, loss: &Tensor, wrt: &[&Tensor]) -> Result<Gradients> {
+        let Some(scaler) = &self.scaler else {
+            return Ok(Gradients {
+                grads: ndfuse::grad(loss, wrt)?,
+                scalars: Vec::new(),
+            });
+        };
+        let s = scalar_leaf(loss.context(), DType::F32, scaler.scale());
+        let inv = scalar_leaf(loss.context(), DType::F32, 1.0 / scaler.scale());
+        let grads = ndfuse::grad(&(loss * &s), wrt)?
+            .into_iter()
+            .map(|g| {
+                let d = g.dtype()?;
+                let wide = if d == DType::F64 { d } else { DType::F32 };
+                // S is a power of two: multiplying by 1 / S is exact (short of
+                // underflow), and a product is cheaper than a quotient.
+                Ok((&g.cast(wide) * &inv).cast(d))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Gradients {
+            grads,
+            scalars: vec![
+                (DType::F32, "loss_scale", s),
+                (DType::F32, "inv_loss_scale", inv),
+            ],
+        })
+    }
+
     /// The lazy new parameters and state after a step with `grads` (one per parameter,
-    /// in order). Nothing changes until [`Optimizer::commit`].
+    /// in order; with loss scaling, the unscaled gradients [`Optimizer::gradients`]
+    /// gives). Nothing changes until [`Optimizer::commit`] or
+    /// [`Optimizer::commit_checked`].
     pub fn update(&self, grads: &[Tensor]) -> Result<Update> {
         if grads.len() != self.params.len() {
             return Err(Error::Argument {
@@ -340,13 +449,31 @@ impl Optimizer {
                 ),
             });
         }
+        // With loss scaling: a step whose gradients are not all finite keeps the old
+        // values, by a select in the graph (no host round trip before the update).
+        // The sum of the gradients' squares serves both: its square root is the norm
+        // clipping divides by, and it is finite exactly when every gradient is (short
+        // of an f32 overflow of the squares, gradients beyond 1e19, which would not
+        // make a sane step either). One pass over the gradients, not two.
+        let squares = (self.scaler.is_some() || self.clip.is_some())
+            .then(|| sum_of_squares(grads))
+            .flatten();
+        let finite = match (&self.scaler, &squares) {
+            (Some(_), Some(sq)) => Some(sq.lt(f64::INFINITY)),
+            (Some(_), None) => Some(Context::global().full_dtype(&[], 1.0, DType::Bool)),
+            (None, _) => None,
+        };
+        let keep = |new: Tensor, old: &Tensor| match &finite {
+            Some(f) => f.where_(&new, old),
+            None => new,
+        };
         let clipped;
-        let grads = match self.clip {
-            Some(max_norm) => {
-                clipped = clip_grad_norm(grads, max_norm).0;
+        let grads = match (self.clip, &squares) {
+            (Some(max_norm), Some(sq)) => {
+                clipped = clip_by_norm(grads, max_norm, &sq.sqrt());
                 &clipped[..]
             }
-            None => grads,
+            _ => grads,
         };
         let mut scalars = Scalars::default();
         let (mut params, mut state) = (Vec::new(), Vec::new());
@@ -368,14 +495,14 @@ impl Optimizer {
                         d
                     } else {
                         let b = &(&s[0] * momentum) + &(&d * (1.0 - dampening));
-                        state.push(b.clone());
+                        state.push(keep(b.clone(), &s[0]));
                         if nesterov {
                             &d + &(&b * momentum)
                         } else {
                             b
                         }
                     };
-                    params.push(&p - &(&d * &data("rate")));
+                    params.push(keep(&p - &(&d * &data("rate")), &p));
                 }
                 Method::Adam { beta1, beta2, eps } | Method::AdamW { beta1, beta2, eps } => {
                     let decoupled = matches!(self.method, Method::AdamW { .. });
@@ -394,9 +521,9 @@ impl Optimizer {
                     } else {
                         p.clone()
                     };
-                    params.push(&base - &step);
-                    state.push(m);
-                    state.push(v);
+                    params.push(keep(&base - &step, &p));
+                    state.push(keep(m, &s[0]));
+                    state.push(keep(v, &s[1]));
                 }
             }
         }
@@ -404,12 +531,14 @@ impl Optimizer {
             params,
             state,
             scalars: scalars.0,
+            finite,
         })
     }
 
     /// The value of the step scalar `role` at the current step: `rate` (the
     /// schedule's), Adam's `rate_over_bc1` and `inv_sqrt_bc2` (the bias corrections of
-    /// step t + 1), AdamW's `decay` (`1 - rate * weight_decay`). Unknown roles are NaN.
+    /// step t + 1), AdamW's `decay` (`1 - rate * weight_decay`), `loss_scale` (see
+    /// [`Optimizer::gradients`]) and `inv_loss_scale`. Unknown roles are NaN.
     pub fn scalar(&self, role: &str) -> f64 {
         let rate = self.schedule.rate(self.steps);
         let n = i32::try_from(self.steps + 1).unwrap_or(i32::MAX);
@@ -424,14 +553,32 @@ impl Optimizer {
             "rate_over_bc1" => rate / (1.0 - beta1.powi(n)),
             "inv_sqrt_bc2" => 1.0 / (1.0 - beta2.powi(n)).sqrt(),
             "decay" => 1.0 - rate * self.weight_decay,
+            "loss_scale" => self.loss_scale(),
+            "inv_loss_scale" => 1.0 / self.loss_scale(),
             _ => f64::NAN,
         }
     }
 
     /// Takes a step's evaluated results: `params` replace the parameters' values and
     /// `state` the optimiser's (both moved, no copy), and the step count advances. `Err`
-    /// (changing nothing) when the counts or shapes do not match.
+    /// (changing nothing) when the counts or shapes do not match. With loss scaling the
+    /// step counts as finite ([`Optimizer::commit_checked`] takes the flag).
     pub fn commit(&mut self, params: Vec<Array>, state: Vec<Array>) -> Result<()> {
+        self.commit_checked(params, state, true)
+    }
+
+    /// [`Optimizer::commit`] of a step whose gradients were all finite or not
+    /// ([`Update::finite`]). A step that was not is skipped: the parameters, the state
+    /// and the step count (the schedule's position, Adam's bias corrections) stay as
+    /// they were, bit for bit; the loss scale halves and the skip is counted
+    /// ([`Optimizer::skipped_steps`]). A finite step counts towards the scale's growth.
+    /// Without loss scaling, `finite` false skips the step as well, uncounted.
+    pub fn commit_checked(
+        &mut self,
+        params: Vec<Array>,
+        state: Vec<Array>,
+        finite: bool,
+    ) -> Result<()> {
         let slots = self.method.slots().len();
         if params.len() != self.params.len() || state.len() != self.params.len() * slots {
             return Err(Error::Argument {
@@ -450,6 +597,12 @@ impl Optimizer {
                 return Err(mismatch(p.name(), p, a));
             }
         }
+        if let Some(scaler) = &mut self.scaler {
+            scaler.record(finite);
+        }
+        if !finite {
+            return Ok(());
+        }
         for (p, a) in self.params.iter().zip(params) {
             p.replace(a)?;
         }
@@ -462,15 +615,24 @@ impl Optimizer {
     /// evaluates the forward and backward passes in the same graph calls
     /// [`Optimizer::update`] and [`Optimizer::commit`] itself).
     pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
-        let Update { params, state, .. } = self.update(grads)?;
+        let Update {
+            params,
+            state,
+            finite,
+            ..
+        } = self.update(grads)?;
         let Some(first) = self.params.first() else {
             return Ok(());
         };
         let ctx = first.value().context().clone();
-        let all: Vec<&Tensor> = params.iter().chain(&state).collect();
+        let all: Vec<&Tensor> = params.iter().chain(&state).chain(&finite).collect();
         let mut out = ctx.eval(&all)?;
+        let finite = match finite {
+            Some(_) => out.pop().is_some_and(|f| flag(&f)),
+            None => true,
+        };
         let state_out = out.split_off(params.len());
-        self.commit(out, state_out)
+        self.commit_checked(out, state_out, finite)
     }
 
     /// A replica over `params` (another model's parameters, in the same order and of the
@@ -497,6 +659,7 @@ impl Optimizer {
             params: params.to_vec(),
             state: self.state.clone(),
             steps: self.steps,
+            scaler: self.scaler.clone(),
         })
     }
 
@@ -601,24 +764,51 @@ impl Optimizer {
 /// ```
 #[track_caller]
 pub fn clip_grad_norm(grads: &[Tensor], max_norm: f64) -> (Vec<Tensor>, Tensor) {
+    let Some(total) = sum_of_squares(grads).map(|sq| sq.sqrt()) else {
+        // No gradient: a norm of 0, in the global context (there is no other).
+        return (
+            Vec::new(),
+            Context::global().full_dtype(&[], 0.0, accumulator(grads)),
+        );
+    };
+    (clip_by_norm(grads, max_norm, &total), total)
+}
+
+/// The dtype gradients' squares are summed in: f64 when a gradient is f64, else f32.
+fn accumulator(grads: &[Tensor]) -> DType {
     let wide = grads.iter().any(|g| g.dtype().ok() == Some(DType::F64));
-    let acc = if wide { DType::F64 } else { DType::F32 };
-    let total = grads
+    if wide {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// The sum of the squares of every element of every gradient, a 0-d tensor in
+/// [`accumulator`]'s dtype (`None` for no gradient): NaN or infinite when an element is.
+#[track_caller]
+fn sum_of_squares(grads: &[Tensor]) -> Option<Tensor> {
+    let acc = accumulator(grads);
+    grads
         .iter()
         // Squared in the wide dtype: an f16 gradient of 300 would overflow its square.
         .map(|g| g.cast(acc).square().sum(..))
         .reduce(|a, b| &a + &b)
-        .map(|sq| sq.sqrt());
-    let Some(total) = total else {
-        // No gradient: a norm of 0, in the global context (there is no other).
-        return (Vec::new(), Context::global().full_dtype(&[], 0.0, acc));
-    };
-    let factor = ((&total + 1e-6).recip() * max_norm).minimum(1.0);
-    let clipped = grads
+}
+
+/// Every gradient scaled by `min(1, max_norm / (total + 1e-6))`.
+#[track_caller]
+fn clip_by_norm(grads: &[Tensor], max_norm: f64, total: &Tensor) -> Vec<Tensor> {
+    let factor = ((total + 1e-6).recip() * max_norm).minimum(1.0);
+    grads
         .iter()
-        .map(|g| g * &factor.cast(g.dtype().unwrap_or(acc)))
-        .collect();
-    (clipped, total)
+        .map(|g| g * &factor.cast(g.dtype().unwrap_or(DType::F32)))
+        .collect()
+}
+
+/// The value of an evaluated 0-d bool (false when it is not one).
+pub(crate) fn flag(a: &Array) -> bool {
+    a.to_f64_vec().first().is_some_and(|&v| v != 0.0)
 }
 
 fn mismatch(name: &str, p: &Parameter, a: &Array) -> Error {

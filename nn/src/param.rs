@@ -4,6 +4,11 @@
 //! which moves the array in (no copy). The buffer the old value held goes back to the
 //! host cache and serves the next step's new value, so after the first step a step
 //! allocates nothing (the cache's hit counter shows it).
+//!
+//! Mixed precision: in a context whose default dtype is f16 or bf16, parameters are
+//! master weights held in f32 (and so is the optimiser's state), while layers compute
+//! in the half dtype: [`Parameter::value_like`] is the value cast to the activations'
+//! dtype, a cast in the graph, so the gradient comes back through the cast in f32.
 
 use crate::error::{Error, Result};
 use ndfuse::{Array, Context, DType, Tensor};
@@ -21,14 +26,59 @@ struct Slot {
 pub struct Parameter(Arc<Slot>);
 
 impl Parameter {
-    /// A parameter holding `value`, evaluated now when it is an expression.
+    /// A parameter holding `value`, evaluated now when it is an expression. In a
+    /// context whose default dtype is f16 or bf16, an f16 or bf16 value is held in f32
+    /// (master weights for mixed-precision training: see [`Parameter::master_dtype`]);
+    /// [`Parameter::exact`] keeps the value's dtype whatever it is.
+    ///
+    /// ```
+    /// use ndfuse::DType;
+    /// use ndfuse_nn::Parameter;
+    /// let ctx = ndfuse::Context::builder().dtype(DType::BF16).build()?;
+    /// let w = Parameter::new("w", &ctx.ones(&[2, 3]))?;
+    /// assert_eq!(w.dtype(), DType::F32);
+    /// assert_eq!(Parameter::exact("h", &ctx.ones(&[2]))?.dtype(), DType::BF16);
+    /// # Ok::<(), ndfuse_nn::Error>(())
+    /// ```
     pub fn new(name: impl Into<String>, value: &Tensor) -> Result<Parameter> {
+        let master = Parameter::master_dtype(value.context());
+        match value.dtype()? {
+            d if d.is_half() && d != master => Parameter::exact(name, &value.cast(master)),
+            _ => Parameter::exact(name, value),
+        }
+    }
+
+    /// A parameter holding `value` in its own dtype (a half-precision value stays half:
+    /// training without f32 master weights), evaluated now when it is an expression.
+    pub fn exact(name: impl Into<String>, value: &Tensor) -> Result<Parameter> {
         let ctx = value.context().clone();
         let data = value.eval()?;
         Ok(Parameter(Arc::new(Slot {
             name: name.into(),
             value: RwLock::new(ctx.tensor(data)),
         })))
+    }
+
+    /// The dtype parameters made in `ctx` are kept in: f32 when its default dtype is
+    /// f16 or bf16 (master weights: an update far smaller than the weight, as most are,
+    /// would round away in 8 or 11 bits of mantissa), else the default dtype.
+    pub fn master_dtype(ctx: &Context) -> DType {
+        match ctx.default_dtype() {
+            d if d.is_half() => DType::F32,
+            d => d,
+        }
+    }
+
+    /// The value as a layer reads it for the input `x`: cast to `x`'s dtype when that is
+    /// f16 or bf16 and differs from the parameter's (the layer computes in its
+    /// activations' dtype; the cast is part of the graph, so the parameter's gradient
+    /// comes back through it in the parameter's dtype), else the value itself.
+    pub fn value_like(&self, x: &Tensor) -> Tensor {
+        let v = self.value();
+        match (x.dtype(), v.dtype()) {
+            (Ok(d), Ok(own)) if d.is_half() && d != own => v.cast(d),
+            _ => v,
+        }
     }
 
     /// The name (unique within a model; checkpoints key on it).

@@ -1,4 +1,5 @@
-//! The training loop's progress bar: loss and throughput.
+//! The training loop's progress bar: loss and throughput, and with f16 loss scaling the
+//! current scale and the steps skipped.
 //!
 //! Drawn on stderr with `indicatif` only when stderr is a terminal and the environment
 //! variable `NDFUSE_PROGRESS` is not `0`; otherwise the bar is hidden and every call is
@@ -68,6 +69,27 @@ impl Progress {
         self.bar.set_message(status(loss, samples_per_sec));
     }
 
+    /// [`Progress::update`] of a run with dynamic loss scaling: also shows the current
+    /// `loss_scale` and the steps `skipped` so far.
+    pub fn update_scaled(
+        &self,
+        step: u64,
+        loss: f64,
+        samples_per_sec: f64,
+        loss_scale: f64,
+        skipped: u64,
+    ) {
+        if self.bar.is_hidden() {
+            return;
+        }
+        self.bar.set_position(step);
+        self.bar.set_message(format!(
+            "{} | {}",
+            status(loss, samples_per_sec),
+            scale_status(loss_scale, skipped)
+        ));
+    }
+
     /// Prints a line above the bar (an evaluation result, a checkpoint saved...).
     pub fn message(&self, text: &str) {
         self.bar.println(text);
@@ -102,6 +124,17 @@ fn status(loss: f64, samples_per_sec: f64) -> String {
     format!("loss {loss} | {rate} samples/s")
 }
 
+/// `scale 2^15, 3 skipped`: the loss scale (a power of two as one) and the steps skipped.
+pub(crate) fn scale_status(scale: f64, skipped: u64) -> String {
+    let log = scale.log2();
+    let scale = if log.fract() == 0.0 && log.abs() < 1024.0 {
+        format!("2^{log}")
+    } else {
+        format!("{scale:e}")
+    };
+    format!("scale {scale}, {skipped} skipped")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,10 +161,18 @@ mod tests {
     }
 
     #[test]
+    fn the_loss_scale_shows_as_a_power_of_two() {
+        assert_eq!(scale_status(65536.0, 0), "scale 2^16, 0 skipped");
+        assert_eq!(scale_status(0.5, 3), "scale 2^-1, 3 skipped");
+        assert_eq!(scale_status(3.0, 1), "scale 3e0, 1 skipped");
+    }
+
+    #[test]
     fn a_hidden_bar_accepts_every_call() {
         let p = Progress::hidden(10, "test");
         assert!(p.is_hidden());
         p.update(3, 0.5, 100.0);
+        p.update_scaled(4, 0.5, 100.0, 1024.0, 2);
         p.message("note");
         p.finish("done");
     }

@@ -8,7 +8,7 @@ use crate::data::hash64;
 use crate::error::{Error, Result};
 use crate::layers::{Layer, Mode};
 use crate::loss::{accuracy, cross_entropy_with_logits, mse};
-use crate::optim::{scalar_leaf, Optimizer, Update};
+use crate::optim::{flag, scalar_leaf, Gradients, Optimizer, Update};
 use crate::param::Parameter;
 use ndfuse::{Array, Compiled, Context, Report, Tensor};
 use std::collections::BTreeMap;
@@ -90,6 +90,17 @@ struct StepCache {
     batch: Option<BatchType>,
     step: Compiled,
     scalars: Vec<(ndfuse::DType, &'static str)>,
+    /// Whether it was compiled with loss scaling (its last output is then the flag of
+    /// finite gradients).
+    scaled: bool,
+}
+
+impl StepCache {
+    /// Whether this compiled step serves a batch of type `batch` with loss scaling on
+    /// or off as `scaled` says.
+    fn serves(&self, batch: &Option<BatchType>, scaled: bool) -> bool {
+        self.batch.is_some() && self.batch == *batch && self.scaled == scaled
+    }
 }
 
 impl<M: Layer> Trainer<M> {
@@ -174,31 +185,48 @@ impl<M: Layer> Trainer<M> {
     /// The loss and the gradients of every parameter on `x`, `y` (a training-mode
     /// forward pass), evaluated as one graph, without changing anything: what
     /// synchronous data parallelism averages across workers. Compiled once per batch
-    /// type, like a step.
+    /// type, like a step. With loss scaling the gradients are taken of the scaled loss
+    /// and scaled back ([`Optimizer::gradients`]): an overflow shows as a non-finite
+    /// gradient, which [`Trainer::apply_gradients`] skips.
     pub fn gradients(&mut self, x: &Tensor, y: &Tensor) -> Result<(f64, Vec<Array>)> {
         let batch = self.batch_type(x, y)?;
         let key = self.step_key();
         let params = self.param_values();
-        let inputs: Vec<&Tensor> = [x, y, &key].into_iter().chain(&params).collect();
+        let scaled = self.optimizer.loss_scaler().is_some();
         let hit = self
             .grads_cache
             .as_ref()
-            .filter(|c| c.batch.is_some() && c.batch == batch);
+            .filter(|c| c.serves(&batch, scaled));
         let mut out = match hit {
-            Some(c) => c.step.run(&inputs)?,
+            Some(c) => {
+                let scalars = self.scalars_now(&c.scalars);
+                let inputs: Vec<&Tensor> = [x, y, &key]
+                    .into_iter()
+                    .chain(&params)
+                    .chain(&scalars)
+                    .collect();
+                c.step.run(&inputs)?
+            }
             None => {
                 let mode = Mode::train(key.clone());
                 let loss = self.loss.of(&self.model.forward(x, &mode), y);
-                let grads = ndfuse::grad(&loss, &params.iter().collect::<Vec<_>>())?;
+                let wrt: Vec<&Tensor> = params.iter().collect();
+                let Gradients { grads, scalars } = self.optimizer.gradients(&loss, &wrt)?;
                 let outputs: Vec<&Tensor> = std::iter::once(&loss).chain(&grads).collect();
                 match batch {
                     Some(batch) => {
+                        let inputs: Vec<&Tensor> = [x, y, &key]
+                            .into_iter()
+                            .chain(&params)
+                            .chain(scalars.iter().map(|s| &s.2))
+                            .collect();
                         let step = self.ctx.compile(&outputs, &inputs)?;
                         let out = step.run(&inputs)?;
                         self.grads_cache = Some(StepCache {
                             batch: Some(batch),
                             step,
-                            scalars: Vec::new(),
+                            scalars: scalars.iter().map(|s| (s.0, s.1)).collect(),
+                            scaled,
                         });
                         out
                     }
@@ -211,12 +239,15 @@ impl<M: Layer> Trainer<M> {
     }
 
     /// One optimiser step with the given gradients (one per parameter, in order, moved
-    /// in), evaluated and committed. Compiled once.
+    /// in), evaluated and committed. Compiled once. With loss scaling, a step with a
+    /// gradient that is not finite is skipped ([`Optimizer::commit_checked`]).
     pub fn apply_gradients(&mut self, grads: Vec<Array>) -> Result<()> {
         let grads: Vec<Tensor> = grads.into_iter().map(|g| self.ctx.tensor(g)).collect();
         let params = self.param_values();
         let state = self.state_values();
-        let mut out = match (&self.apply_cache, self.reuse) {
+        let scaled = self.optimizer.loss_scaler().is_some();
+        let cached = self.apply_cache.as_ref().filter(|c| c.scaled == scaled);
+        let mut out = match (cached, self.reuse) {
             (Some(c), true) => {
                 let scalars = self.scalars_now(&c.scalars);
                 let data: Vec<&Tensor> = grads
@@ -229,7 +260,12 @@ impl<M: Layer> Trainer<M> {
             }
             _ => {
                 let update = self.optimizer.update(&grads)?;
-                let outputs: Vec<&Tensor> = update.params.iter().chain(&update.state).collect();
+                let outputs: Vec<&Tensor> = update
+                    .params
+                    .iter()
+                    .chain(&update.state)
+                    .chain(&update.finite)
+                    .collect();
                 let inputs: Vec<&Tensor> = grads
                     .iter()
                     .chain(&params)
@@ -243,13 +279,24 @@ impl<M: Layer> Trainer<M> {
                         batch: None,
                         step,
                         scalars: update.scalars.iter().map(|s| (s.0, s.1)).collect(),
+                        scaled: update.finite.is_some(),
                     });
                 }
                 out
             }
         };
+        let finite = self.take_flag(&mut out, scaled);
         let state = out.split_off(self.optimizer.parameters().len());
-        self.optimizer.commit(out, state)
+        self.optimizer.commit_checked(out, state, finite)
+    }
+
+    /// The flag of finite gradients, the last of a step's outputs when the step was
+    /// compiled with loss scaling (`scaled`), taken off them; `true` otherwise.
+    fn take_flag(&self, out: &mut Vec<Array>, scaled: bool) -> bool {
+        if !scaled {
+            return true;
+        }
+        out.pop().is_some_and(|f| flag(&f))
     }
 
     /// The parameters' current values, in order.
@@ -322,21 +369,28 @@ impl<M: Layer> Trainer<M> {
         self.ctx.key(self.step_seed())
     }
 
-    /// The lazy graph of one step on `x` and `y`: the loss, then the update.
+    /// The lazy graph of one step on `x` and `y`: the loss, then the update (whose
+    /// scalars include the loss scale's leaf, with loss scaling).
     pub fn step_graph(&self, x: &Tensor, y: &Tensor) -> Result<(Tensor, Update)> {
-        let mode = Mode::train(self.step_key());
-        let out = self.model.forward(x, &mode);
+        self.step_graph_with(x, y, &Mode::train(self.step_key()))
+    }
+
+    fn step_graph_with(&self, x: &Tensor, y: &Tensor, mode: &Mode) -> Result<(Tensor, Update)> {
+        let out = self.model.forward(x, mode);
         let loss = self.loss.of(&out, y);
         let params = self.param_values();
         let wrt: Vec<&Tensor> = params.iter().collect();
-        let grads = ndfuse::grad(&loss, &wrt)?;
-        let update = self.optimizer.update(&grads)?;
+        let Gradients { grads, scalars } = self.optimizer.gradients(&loss, &wrt)?;
+        let mut update = self.optimizer.update(&grads)?;
+        update.scalars.extend(scalars);
         Ok((loss, update))
     }
 
     /// One step on the batch `x`, `y` (copied in): forward, loss, backward and the
     /// optimiser's update, evaluated as one graph; returns the batch's loss (before the
-    /// update).
+    /// update). With loss scaling (f16), a step whose gradients are not all finite
+    /// changes nothing but the scale and the count of skipped steps
+    /// ([`Optimizer::commit_checked`]); its loss is returned all the same.
     pub fn step(&mut self, x: &Array, y: &Array) -> Result<f64> {
         let (x, y) = (self.ctx.tensor(x.clone()), self.ctx.tensor(y.clone()));
         self.step_tensors(&x, &y)
@@ -360,10 +414,8 @@ impl<M: Layer> Trainer<M> {
         let key = self.step_key();
         let params = self.param_values();
         let state = self.state_values();
-        let hit = self
-            .cache
-            .as_ref()
-            .filter(|c| c.batch.is_some() && c.batch == batch);
+        let scaled = self.optimizer.loss_scaler().is_some();
+        let hit = self.cache.as_ref().filter(|c| c.serves(&batch, scaled));
         let (out, report) = match hit {
             Some(c) => {
                 let scalars = self.scalars_now(&c.scalars);
@@ -377,16 +429,15 @@ impl<M: Layer> Trainer<M> {
             }
             None => {
                 let mode = Mode::train(key.clone());
-                let loss = self.loss.of(&self.model.forward(x, &mode), y);
-                let grads = ndfuse::grad(&loss, &params.iter().collect::<Vec<_>>())?;
-                let update = self.optimizer.update(&grads)?;
+                let (loss, update) = self.step_graph_with(x, y, &mode)?;
                 let outputs: Vec<&Tensor> = std::iter::once(&loss)
                     .chain(&update.params)
                     .chain(&update.state)
+                    .chain(&update.finite)
                     .collect();
                 let Some(batch) = batch else {
                     // An expression batch: evaluated as it is, nothing kept.
-                    return self.finish(self.ctx.eval_report(&outputs)?);
+                    return self.finish(self.ctx.eval_report(&outputs)?, scaled);
                 };
                 let inputs: Vec<&Tensor> = [x, y, &key]
                     .into_iter()
@@ -400,20 +451,28 @@ impl<M: Layer> Trainer<M> {
                     batch: Some(batch),
                     step,
                     scalars: update.scalars.iter().map(|s| (s.0, s.1)).collect(),
+                    scaled,
                 });
                 result
             }
         };
-        self.finish((out, report))
+        self.finish((out, report), scaled)
     }
 
-    /// Commits a step's evaluated outputs (the loss, new parameters, new state).
-    fn finish(&mut self, (mut out, report): (Vec<Array>, Report)) -> Result<(f64, Report)> {
+    /// Commits a step's evaluated outputs (the loss, new parameters, new state, and
+    /// with loss scaling (`scaled`) the flag of finite gradients). The loss returned is
+    /// the batch's, unscaled (NaN or infinite when the forward pass overflowed).
+    fn finish(
+        &mut self,
+        (mut out, report): (Vec<Array>, Report),
+        scaled: bool,
+    ) -> Result<(f64, Report)> {
+        let finite = self.take_flag(&mut out, scaled);
         let n = self.optimizer.parameters().len();
         let state = out.split_off(1 + n);
         let params = out.split_off(1);
         let loss = out[0].to_f64_vec()[0];
-        self.optimizer.commit(params, state)?;
+        self.optimizer.commit_checked(params, state, finite)?;
         Ok((loss, report))
     }
 
@@ -459,7 +518,9 @@ const STATE: &str = "optimizer.";
 
 impl<M: Layer> Trainer<M> {
     /// Saves the parameters (by name), the optimiser's state (`optimizer.<name>.<slot>`),
-    /// its step count and the seed to a safetensors file at `path`, atomically.
+    /// its step count and the seed to a safetensors file at `path`, atomically; with
+    /// loss scaling also the scale and its counters (metadata `loss_scale`,
+    /// `loss_scale_good_steps`, `skipped_steps`).
     pub fn save(&self, path: &Path) -> Result<()> {
         let params = self.optimizer.parameters();
         let state = self.optimizer.state();
@@ -475,7 +536,7 @@ impl<M: Layer> Trainer<M> {
             .chain(state.iter().map(|(n, _)| format!("{STATE}{n}")))
             .collect();
         let tensors: Vec<(&str, &Array)> = names.iter().map(String::as_str).zip(&arrays).collect();
-        let metadata = BTreeMap::from([
+        let mut metadata = BTreeMap::from([
             ("format".to_string(), FORMAT.to_string()),
             (
                 "optimizer".to_string(),
@@ -484,6 +545,11 @@ impl<M: Layer> Trainer<M> {
             ("steps".to_string(), self.optimizer.steps().to_string()),
             ("seed".to_string(), self.seed.to_string()),
         ]);
+        if let Some(s) = self.optimizer.loss_scaler() {
+            metadata.insert("loss_scale".into(), s.scale().to_string());
+            metadata.insert("loss_scale_good_steps".into(), s.good_steps().to_string());
+            metadata.insert("skipped_steps".into(), s.skipped_steps().to_string());
+        }
         save(path, &tensors, &metadata)
     }
 
@@ -518,6 +584,20 @@ impl<M: Layer> Trainer<M> {
                 .ok_or_else(|| refuse(format!("metadata {k:?} is missing or not a number")))
         };
         let (steps, seed) = (number("steps")?, number("seed")?);
+        // The loss scale, when this trainer scales and the file has one (a file from a
+        // run without scaling starts the scale afresh).
+        let scale = match (self.optimizer.loss_scaler(), meta("loss_scale")) {
+            (Some(current), Some(v)) => {
+                let mut s = current.clone();
+                let v: f64 = v
+                    .parse()
+                    .map_err(|_| refuse(format!("metadata \"loss_scale\" is {v:?}")))?;
+                s.set_scale(v).map_err(|e| refuse(e.to_string()))?;
+                s.set_counts(number("loss_scale_good_steps")?, number("skipped_steps")?);
+                Some(s)
+            }
+            _ => None,
+        };
         let params = self.optimizer.parameters().to_vec();
         for p in &params {
             ck.expect_shape(p.name(), &p.shape(), p.dtype())?;
@@ -541,6 +621,9 @@ impl<M: Layer> Trainer<M> {
             p.replace(a)?;
         }
         self.seed = seed;
+        if let (Some(s), Some(target)) = (scale, self.optimizer.loss_scaler_mut()) {
+            *target = s;
+        }
         Ok(())
     }
 }

@@ -6,14 +6,15 @@
 
 use crate::error::{Error, Result};
 use crate::init::Init;
-use crate::layers::{Dropout, Layer, LayerNorm, Linear, Mode};
+use crate::layers::{autocast, in_f32, Dropout, Layer, LayerNorm, Linear, Mode};
 use crate::param::Parameter;
 use ndfuse::{Context, DType, SliceArg, Tensor};
 
 /// A table of `vocab` learned vectors of `dim` features, read by token id: the forward
 /// pass takes an integer (i32 or i64) tensor of ids `[...]` and gives `[..., dim]`. The
 /// lookup is a `take` on the table's first axis, so its gradient is a scatter-add of
-/// the output's gradient into the rows of the ids.
+/// the output's gradient into the rows of the ids. In a context whose default dtype is
+/// f16 or bf16 the output is in that dtype (the table stays f32: see [`autocast`]).
 #[derive(Debug, Clone)]
 pub struct Embedding {
     weight: Parameter,
@@ -59,7 +60,9 @@ impl Embedding {
 impl Layer for Embedding {
     #[track_caller]
     fn forward(&self, ids: &Tensor, _: &Mode) -> Tensor {
-        self.weight.value().take(ids, 0)
+        // The rows taken, then cast: only the looked-up rows are converted, and the
+        // gradient comes back through the cast into the f32 table's scatter-add.
+        autocast(&self.weight.value().take(ids, 0))
     }
 
     fn parameters(&self) -> Vec<Parameter> {
@@ -121,7 +124,8 @@ impl PositionEmbedding {
 impl Layer for PositionEmbedding {
     #[track_caller]
     fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
-        let w = self.weight.value();
+        let x = &autocast(x);
+        let w = self.weight.value_like(x);
         match extent(x, -2) {
             Some(t) => x + &w.slice(&[(0..t as i64).into()]),
             // x carries its error already, or has no position axis (then the sum names
@@ -221,16 +225,30 @@ impl Rope {
     /// form).
     #[track_caller]
     pub fn apply(&self, x: &Tensor) -> Tensor {
+        self.rotate(x, false)
+    }
+
+    /// `x [..., T, H, d]` rotated (the heads after the positions, as a `[B, T, H * d]`
+    /// projection splits into them): the same angles for every head of a position.
+    #[track_caller]
+    pub fn apply_heads(&self, x: &Tensor) -> Tensor {
+        self.rotate(x, true)
+    }
+
+    /// [`Rope::apply`], or with a heads axis between the positions and the features.
+    #[track_caller]
+    fn rotate(&self, x: &Tensor, heads: bool) -> Tensor {
         let (Ok(shape), Ok(dtype)) = (x.shape(), x.dtype()) else {
             return x.clone();
         };
         let (rank, half) = (shape.len(), self.head_dim / 2);
-        if rank < 2 || shape[rank - 1] != self.head_dim {
+        let t_axis = if heads { 3 } else { 2 };
+        if rank < t_axis || shape[rank - 1] != self.head_dim {
             // Multiplying by a table of the wrong width names both shapes.
             return x * &x.context().ones(&[1, self.head_dim + 1]);
         }
         let ctx = x.context();
-        let t = shape[rank - 2];
+        let t = shape[rank - t_axis];
         // The angles in f32 at least: in f16 or bf16, t * freq would be off by a
         // sizeable fraction of a radian at positions in the hundreds.
         let wide = if dtype == DType::F64 {
@@ -245,6 +263,12 @@ impl Rope {
         // θ[t, i] = t * freq[i], [T, d/2].
         let theta = &ctx.arange_n(t).cast(wide).expand_dims(-1) * &freqs;
         let (cos, sin) = (theta.cos().cast(dtype), theta.sin().cast(dtype));
+        // [T, 1, d/2] against [..., T, H, d/2]: one angle for every head.
+        let (cos, sin) = if heads {
+            (cos.expand_dims(-2), sin.expand_dims(-2))
+        } else {
+            (cos, sin)
+        };
         let last = |r: std::ops::Range<i64>, of: &Tensor, rank: usize| {
             let mut args = vec![SliceArg::all(); rank - 1];
             args.push(r.into());
@@ -308,8 +332,11 @@ impl RmsNorm {
 impl Layer for RmsNorm {
     #[track_caller]
     fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
-        let inv = (x.square().mean_keepdims(-1) + self.eps).rsqrt();
-        &(x * &inv) * &self.weight.value()
+        let x = autocast(x);
+        let n = in_f32(&x, |x| {
+            x * &(x.square().mean_keepdims(-1) + self.eps).rsqrt()
+        });
+        &n * &self.weight.value_like(&x)
     }
 
     fn parameters(&self) -> Vec<Parameter> {
@@ -403,23 +430,23 @@ impl AttentionConfig {
     }
 }
 
-/// Multi-head self-attention on `x [B, T, C]`: the `q`, `k`, `v` projections split
-/// into heads (`[B, T, H, Dh]` permuted to `[B, H, T, Dh]`), rotary embedding when
-/// configured, the fused scaled dot-product `attention` (scale `1 / sqrt(Dh)`), the
-/// heads joined back to `[B, T, C]` and the `o` projection.
+/// Multi-head self-attention on `x [B, T, C]`: one `qkv` projection to
+/// `[B, T, (H + 2 Hkv) Dh]` (GPT-2's `c_attn`: the query heads, then the key heads, then
+/// the value heads), rotary embedding on queries and keys when configured, the fused
+/// attention on the packed projection ([`Tensor::attention_qkv`], scale `1 / sqrt(Dh)`:
+/// no transposes, and the projection's gradient straight from the attention's backward
+/// node), the heads' `[B, T, H, Dh]` read as `[B, T, C]` and the `o` projection.
 #[derive(Debug, Clone)]
 pub struct MultiHeadAttention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    qkv: Linear,
     o: Linear,
     config: AttentionConfig,
     rope: Option<Rope>,
 }
 
 impl MultiHeadAttention {
-    /// The layer named `name` (`name.q`, `name.k`, `name.v`, `name.o`), weights drawn
-    /// from `seed`, `seed + 1`, ... `Err` naming the numbers when `n_heads` does not
+    /// The layer named `name` (`name.qkv`, `name.o`), weights drawn from `seed` and
+    /// `seed + 3`. `Err` naming the numbers when `n_heads` does not
     /// divide `d_model`, `n_kv_heads` does not divide `n_heads`, the dropout is outside
     /// `[0, 1)` or a rotary embedding meets an odd head dimension.
     ///
@@ -446,9 +473,7 @@ impl MultiHeadAttention {
             Ok(if config.bias { l } else { l.without_bias() })
         };
         Ok(MultiHeadAttention {
-            q: linear("q", c, config.init, seed)?,
-            k: linear("k", kv, config.init, seed + 1)?,
-            v: linear("v", kv, config.init, seed + 2)?,
+            qkv: linear("qkv", c + 2 * kv, config.init, seed)?,
             o: linear("o", c, config.out_init, seed + 3)?,
             config: config.clone(),
             rope,
@@ -460,9 +485,9 @@ impl MultiHeadAttention {
         &self.config
     }
 
-    /// The projections `q`, `k`, `v`, `o` (weights `[C, out]`).
-    pub fn projections(&self) -> [&Linear; 4] {
-        [&self.q, &self.k, &self.v, &self.o]
+    /// The projections `qkv` (weight `[C, (H + 2 Hkv) Dh]`) and `o` (`[C, C]`).
+    pub fn projections(&self) -> [&Linear; 2] {
+        [&self.qkv, &self.o]
     }
 
     /// The settings of the attention op in `mode`: the causal mask, scale
@@ -479,23 +504,28 @@ impl MultiHeadAttention {
         }
     }
 
-    /// The queries, keys and values of `x [B, T, C]` as `[B, H, T, Dh]` (`Hkv` heads for
-    /// keys and values), rotary embedding applied: what the attention op reads.
+    /// The queries, keys and values of `x [B, T, C]` as `[B, T, H, Dh]` (`Hkv` heads for
+    /// keys and values), rotary embedding applied: slices of the packed projection.
     #[track_caller]
     pub fn heads(&self, x: &Tensor, mode: &Mode) -> Option<[Tensor; 3]> {
-        let s = x.shape().ok()?;
+        self.split(&self.qkv.forward(x, mode))
+    }
+
+    /// The packed projection `y [B, T, (H + 2 Hkv) Dh]` as q, k, v `[B, T, H, Dh]`,
+    /// queries and keys rotated when configured.
+    fn split(&self, y: &Tensor) -> Option<[Tensor; 3]> {
+        let s = y.shape().ok()?;
         let [b, t, _] = s[..] else { return None };
-        let dh = self.config.head_dim() as i64;
-        let split = |y: Tensor, h: usize| {
-            y.reshape(&[b as i64, t as i64, h as i64, dh])
-                .permute(&[0, 2, 1, 3])
-        };
+        let dh = self.config.head_dim();
         let (h, hkv) = (self.config.n_heads, self.config.n_kv_heads);
-        let mut q = split(self.q.forward(x, mode), h);
-        let mut k = split(self.k.forward(x, mode), hkv);
-        let v = split(self.v.forward(x, mode), hkv);
+        let part = |first: usize, heads: usize| {
+            let (lo, hi) = ((first * dh) as i64, ((first + heads) * dh) as i64);
+            y.slice(&[SliceArg::all(), SliceArg::all(), (lo..hi).into()])
+                .reshape(&[b as i64, t as i64, heads as i64, dh as i64])
+        };
+        let (mut q, mut k, v) = (part(0, h), part(h, hkv), part(h + hkv, hkv));
         if let Some(r) = &self.rope {
-            (q, k) = (r.apply(&q), r.apply(&k));
+            (q, k) = (r.apply_heads(&q), r.apply_heads(&k));
         }
         Some([q, k, v])
     }
@@ -504,20 +534,26 @@ impl MultiHeadAttention {
 impl Layer for MultiHeadAttention {
     #[track_caller]
     fn forward(&self, x: &Tensor, mode: &Mode) -> Tensor {
-        let Some([q, k, v]) = self.heads(x, mode) else {
-            // Not [B, T, C]: the projection names the shapes (or carries x's error).
-            return self.o.forward(&self.q.forward(x, mode), mode);
-        };
-        let y = q.attention_with(&k, &v, &self.options(mode));
+        let y = self.qkv.forward(x, mode);
         let (b, t) = (extent(x, 0).unwrap_or(0), extent(x, 1).unwrap_or(0));
-        let y = y
-            .permute(&[0, 2, 1, 3])
-            .reshape(&[b as i64, t as i64, self.config.d_model as i64]);
-        self.o.forward(&y, mode)
+        let (h, hkv) = (self.config.n_heads, self.config.n_kv_heads);
+        let packed = match (&self.rope, self.split(&y)) {
+            // Rotated queries and keys packed again with the values: one element-wise
+            // kernel (the rotation and the concatenation) writes the packed operand.
+            (Some(_), Some([q, k, v])) => {
+                let width = ((h + 2 * hkv) * self.config.head_dim()) as i64;
+                ndfuse::concat(&[&q, &k, &v], 2).reshape(&[b as i64, t as i64, width])
+            }
+            // Not [B, T, C]: the attention names the shapes (or carries x's error).
+            _ => y,
+        };
+        let a = packed.attention_qkv(h, hkv, &self.options(mode));
+        let a = a.reshape(&[b as i64, t as i64, self.config.d_model as i64]);
+        self.o.forward(&a, mode)
     }
 
     fn parameters(&self) -> Vec<Parameter> {
-        [&self.q, &self.k, &self.v, &self.o]
+        [&self.qkv, &self.o]
             .into_iter()
             .flat_map(Layer::parameters)
             .collect()
@@ -532,9 +568,7 @@ impl MultiHeadAttention {
     /// A replica (see [`Layer::duplicate`]), as this type.
     pub fn replica(&self) -> MultiHeadAttention {
         MultiHeadAttention {
-            q: self.q.replica(),
-            k: self.k.replica(),
-            v: self.v.replica(),
+            qkv: self.qkv.replica(),
             o: self.o.replica(),
             config: self.config.clone(),
             rope: self.rope.clone(),

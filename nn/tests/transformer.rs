@@ -8,7 +8,7 @@
 
 mod support;
 
-use ndfuse::{Array, BackendKind, Context, DType, Tensor};
+use ndfuse::{Array, AttentionLayout, BackendKind, Context, DType, Tensor};
 use ndfuse_nn::{
     AttentionConfig, BlockConfig, CharCorpus, Embedding, FeedForward, FeedForwardKind, Gpt,
     GptConfig, Init, Layer, Loss, Mode, MultiHeadAttention, NormKind, Optimizer, PositionEmbedding,
@@ -59,8 +59,8 @@ fn every_layer_gives_the_documented_shapes() {
     };
     let mha = MultiHeadAttention::new(&ctx, "attn", &gqa, 3).unwrap();
     assert_eq!(mha.forward(&h, &eval).shape().unwrap(), &[2, 3, 8]);
-    // Keys and values have 2 heads of 2: [8, 4] projections.
-    assert_eq!(mha.projections()[1].weight().shape(), vec![8, 4]);
+    // One packed projection: 4 query heads of 2, then 2 key and 2 value heads of 2.
+    assert_eq!(mha.projections()[0].weight().shape(), vec![8, 16]);
     for kind in [FeedForwardKind::GeluMlp, FeedForwardKind::SwiGlu] {
         let init = Init::Normal(0.0, 0.02);
         let f = FeedForward::new(&ctx, "mlp", kind, 8, 20, init, init, 4).unwrap();
@@ -300,12 +300,15 @@ fn mha_host(mha: &MultiHeadAttention, x: &[f64], b: usize, t: usize) -> Vec<f64>
         }
         y
     };
-    let [pq, pk, pv, po] = mha.projections();
-    let (q, k, v) = (
-        project(pq, x, c),
-        project(pk, x, hkv * dh),
-        project(pv, x, hkv * dh),
-    );
+    let [pqkv, po] = mha.projections();
+    let width = c + 2 * hkv * dh;
+    let all = project(pqkv, x, width);
+    let cols = |lo: usize, n: usize| -> Vec<f64> {
+        all.chunks(width)
+            .flat_map(|r| r[lo..lo + n].to_vec())
+            .collect()
+    };
+    let (q, k, v) = (cols(0, c), cols(c, hkv * dh), cols(c + hkv * dh, hkv * dh));
     // [B, T, H, Dh] -> [B, H, T, Dh] rows, then rotary embedding per (batch, head) for
     // queries and keys.
     let heads = |y: &[f64], n: usize, rotate: bool| -> Vec<f64> {
@@ -422,11 +425,11 @@ fn attention_on_the_fused_op_equals_its_unfused_graph_in_training() {
     let mode = Mode::train(ctx.key(11));
     let fused = mha.forward(&x, &mode);
     let [q, k, v] = mha.heads(&x, &mode).unwrap();
+    let opts = mha.options(&mode).layout(AttentionLayout::Bthd).unfused();
     let y = q
-        .attention_with(&k, &v, &mha.options(&mode).unfused())
-        .permute(&[0, 2, 1, 3])
+        .attention_with(&k, &v, &opts)
         .reshape(&[b as i64, t as i64, c as i64]);
-    let unfused = mha.projections()[3].forward(&y, &mode);
+    let unfused = mha.projections()[1].forward(&y, &mode);
     // The same function, dropout mask included; f32 sums in another order.
     close(&vals(&fused), &vals(&unfused), 1e-5, "forward");
     let w = ctx.rand_normal(&[b, t, c], 0.0, 1.0, 5);
@@ -696,4 +699,22 @@ fn the_fortunes_corpus_is_read_whole() {
         .unwrap()
         .iter()
         .all(|&i| (i as usize) < c.vocab_size()));
+}
+
+#[test]
+fn a_transformer_block_forward_is_six_kernels_and_the_attention() {
+    // GPT-2's block on [B, T, C]: layernorm (1), the packed qkv product (2), attention
+    // (the routine), the output product with the residual add in its epilogue (3),
+    // layernorm (4), the MLP's first product with bias and GELU (5), its second with the
+    // residual (6). No copies: the heads are read in place from the packed projection
+    // and the attention writes [B, T, H, Dh], which is [B, T, C].
+    let ctx = Context::new();
+    let block = TransformerBlock::new(&ctx, "b", &BlockConfig::new(32, 4), 1).unwrap();
+    let x = ctx.tensor(ctx.rand_normal(&[2, 16, 32], 0.0, 1.0, 1).eval().unwrap());
+    let y = block.forward(&x, &Mode::eval());
+    let (_, report) = ctx.eval_report(&[&y]).unwrap();
+    let text = report.evaluation().annotated_graph();
+    assert_eq!(report.kernel_count(), 6, "{text}");
+    assert_eq!(text.matches("= attention ").count(), 1, "{text}");
+    assert!(!text.contains("copy"), "{text}");
 }
