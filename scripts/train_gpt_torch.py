@@ -173,6 +173,8 @@ def main():
         opt.step()
         recent.append(loss.item() / math.log(2))
         done = step + 1
+        if done == 1:
+            after_first = time.time()  # the first step compiles under --compile
         if done % every == 0 or done == args.steps:
             print(
                 f"step {done}: train {sum(recent) / len(recent):.3f} bits/char "
@@ -181,8 +183,10 @@ def main():
             )
             recent = []
     secs = time.time() - start
+    rest = (time.time() - after_first) / max(args.steps - 1, 1)
     print(
-        f"trained {args.steps} steps in {secs:.1f} s ({secs / args.steps:.3f} s/step); "
+        f"trained {args.steps} steps in {secs:.1f} s ({rest:.3f} s/step after the first, "
+        f"which took {after_first - start:.1f} s); "
         f"final validation {validation_bits():.3f} bits/char"
     )
 
