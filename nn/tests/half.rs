@@ -6,43 +6,18 @@
 //! step count not advanced), halves the scale then and doubles it after the growth
 //! interval, and survives a checkpoint.
 
-use ndfuse::{f16, Array, Context, DType, Tensor};
+mod support;
+
+use ndfuse::{f16, Context, DType, Tensor};
 use ndfuse_nn::{
-    epoch_line, Activation, Dataset, FitOptions, Gpt, GptConfig, Layer, Loss, LossScale, Mode,
-    Optimizer, Parameter, Schedule, Sequential, Trainer,
+    epoch_line, Activation, Dataset, FitOptions, Gpt, Layer, Loss, LossScale, Mode, Optimizer,
+    Parameter, Schedule, Sequential, Trainer,
 };
 use std::path::PathBuf;
+use support::{tiny_batch, tiny_config};
 
 fn half_context(dtype: DType) -> Context {
     Context::builder().dtype(dtype).build().unwrap()
-}
-
-// ----- the tiny GPT of nn/tests/transformer.rs -----
-
-fn tiny_config() -> GptConfig {
-    GptConfig {
-        seed: 3,
-        ..GptConfig::new(16, 8, 32, 2, 4)
-    }
-}
-
-/// A learnable next-token rule: each row counts up by a stride from its own start.
-fn tiny_batch(step: u64) -> (Array, Array) {
-    let (b, t) = (4usize, 8usize);
-    let mut x = Vec::new();
-    let mut y = Vec::new();
-    for r in 0..b as u64 {
-        let start = (step * 5 + r * 3) % 16;
-        let stride = 1 + r % 3;
-        for i in 0..t as u64 {
-            x.push(((start + i * stride) % 16) as i64);
-            y.push(((start + (i + 1) * stride) % 16) as i64);
-        }
-    }
-    (
-        Array::from_vec(x, &[b, t]).unwrap(),
-        Array::from_vec(y, &[b, t]).unwrap(),
-    )
 }
 
 fn tiny_trainer(ctx: &Context) -> Trainer<Gpt> {

@@ -15,6 +15,7 @@ use ndfuse_nn::{
     Positions, RmsNorm, Rope, RopeLayout, Schedule, Split, Trainer, TransformerBlock,
 };
 use std::path::{Path, PathBuf};
+use support::{tiny_batch, tiny_config};
 
 fn vals(t: &Tensor) -> Vec<f64> {
     t.eval().unwrap().to_f64_vec()
@@ -443,32 +444,6 @@ fn attention_on_the_fused_op_equals_its_unfused_graph_in_training() {
 }
 
 // ----- a tiny GPT end to end -----
-
-fn tiny_config() -> GptConfig {
-    GptConfig {
-        seed: 3,
-        ..GptConfig::new(16, 8, 32, 2, 4)
-    }
-}
-
-/// A learnable next-token rule: each row counts up by a stride from its own start.
-fn tiny_batch(step: u64) -> (Array, Array) {
-    let (b, t) = (4usize, 8usize);
-    let mut x = Vec::new();
-    let mut y = Vec::new();
-    for r in 0..b as u64 {
-        let start = (step * 5 + r * 3) % 16;
-        let stride = 1 + r % 3;
-        for i in 0..t as u64 {
-            x.push(((start + i * stride) % 16) as i64);
-            y.push(((start + (i + 1) * stride) % 16) as i64);
-        }
-    }
-    (
-        Array::from_vec(x, &[b, t]).unwrap(),
-        Array::from_vec(y, &[b, t]).unwrap(),
-    )
-}
 
 fn tiny_trainer(ctx: &Context, cfg: &GptConfig) -> Trainer<Gpt> {
     let model = Gpt::new(ctx, cfg).unwrap();

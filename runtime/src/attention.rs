@@ -678,19 +678,16 @@ fn stats_block<T: Real>(p: &Problem<T>, b: usize, h: usize, i0: usize, lse: &mut
 
 /// `P = exp(S - lse)` (0 where masked) and `dS = P (dP - D) scale` with
 /// `dP = (dO V^T) * dropout`, for queries `i0..i0 + rows` of head `h` against keys
-/// `j0..j0 + cols`: `s` ends as `dS`, `pd` as the dropped-out `P`.
-#[allow(clippy::too_many_arguments)]
+/// `j0..j0 + cols`, in `w`: its scores end as `dS`, its `pd` as the dropped-out `P`.
 fn grad_block<T: Real>(
     p: &Problem<T>,
     stats: (&[T], &[T]),
     d_o: &[T],
     (b, h, i0, rows): (usize, usize, usize, usize),
     (j0, cols): (usize, usize),
-    s: &mut [T],
-    pd: &mut [T],
-    dp: &mut [T],
-    seen: &mut [usize],
+    w: &mut Scratch<T>,
 ) {
+    let Scratch { s, pd, dp, seen } = w;
     let (lse, dd) = stats;
     let kh = h / (p.hq / p.hkv);
     p.scores(b, h, i0, rows, j0, cols, s, seen);
@@ -781,17 +778,7 @@ fn key_block<T: Real>(
         let mut i0 = first / BLOCK_Q * BLOCK_Q;
         while i0 < p.tq {
             let rows = BLOCK_Q.min(p.tq - i0);
-            grad_block(
-                p,
-                stats,
-                d_o,
-                (b, h, i0, rows),
-                (j0, cols),
-                &mut w.s,
-                &mut w.pd,
-                &mut w.dp,
-                &mut w.seen,
-            );
+            grad_block(p, stats, d_o, (b, h, i0, rows), (j0, cols), w);
             let one = T::of(1.0);
             let (oo, os) = p.o_row(b, h, i0);
             let (qo, qs) = p.q_row(b, h, i0);
@@ -963,17 +950,7 @@ fn backward<T: Real>(p: &Problem<T>, o: &[T], d_o: &[T], out: &mut [T]) {
                     // per-pair path has them: the same products, the same bits.
                     for j0 in (0..kmax).step_by(BLOCK_K) {
                         let cols = BLOCK_K.min(p.tk - j0);
-                        grad_block(
-                            p,
-                            stats,
-                            d_o,
-                            (b, h, i0, rows),
-                            (j0, cols),
-                            &mut w.s,
-                            &mut w.pd,
-                            &mut w.dp,
-                            &mut w.seen,
-                        );
+                        grad_block(p, stats, d_o, (b, h, i0, rows), (j0, cols), &mut w);
                         let (ko, ks) = p.k_row(b, kh, j0);
                         product(
                             (rows, p.d, cols),

@@ -1,7 +1,8 @@
 //! What the data-set tests share. Each test binary uses some of these, hence the
 //! `dead_code` allowances.
 
-use ndfuse_nn::{CharCorpus, FashionMnist};
+use ndfuse::Array;
+use ndfuse_nn::{CharCorpus, FashionMnist, GptConfig};
 use std::path::Path;
 
 /// Whether a missing data set fails the test (`NDFUSE_REQUIRE_DATA=1`, as CI sets)
@@ -50,4 +51,35 @@ pub fn fortunes() -> Option<CharCorpus> {
         return None;
     }
     Some(CharCorpus::fortunes(dir).expect("the fortunes corpus"))
+}
+
+/// The tiny GPT of the transformer and half-precision tests: vocabulary 16, context 8,
+/// d_model 32, 2 blocks of 4 heads.
+#[allow(dead_code)]
+pub fn tiny_config() -> GptConfig {
+    GptConfig {
+        seed: 3,
+        ..GptConfig::new(16, 8, 32, 2, 4)
+    }
+}
+
+/// A learnable next-token rule for [`tiny_config`]'s model: each of 4 rows of 8 counts
+/// up by a stride from its own start.
+#[allow(dead_code)]
+pub fn tiny_batch(step: u64) -> (Array, Array) {
+    let (b, t) = (4usize, 8usize);
+    let mut x = Vec::new();
+    let mut y = Vec::new();
+    for r in 0..b as u64 {
+        let start = (step * 5 + r * 3) % 16;
+        let stride = 1 + r % 3;
+        for i in 0..t as u64 {
+            x.push(((start + i * stride) % 16) as i64);
+            y.push(((start + (i + 1) * stride) % 16) as i64);
+        }
+    }
+    (
+        Array::from_vec(x, &[b, t]).unwrap(),
+        Array::from_vec(y, &[b, t]).unwrap(),
+    )
 }
