@@ -115,6 +115,8 @@ mod tests {
             ("matmul_f32", 3 * 16 * M), // x, w, out: 2048^2 f32 each
             ("matmul_gelu", 96 * M + 4096 * 4), // x, w [4M], out [16M], b
             ("attention", 4 * 2 * M),   // q, k, v, out: 32*256*64 f32
+            ("attention_causal", 4 * 8 * M), // q, k, v, out: 8*8*512*64 f32
+            ("attention_causal_grad", 4 * 8 * M + 4), // q, k, v, r; a 0-d f32 out
             ("matmul_f16", 3 * 8 * M),  // the same in f16
             ("matmul_bf16", 3 * 8 * M), // and in bf16
             ("matmul_cached", 3 * 64 * 64 * 4), // 64x64 f32: x, w, out

@@ -9,8 +9,9 @@ use std::io::{IsTerminal as _, Write as _};
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// Run only the cases whose name contains SUITE: gelu, chain, softmax, layernorm,
-    /// sum, colsum, broadcast, gelu_f16, compile_new, compile_cached, matmul_f32,
-    /// matmul_gelu, attention, matmul_f16, matmul_bf16, matmul_cached; and the training
+    /// sum, colsum, broadcast, embedding, scan_rows, argsort, gelu_f16, compile_new,
+    /// compile_cached, matmul_f32, matmul_gelu, attention, attention_causal,
+    /// attention_causal_grad, matmul_f16, matmul_bf16, matmul_cached, conv2d; and the training
     /// rows (`train` selects them all): train_step_mlp, train_parallel_1w1t,
     /// train_parallel_1w2t, train_parallel_2w1t_f1, train_parallel_2w1t_f8.
     suite: Option<String>,
