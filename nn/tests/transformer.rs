@@ -512,7 +512,7 @@ fn cpu_and_interpreter_give_the_same_gpt_loss_curve() {
     let curve = |backend| {
         let ctx = Context::builder().backend(backend).build().unwrap();
         let mut t = tiny_trainer(&ctx, &cfg);
-        tiny_curve(&mut t, 0..8)
+        tiny_curve(&mut t, 0..20)
     };
     let (cpu, interp) = (curve(BackendKind::Cpu), curve(BackendKind::Interp));
     for (i, (a, b)) in cpu.iter().zip(&interp).enumerate() {
