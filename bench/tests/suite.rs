@@ -14,8 +14,8 @@ fn the_tiny_suite_runs_every_case_with_kernel_counts() {
     assert!(report.machine.cores >= 1);
     assert!(report.machine.bandwidth.gbps() > 0.0);
     for r in &report.rows {
-        // A scan or a sort is a routine of its own, no compiled kernel.
-        let routine = matches!(r.name, "scan_rows" | "argsort");
+        // A scan, a sort or attention is a routine of its own, no compiled kernel.
+        let routine = matches!(r.name, "scan_rows" | "argsort" | "attention_causal");
         assert!(
             r.kernels >= 1 || (routine && r.routine_steps >= 1 && r.interp_steps == 0),
             "{}: every case compiles to kernels: {r:?}",
@@ -246,13 +246,19 @@ fn the_matmul_cases_report_flops_against_the_widest_fma_peak() {
 #[test]
 fn attention_runs_and_a_filtered_f16_product_still_has_its_f32_peer() {
     let report = run_suite(Some("attention"), &BenchOptions::tiny()).expect("runs");
-    assert_eq!(report.rows.len(), 1);
+    let names: Vec<&str> = report.rows.iter().map(|r| r.name).collect();
+    assert_eq!(
+        names,
+        ["attention", "attention_causal", "attention_causal_grad"]
+    );
     let r = &report.rows[0];
     // Tiny shapes: 2 heads of [12, 8]; two products of 2*12*12*8 FLOPs each.
     assert_eq!(r.flops, Some(2.0 * 2.0 * (2.0 * 12.0 * 12.0 * 8.0)));
     assert!(r.fma_peak_fraction.is_some_and(|f| f > 0.0), "{r:?}");
-    // Two products and the softmax between them: at least the two product kernels.
-    assert!(r.kernels >= 2, "{r:?}");
+    // Written with the primitives, it runs as the fused attention routine.
+    assert_eq!(r.routine_steps, 1, "{r:?}");
+    // Forward and backward: the attention routine and its backward's.
+    assert_eq!(report.rows[2].routine_steps, 2, "{:?}", report.rows[2]);
     // A product of f16 operands times its f32 peer itself, so it has one alone.
     let report = run_suite(Some("matmul_f16"), &BenchOptions::tiny()).expect("runs");
     assert_eq!(report.rows.len(), 1);
