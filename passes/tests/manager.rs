@@ -41,7 +41,15 @@ fn the_pipeline_order() {
     let names: Vec<_> = pipeline().iter().map(|p| p.name()).collect();
     assert_eq!(
         names,
-        ["fold", "simplify", "views", "gather_views", "cse", "dce"]
+        [
+            "fold",
+            "simplify",
+            "views",
+            "gather_views",
+            "fuse_attention",
+            "cse",
+            "dce"
+        ]
     );
 }
 
@@ -71,7 +79,7 @@ fn a_clean_graph_takes_one_quiet_lap() {
     let before = g.to_string();
     let log = optimize(&mut g, &verifying()).unwrap();
     assert_eq!(g.to_string(), before);
-    assert_eq!(log.records.len(), 6);
+    assert_eq!(log.records.len(), 7);
     assert!(log
         .records
         .iter()
@@ -106,7 +114,7 @@ fn unknown_pass_names_are_an_error_but_later_stages_are_accepted() {
     assert!(matches!(err, PassError::UnknownPass { ref name, .. } if name == "csee"));
     assert_eq!(
         err.to_string(),
-        "cannot disable pass \"csee\": no such pass (known: cse, dce, fold, fusion, gather_views, simplify, views)"
+        "cannot disable pass \"csee\": no such pass (known: cse, dce, fold, fuse_attention, fusion, gather_views, simplify, views)"
     );
     optimize(&mut g, &verifying().with_disabled("fusion")).unwrap();
 }
@@ -140,15 +148,16 @@ fn the_dump_dir_gets_one_file_per_pass() {
     files.sort();
     assert_eq!(files.len(), log.records.len() + 1);
     assert_eq!(
-        &files[..7],
+        &files[..8],
         [
             "00-input.txt",
             "01-fold.txt",
             "02-simplify.txt",
             "03-views.txt",
             "04-gather_views.txt",
-            "05-cse.txt",
-            "06-dce.txt",
+            "05-fuse_attention.txt",
+            "06-cse.txt",
+            "07-dce.txt",
         ]
     );
     let read = |f: &str| std::fs::read_to_string(nested.join(f)).unwrap();
