@@ -682,11 +682,10 @@ fn check_extras(
     (b, hq, tq, tk): (usize, usize, usize, usize),
 ) -> Result<(), IrError> {
     let fail = |why: String| Err(IrError::Attention { why });
-    let out = out.clone();
     let mut next = spec.layout.tensors();
     if backward {
         for (what, t) in [("o", &operands[next]), ("do", &operands[next + 1])] {
-            if t.shape != out || t.dtype != q.dtype {
+            if t.shape != *out || t.dtype != q.dtype {
                 return fail(format!(
                     "{shapes}: {what} {t} must be the result's {} {out}",
                     q.dtype

@@ -11,10 +11,10 @@ mod support;
 use ndfuse::{f16, Context, DType, Tensor};
 use ndfuse_nn::{
     epoch_line, Activation, Dataset, FitOptions, Gpt, Layer, Loss, LossScale, Mode, Optimizer,
-    Parameter, Schedule, Sequential, Trainer,
+    Parameter, Sequential, Trainer,
 };
 use std::path::PathBuf;
-use support::{tiny_batch, tiny_config};
+use support::{tiny_batch, tiny_config, tiny_optimizer};
 
 fn half_context(dtype: DType) -> Context {
     Context::builder().dtype(dtype).build().unwrap()
@@ -27,18 +27,7 @@ fn tiny_trainer(ctx: &Context) -> Trainer<Gpt> {
 /// The tiny GPT's trainer with its optimiser changed by `f`.
 fn tiny_trainer_with(ctx: &Context, f: impl FnOnce(Optimizer) -> Optimizer) -> Trainer<Gpt> {
     let model = Gpt::new(ctx, &tiny_config()).unwrap();
-    let opt = Optimizer::adamw(&model.parameters(), 1e-2, 0.1)
-        .betas(0.9, 0.99)
-        .no_decay(|p| p.shape().len() < 2)
-        .clip_grad_norm(1.0)
-        .schedule(
-            Schedule::Cosine {
-                base: 1e-2,
-                floor: 1e-3,
-                steps: 30,
-            }
-            .with_warmup(3),
-        );
+    let opt = tiny_optimizer(&model);
     Trainer::new(model, f(opt), Loss::CrossEntropy)
         .unwrap()
         .seed(5)

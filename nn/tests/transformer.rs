@@ -11,11 +11,11 @@ mod support;
 use ndfuse::{Array, AttentionLayout, BackendKind, Context, DType, Tensor};
 use ndfuse_nn::{
     AttentionConfig, BlockConfig, CharCorpus, Embedding, FeedForward, FeedForwardKind, Gpt,
-    GptConfig, Init, Layer, Loss, Mode, MultiHeadAttention, NormKind, Optimizer, PositionEmbedding,
-    Positions, RmsNorm, Rope, RopeLayout, Schedule, Split, Trainer, TransformerBlock,
+    GptConfig, Init, Layer, Loss, Mode, MultiHeadAttention, NormKind, PositionEmbedding, Positions,
+    RmsNorm, Rope, RopeLayout, Split, Trainer, TransformerBlock,
 };
 use std::path::{Path, PathBuf};
-use support::{tiny_batch, tiny_config};
+use support::{tiny_batch, tiny_config, tiny_optimizer};
 
 fn vals(t: &Tensor) -> Vec<f64> {
     t.eval().unwrap().to_f64_vec()
@@ -447,18 +447,7 @@ fn attention_on_the_fused_op_equals_its_unfused_graph_in_training() {
 
 fn tiny_trainer(ctx: &Context, cfg: &GptConfig) -> Trainer<Gpt> {
     let model = Gpt::new(ctx, cfg).unwrap();
-    let opt = Optimizer::adamw(&model.parameters(), 1e-2, 0.1)
-        .betas(0.9, 0.99)
-        .no_decay(|p| p.shape().len() < 2)
-        .clip_grad_norm(1.0)
-        .schedule(
-            Schedule::Cosine {
-                base: 1e-2,
-                floor: 1e-3,
-                steps: 30,
-            }
-            .with_warmup(3),
-        );
+    let opt = tiny_optimizer(&model);
     Trainer::new(model, opt, Loss::CrossEntropy)
         .unwrap()
         .seed(5)

@@ -77,10 +77,11 @@ trait Real:
     fn max_of(src: &[Self]) -> Self;
     /// The sum of `src`.
     fn sum_of(src: &[Self]) -> Self;
-    /// `vals` stored as `dtype`.
-    fn store(vals: &[Self], out: &mut Storage);
     /// The storage's elements when it holds this type.
     fn direct(out: &mut Storage) -> Option<&mut [Self]>;
+    /// `vals` rounded into a storage that does not hold this type ([`Real::direct`]
+    /// gave none): f32 into f16 or bf16.
+    fn store(vals: &[Self], out: &mut Storage);
 }
 
 impl Real for f32 {
@@ -133,7 +134,6 @@ impl Real for f32 {
     }
     fn store(vals: &[f32], out: &mut Storage) {
         match out {
-            Storage::F32(o) => o.copy_from_slice(vals),
             Storage::F16(o) => o
                 .iter_mut()
                 .zip(vals)
@@ -182,11 +182,8 @@ impl Real for f64 {
             _ => None,
         }
     }
-    fn store(vals: &[f64], out: &mut Storage) {
-        match out {
-            Storage::F64(o) => o.copy_from_slice(vals),
-            _ => unreachable!("attention's result is a float of q's dtype (infer checks it)"),
-        }
+    fn store(_: &[f64], _: &mut Storage) {
+        unreachable!("an f64 attention's result is f64, which `direct` takes (infer checks it)")
     }
 }
 

@@ -474,6 +474,17 @@ impl Attn<'_> {
         )
     }
 
+    /// This thread's query row into `q` (zeros past the last row).
+    pub(super) fn load_query_row(&self) -> String {
+        let row = format!("{} + c", self.row(Role::Q, "b", "h", "i"));
+        let load = self.load(self.input(Role::Q), &row);
+        features(
+            "    ",
+            self.d,
+            &format!("q[c] = live ? {load} : {};", self.lit(0.0)),
+        )
+    }
+
     /// The loop over the key tiles a query block sees: k (and v when `values`) staged,
     /// `n` the keys of the tile this thread's row sees.
     pub(super) fn key_tiles(&self, values: bool) -> String {
@@ -687,17 +698,7 @@ impl Attn<'_> {
             dv.max(1),
             self.lit(f64::NEG_INFINITY)
         );
-        src.push_str(&features(
-            "    ",
-            d,
-            &format!(
-                "q[c] = live ? {} : {z};",
-                self.load(
-                    self.input(Role::Q),
-                    &format!("{} + c", self.row(Role::Q, "b", "h", "i"))
-                )
-            ),
-        ));
+        src.push_str(&self.load_query_row());
         src.push_str(&features("    ", dv, &format!("acc[c] = {z};")));
         src.push_str(&self.key_tiles(true));
         let rescale = features("          ", dv, "acc[c] *= alpha;");

@@ -86,17 +86,7 @@ impl Attn<'_> {
             d.max(1),
             self.lit(f64::NEG_INFINITY)
         );
-        src.push_str(&features(
-            "    ",
-            d,
-            &format!(
-                "q[c] = live ? {} : {z};",
-                self.load(
-                    self.input(Role::Q),
-                    &format!("{} + c", self.row(Role::Q, "b", "h", "i"))
-                )
-            ),
-        ));
+        src.push_str(&self.load_query_row());
         src.push_str(&self.key_tiles(false));
         src.push_str(&self.softmax_tile("", ""));
         let _ = writeln!(

@@ -2,7 +2,7 @@
 //! `dead_code` allowances.
 
 use ndfuse::Array;
-use ndfuse_nn::{CharCorpus, FashionMnist, GptConfig};
+use ndfuse_nn::{CharCorpus, FashionMnist, Gpt, GptConfig, Layer, Optimizer, Schedule};
 use std::path::Path;
 
 /// Whether a missing data set fails the test (`NDFUSE_REQUIRE_DATA=1`, as CI sets)
@@ -82,4 +82,22 @@ pub fn tiny_batch(step: u64) -> (Array, Array) {
         Array::from_vec(x, &[b, t]).unwrap(),
         Array::from_vec(y, &[b, t]).unwrap(),
     )
+}
+
+/// The tiny GPT's recipe: AdamW 1e-2 (betas 0.9, 0.99; decay 0.1 on matrices only),
+/// clipping at 1, cosine to 1e-3 over 30 steps after 3 of warm-up.
+#[allow(dead_code)]
+pub fn tiny_optimizer(model: &Gpt) -> Optimizer {
+    Optimizer::adamw(&model.parameters(), 1e-2, 0.1)
+        .betas(0.9, 0.99)
+        .no_decay(|p| p.shape().len() < 2)
+        .clip_grad_norm(1.0)
+        .schedule(
+            Schedule::Cosine {
+                base: 1e-2,
+                floor: 1e-3,
+                steps: 30,
+            }
+            .with_warmup(3),
+        )
 }
