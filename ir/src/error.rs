@@ -207,6 +207,15 @@ pub enum IrError {
         /// What is wrong, with the shapes involved.
         why: String,
     },
+    /// Operands of the LAPACK level that do not fit (not matrices, not square, `b` not
+    /// fitting `a`); `why` names the shapes.
+    #[error("{op}: {why}")]
+    Linalg {
+        /// The op.
+        op: &'static str,
+        /// What is wrong, with the shapes involved.
+        why: String,
+    },
     /// Input and const nodes have no operands to infer from.
     #[error("{op} nodes are created with an explicit dtype and shape, not inferred")]
     NotInferable {

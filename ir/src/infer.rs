@@ -161,6 +161,7 @@ pub fn infer(op: &Op, operands: &[TensorType]) -> Result<TensorType, IrError> {
         }
         Op::Attention(spec) => infer_attention(spec, operands, false),
         Op::AttentionBackward(spec) => infer_attention(spec, operands, true),
+        Op::Linalg(l) => infer_linalg(*l, operands),
         Op::Argsort { axis, k, .. } => {
             let x = &operands[0];
             check_axes(name, &[*axis], x)?;
@@ -720,4 +721,74 @@ fn check_extras(
         }
     }
     Ok(())
+}
+
+/// [`Op::Linalg`]'s result: float operands of one dtype, matrices in the last two axes
+/// with equal batch axes, square where the op needs it, `b` fitting `a`.
+fn infer_linalg(
+    op: crate::linalg::LinalgOp,
+    operands: &[TensorType],
+) -> Result<TensorType, IrError> {
+    use crate::linalg::LinalgOp;
+    let name = op.name();
+    let a = &operands[0];
+    if !a.dtype.is_float() {
+        return Err(IrError::BadDType {
+            op: name,
+            operand: a.clone(),
+            why: "the LAPACK level takes float matrices (cast integers first)",
+        });
+    }
+    let fail = |why: String| Err(IrError::Linalg { op: name, why });
+    let d = a.shape.dims();
+    if d.len() < 2 {
+        return fail(format!("a is {a}: it needs two matrix axes at least"));
+    }
+    let (batch, m, n) = (&d[..d.len() - 2], d[d.len() - 2], d[d.len() - 1]);
+    if op.square() && m != n {
+        return fail(format!("a is {a}: its last two axes are not square"));
+    }
+    let shape = match op {
+        LinalgOp::Solve | LinalgOp::TriangularSolve { .. } => {
+            let b = &operands[1];
+            if b.dtype != a.dtype {
+                return fail(format!("a is {a} and b is {b}: one dtype is needed"));
+            }
+            let bd = b.shape.dims();
+            let left = !matches!(op, LinalgOp::TriangularSolve { left: false, .. });
+            let fits = bd.len() == d.len()
+                && &bd[..bd.len() - 2] == batch
+                && if left {
+                    bd[bd.len() - 2] == n
+                } else {
+                    bd[bd.len() - 1] == n
+                };
+            if !fits {
+                return fail(format!(
+                    "a is {a} and b is {b}: b must be [..., {n}, k]{} with a's batch axes",
+                    if left {
+                        ""
+                    } else {
+                        " (right side: [..., k, n])"
+                    }
+                ));
+            }
+            b.shape.clone()
+        }
+        LinalgOp::Det => Shape::new(batch),
+        LinalgOp::Cholesky => a.shape.clone(),
+        _ => {
+            let mut s = batch.to_vec();
+            s.push(if op.packed() {
+                op.packed_len(m, n)
+            } else {
+                m.min(n)
+            });
+            Shape::new(s)
+        }
+    };
+    Ok(TensorType {
+        dtype: a.dtype,
+        shape,
+    })
 }

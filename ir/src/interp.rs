@@ -25,6 +25,7 @@ mod elementwise;
 mod error;
 mod index;
 mod kernel;
+mod linalg;
 mod random;
 mod reduce;
 mod scalar;
@@ -50,6 +51,46 @@ use reduce::{arg_reduce, reduce};
 use std::collections::HashMap;
 use vals::{Tensor, Vals};
 use views::{view_of, Offsets};
+
+/// [`Op::Linalg`] over every matrix of the batch, each in f64 and rounded once; the
+/// first matrix that fails names its batch position.
+fn linalg_batch(
+    op: crate::linalg::LinalgOp,
+    operands: &[&Tensor],
+    node: &Node,
+) -> Result<Vals, InterpError> {
+    let a = &operands[0];
+    let d = a.shape.dims();
+    let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+    let batch_shape = crate::shape::Shape::new(&d[..d.len() - 2]);
+    let batch = batch_shape.numel();
+    let av = a.vals.to_f64s();
+    let b = operands.get(1).map(|b| {
+        let bd = b.shape.dims();
+        (b.vals.to_f64s(), bd[bd.len() - 2], bd[bd.len() - 1])
+    });
+    let per_out = node.shape.numel() / batch.max(1);
+    let mut out = Vec::with_capacity(node.shape.numel());
+    for i in 0..batch {
+        let bi = b
+            .as_ref()
+            .map(|(v, r, c)| (&v[i * r * c..(i + 1) * r * c], *r, *c));
+        let r =
+            linalg::eval_one(op, &av[i * m * n..(i + 1) * m * n], m, n, bi).map_err(|failure| {
+                InterpError::Linalg {
+                    op: op.name(),
+                    batch: batch_shape.unravel(i),
+                    failure,
+                }
+            })?;
+        debug_assert_eq!(r.len(), per_out, "{op}: a wrong result length (a bug)");
+        out.extend(
+            r.into_iter()
+                .map(|x| crate::round::round_f64(x, node.dtype)),
+        );
+    }
+    Ok(Vals::F(out))
+}
 
 // ---------------------------------------------------------------------------------------
 // Graph evaluation.
@@ -115,6 +156,7 @@ fn compute(node: &Node, operands: &[&Tensor]) -> Result<Tensor, InterpError> {
         ),
         Op::Attention(spec) => attention::attention(spec, operands, node.dtype),
         Op::AttentionBackward(spec) => attention::attention_backward(spec, operands, node.dtype),
+        Op::Linalg(l) => linalg_batch(*l, operands, node)?,
     };
     debug_assert_eq!(
         vals.len(),

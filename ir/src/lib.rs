@@ -16,6 +16,7 @@ pub mod infer;
 pub mod interp;
 pub mod kernel;
 mod kernel_check;
+pub mod linalg;
 pub mod op;
 mod print;
 pub mod round;
@@ -31,6 +32,7 @@ pub use kernel::{
     Accumulate, Buffer, Contraction, Expr, GatherAxis, IndexCheck, Instr, Kernel, Level, Plan,
     Prologue, Store, ValueId,
 };
+pub use linalg::{LinalgFailure, LinalgOp};
 pub use op::{
     ArgReduceOp, AttentionLayout, AttentionSpec, BinaryOp, CausalMask, Node, Op, PadMode, ReduceOp,
     ScanOp, UnaryOp, ViewOp,

@@ -524,6 +524,12 @@ pub enum Op {
     /// gradients of the shared key/value heads summed over their query heads). A routine
     /// of its own that recomputes the probabilities per block of keys.
     AttentionBackward(AttentionSpec),
+    /// A decomposition or solve of the LAPACK level over the last two axes, batched over
+    /// the leading ones (see [`crate::linalg`] for each op's operands, its packed result
+    /// and its sign conventions). Float dtypes; f16 and bf16 compute in f32 and round
+    /// once. A routine of its own (a library call on a backend); a matrix it cannot
+    /// factor is an error of the evaluation naming the batch index.
+    Linalg(crate::linalg::LinalgOp),
 }
 
 /// Which keys a query sees by position in [`Op::Attention`].
@@ -728,6 +734,7 @@ impl Op {
             Op::Pad { .. } => 1,
             Op::Attention(s) => s.layout.tensors() + s.extras(),
             Op::AttentionBackward(s) => s.layout.tensors() + 2 + s.extras(),
+            Op::Linalg(l) => l.arity(),
         }
     }
 
@@ -767,7 +774,8 @@ impl Op {
         matches!(self, Op::Gather { .. } | Op::Concat { .. } | Op::Pad { .. })
     }
 
-    /// Ops that run as a routine of their own (scatter-add, scans, sorts, attention):
+    /// Ops that run as a routine of their own (scatter-add, scans, sorts, attention, the
+    /// LAPACK level):
     /// neither element-wise nor a reduction of the row program.
     pub fn is_routine(&self) -> bool {
         matches!(
@@ -777,6 +785,7 @@ impl Op {
                 | Op::Argsort { .. }
                 | Op::Attention(_)
                 | Op::AttentionBackward(_)
+                | Op::Linalg(_)
         )
     }
 
@@ -808,6 +817,7 @@ impl Op {
             Op::Argsort { .. } => "argsort",
             Op::Attention(_) => "attention",
             Op::AttentionBackward(_) => "attention_backward",
+            Op::Linalg(l) => l.name(),
         }
     }
 }

@@ -102,6 +102,24 @@ fn write_op(out: &mut String, g: &Graph, id: NodeId, num: &HashMap<NodeId, usize
             ", axis={axis}, k={k}{}",
             if *descending { ", descending" } else { "" }
         ),
+        Op::Linalg(l) => match *l {
+            crate::linalg::LinalgOp::TriangularSolve {
+                lower,
+                left,
+                unit_diagonal,
+            } => write!(
+                out,
+                ", {}, {}{}",
+                if lower { "lower" } else { "upper" },
+                if left { "left" } else { "right" },
+                if unit_diagonal { ", unit_diagonal" } else { "" }
+            ),
+            crate::linalg::LinalgOp::Qr { complete: true } => write!(out, ", complete"),
+            crate::linalg::LinalgOp::Svd { full: true } => write!(out, ", full"),
+            crate::linalg::LinalgOp::Eigh { upper: true }
+            | crate::linalg::LinalgOp::Eigvalsh { upper: true } => write!(out, ", upper"),
+            _ => Ok(()),
+        },
         Op::Attention(spec) | Op::AttentionBackward(spec) => {
             let _ = write!(
                 out,

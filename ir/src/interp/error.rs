@@ -53,6 +53,17 @@ pub enum InterpError {
         /// The extent of the axis.
         extent: usize,
     },
+    /// A matrix of a LAPACK-level op that has no result (numpy's `LinAlgError`): singular,
+    /// not positive definite, or not converging.
+    #[error("{op}: {failure} in the matrix at batch position {batch:?}")]
+    Linalg {
+        /// The op.
+        op: &'static str,
+        /// The matrix's position among the batch axes (`[]` without batch axes).
+        batch: Vec<usize>,
+        /// What went wrong.
+        failure: crate::linalg::LinalgFailure,
+    },
     /// A step's result (a node's value, a kernel's outputs), whose size comes from the
     /// user's shapes, is larger than this platform can address or than the memory to
     /// be had; nothing of it was allocated.

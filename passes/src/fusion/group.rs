@@ -123,7 +123,8 @@ impl<'g> Fuser<'g> {
                     | Op::Scan { .. }
                     | Op::Argsort { .. }
                     | Op::Attention(_)
-                    | Op::AttentionBackward(_) => Role::Routine,
+                    | Op::AttentionBackward(_)
+                    | Op::Linalg(_) => Role::Routine,
                 };
                 (n, r)
             })

@@ -36,6 +36,10 @@ impl Fuser<'_> {
                                                  its own: dq, dk and dv from the \
                                                  probabilities recomputed per block"
                         .to_string(),
+                    Op::Linalg(l) => format!(
+                        "{} is a library call of the LAPACK level (faer on the CPU)",
+                        l.name()
+                    ),
                     _ => format!("{} runs as a routine of its own", op.name()),
                 };
                 lowered.push((
