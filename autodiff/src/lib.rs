@@ -9,6 +9,7 @@
 mod backward;
 mod emit;
 mod error;
+mod linalg;
 mod rules;
 
 pub use backward::{grad, Backward};
