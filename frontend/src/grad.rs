@@ -79,7 +79,8 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
                     .map(|o| made[o].clone())
                     .collect();
                 let src: Vec<&Tensor> = src.iter().collect();
-                Tensor::build(op.clone(), &src, at)
+                // In `ctx`: a rule may emit an op without operands (an iota).
+                Tensor::build_in(ctx, op.clone(), &src, at)
             }
         };
         made.insert(n, t);

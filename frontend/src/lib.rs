@@ -37,6 +37,7 @@ mod graph_cache;
 mod index;
 #[cfg(feature = "ndarray")]
 mod interop;
+pub mod linalg;
 pub mod npy;
 mod ops;
 mod random;

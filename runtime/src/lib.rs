@@ -34,6 +34,7 @@ mod executor;
 mod gemm;
 mod gemm_packed;
 mod gemm_tier;
+mod linalg;
 mod routines;
 mod step_path;
 mod target;

@@ -48,6 +48,12 @@ pub fn run_routine(
     node: &Node,
     operands: &[&HostArray],
 ) -> Option<Result<HostArray, RuntimeError>> {
+    if let Op::Linalg(l) = node.op {
+        if !operands_fit(node, operands) {
+            return None;
+        }
+        return Some(crate::linalg::run(l, node, operands));
+    }
     if matches!(node.op, Op::Attention(_) | Op::AttentionBackward(_)) {
         if !operands_fit(node, operands) {
             return None;

@@ -31,11 +31,67 @@ pub const FUNCTIONS: &[&str] = &[
     "conv1d", "conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool2d",
     // attention
     "attention",
+    // the LAPACK level
+    "solve", "cholesky", "inv", "det", "svdvals", "eigvalsh", "pinv", "triangular_solve",
+    "matrix_norm", "cond", "matrix_transpose", "qr", "svd", "eigh", "slogdet", "lu", "lstsq",
     // composites
     "softmax", "log_softmax", "layernorm", "dropout",
     // differentiation
     "grad",
 ];
+
+/// The LAPACK-level functions that return one tensor (lowered in `linalg`).
+pub const LINALG_SINGLE: &[&str] = &[
+    "solve",
+    "cholesky",
+    "inv",
+    "det",
+    "svdvals",
+    "eigvalsh",
+    "pinv",
+    "triangular_solve",
+    "matrix_norm",
+    "cond",
+    "matrix_transpose",
+];
+
+/// The functions that return a tuple, with the number of its items.
+pub const LINALG_TUPLES: &[(&str, usize)] = &[
+    ("qr", 2),
+    ("svd", 3),
+    ("eigh", 2),
+    ("slogdet", 2),
+    ("lu", 3),
+    ("lstsq", 4),
+];
+
+/// The parts of the tuples, for the "index it" message.
+pub fn tuple_items(name: &str) -> &'static str {
+    match name {
+        "qr" => "(q, r)",
+        "svd" => "(u, s, vh)",
+        "eigh" => "(eigenvalues, eigenvectors)",
+        "slogdet" => "(sign, logabsdet)",
+        "lu" => "(p, l, u)",
+        _ => "(solution, residuals, rank, singular_values)",
+    }
+}
+
+/// Whether `name` is a LAPACK-level function.
+pub fn is_linalg(name: &str) -> bool {
+    LINALG_SINGLE.contains(&name) || LINALG_TUPLES.iter().any(|(t, _)| *t == name)
+}
+
+/// The error of a tuple function used without an index.
+pub fn linalg_unindexed(name: &str, pos: usize) -> ExprError {
+    ExprError::new(
+        pos,
+        format!(
+            "{name}() returns a tuple {}: index it, as {name}(a)[0]",
+            tuple_items(name)
+        ),
+    )
+}
 
 /// "unknown function" with the closest known name when one is near.
 pub fn unknown_function(name: &str) -> String {

@@ -9,8 +9,8 @@
 
 use super::call::{
     axes_literal, axis_literal, bind, bool_literal, causal_literal, conv_padding, dtype_literal,
-    float_literal, int_list, int_literal, is_none, opt, pad_mode, pad_widths, req, spatial_literal,
-    unknown_function, FUNCTIONS,
+    float_literal, int_list, int_literal, is_linalg, is_none, opt, pad_mode, pad_widths, req,
+    spatial_literal, unknown_function, FUNCTIONS, LINALG_TUPLES,
 };
 use super::parse::{BinOp, ExprError, IndexItem, Kind, Kwarg, Lit, Node};
 use crate::context::Context;
@@ -100,7 +100,7 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    fn checked(&self, t: Tensor, pos: usize) -> Result<Tensor, ExprError> {
+    pub(super) fn checked(&self, t: Tensor, pos: usize) -> Result<Tensor, ExprError> {
         match t.error() {
             Some(e) => Err(ExprError::new(pos, e.reason())),
             None => Ok(t),
@@ -180,6 +180,12 @@ impl<'a> Lowerer<'a> {
             }
             Kind::Call { name, args, kwargs } => self.call(name, args, kwargs, pos),
             Kind::Subscript { base, items } => {
+                if let Kind::Call { name, args, kwargs } = &base.kind {
+                    if LINALG_TUPLES.iter().any(|(n, _)| n == name) {
+                        let t = self.linalg_item(name, args, kwargs, items, pos)?;
+                        return self.checked(t, pos).map(Value::T);
+                    }
+                }
                 let b = self.value(base)?;
                 let Value::T(t) = b else {
                     return Err(ExprError::new(pos, "cannot index a literal"));
@@ -546,6 +552,7 @@ impl<'a> Lowerer<'a> {
                 self.conv_call(name, args, kwargs, pos)?
             }
             "attention" => self.attention_call(args, kwargs, pos)?,
+            n if is_linalg(n) => self.linalg_call(n, args, kwargs, pos)?,
             "grad" => {
                 // grad(f, x): the gradient of the 0-d float `f` with respect to input `x`.
                 let a = bind(name, pos, args, kwargs, &["f", "x"])?;
@@ -879,7 +886,7 @@ impl<'a> Lowerer<'a> {
         items.iter().map(|i| self.tensor_arg(i)).collect()
     }
 
-    fn tensor_arg(&mut self, n: &Node) -> Result<Tensor, ExprError> {
+    pub(super) fn tensor_arg(&mut self, n: &Node) -> Result<Tensor, ExprError> {
         let v = self.value(n)?;
         self.as_tensor(v, n.pos)
     }
