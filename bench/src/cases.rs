@@ -232,6 +232,126 @@ pub fn cases_on(size: Size, gpu: bool) -> Vec<Case> {
     }
     all.extend(matmul_cases(size, gpu));
     all.push(conv_case(size));
+    all.extend(linalg_cases(size));
+    all
+}
+
+/// The LAPACK level (issue 33), f64 then f32: solve with 1 and 64 right-hand sides,
+/// cholesky, qr, inv and det at n = 1024, svd and eigh at n = 512, and 1024 solves of
+/// 32 x 32. FLOPs by LAPACK's counts (LAWN 41) for square matrices: `getrf` 2n^3/3 plus
+/// `getrs` 2n^2 k per solve, `potrf` n^3/3, `geqrf` 4n^3/3 (the row also forms the
+/// thin Q: counted as the factorisation alone, as the peers' rows are), inverse 2n^3,
+/// det 2n^3/3; svd with vectors 22n^3 and eigh with vectors 9n^3 by convention (the
+/// Golub-Van Loan estimates the peers' script uses). Inputs are uniform in [-1, 1): a
+/// random square matrix is non-singular; cholesky's reads the lower triangle of a
+/// matrix whose diagonal is shifted by n (diagonally dominant: positive definite);
+/// eigh's reads the lower triangle of a random matrix (a symmetric one).
+fn linalg_cases(size: Size) -> Vec<Case> {
+    use ndfuse::linalg;
+    let full = size == Size::Full;
+    let (n, ns, nb, bn) = if full {
+        (1024, 512, 1024, 32)
+    } else {
+        (16, 12, 4, 8)
+    };
+    let (n3, ns3) = ((n * n * n) as u64, (ns * ns * ns) as u64);
+    let lu = 2 * n3 / 3;
+    let mut all = Vec::new();
+    for dtype in [DType::F64, DType::F32] {
+        let f64_ = dtype == DType::F64;
+        let pick = |a: &'static str, b: &'static str| if f64_ { a } else { b };
+        let case = |name, expr, inputs, flops, build| Case {
+            name,
+            expr,
+            inputs,
+            kind: Kind::Throughput,
+            flops: Some(flops),
+            versus: None,
+            reads: None,
+            build,
+        };
+        let sq = |name: &'static str, m: usize| vec![(name, vec![m, m], dtype)];
+        let solve = |k: usize| vec![("a", vec![n, n], dtype), ("b", vec![n, k], dtype)];
+        all.extend([
+            case(
+                pick("linalg_solve_f64", "linalg_solve_f32"),
+                "solve(a, b)",
+                solve(1),
+                lu + (2 * n * n) as u64,
+                |t, _| linalg::solve(&t[0], &t[1]),
+            ),
+            case(
+                pick("linalg_solve64_f64", "linalg_solve64_f32"),
+                "solve(a, b), 64 right-hand sides",
+                solve(64),
+                lu + (2 * n * n * 64) as u64,
+                |t, _| linalg::solve(&t[0], &t[1]),
+            ),
+            case(
+                pick("linalg_cholesky_f64", "linalg_cholesky_f32"),
+                "cholesky(spd)",
+                sq("spd", n),
+                n3 / 3,
+                |t, _| linalg::cholesky(&t[0], false),
+            ),
+            case(
+                pick("linalg_qr_f64", "linalg_qr_f32"),
+                "qr(a)[0]",
+                sq("a", n),
+                4 * n3 / 3,
+                |t, _| linalg::qr(&t[0], linalg::QrMode::Reduced).q,
+            ),
+            case(
+                pick("linalg_inv_f64", "linalg_inv_f32"),
+                "inv(a)",
+                sq("a", n),
+                2 * n3,
+                |t, _| linalg::inv(&t[0]),
+            ),
+            case(
+                pick("linalg_det_f64", "linalg_det_f32"),
+                "det(a)",
+                sq("a", n),
+                lu,
+                |t, _| linalg::det(&t[0]),
+            ),
+            case(
+                pick("linalg_svd_f64", "linalg_svd_f32"),
+                "svd(a, full_matrices=false)[0]",
+                sq("a", ns),
+                22 * ns3,
+                |t, _| linalg::svd(&t[0], false).u,
+            ),
+            case(
+                pick("linalg_eigh_f64", "linalg_eigh_f32"),
+                "eigh(a)[1]",
+                sq("a", ns),
+                9 * ns3,
+                |t, _| linalg::eigh(&t[0], false).eigenvectors,
+            ),
+        ]);
+    }
+    for dtype in [DType::F64, DType::F32] {
+        let name = if dtype == DType::F64 {
+            "linalg_solve_batched_f64"
+        } else {
+            "linalg_solve_batched_f32"
+        };
+        let b3 = (bn * bn * bn) as u64;
+        all.push(Case {
+            name,
+            expr: "solve(a, b), a batch of small systems",
+            inputs: vec![
+                ("a", vec![nb, bn, bn], dtype),
+                ("b", vec![nb, bn, 1], dtype),
+            ],
+            kind: Kind::Throughput,
+            flops: Some(nb as u64 * (2 * b3 / 3 + (2 * bn * bn) as u64)),
+            versus: None,
+            reads: None,
+            build: |t, _| linalg::solve(&t[0], &t[1]),
+        });
+    }
     all
 }
 
@@ -427,12 +547,22 @@ impl Case {
     }
 
     /// The case's input tensors, filled with the suite's seeded uniform data in
-    /// [-1, 1) (the same in every run).
+    /// [-1, 1) (the same in every run); an input named `spd` (a square matrix) has its
+    /// diagonal shifted by its extent, which makes it diagonally dominant: positive
+    /// definite, for a Cholesky factorisation.
     pub fn make_inputs(&self, ctx: &Context) -> Result<Vec<Tensor>> {
         self.inputs
             .iter()
             .enumerate()
-            .map(|(i, (_, s, d))| input_data(ctx, s, *d, i as u64 + 1))
+            .map(|(i, (name, s, d))| {
+                let x = input_data(ctx, s, *d, i as u64 + 1)?;
+                if *name != "spd" {
+                    return Ok(x);
+                }
+                let n = s[s.len() - 1];
+                let shift = ctx.full_dtype(&[n, n], n as f64, *d).tril(0).triu(0);
+                Ok(ctx.from_array(&(&x + &shift).eval()?))
+            })
             .collect()
     }
 

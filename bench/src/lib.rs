@@ -97,6 +97,7 @@ mod tests {
     fn ideal_bytes_are_inputs_once_plus_the_output_once() {
         let ctx = Context::new();
         const M: u64 = 1 << 20;
+        const K2: u64 = 1024 * 1024;
         let want: &[(&str, u64)] = &[
             ("gelu", 2 * 64 * M),                     // 16M f32 in, 16M f32 out
             ("chain", 4 * 64 * M),                    // three inputs, one output
@@ -125,6 +126,26 @@ mod tests {
                 "conv2d",
                 2 * 8 * 64 * 56 * 56 * 4 + 64 * 64 * 9 * 4 + 64 * 4,
             ),
+            // The LAPACK level: n = 1024 (svd, eigh 512), f64 then f32 (half the bytes).
+            ("linalg_solve_f64", (K2 + 2 * 1024) * 8), // a, b, x
+            ("linalg_solve64_f64", (K2 + 2 * 64 * 1024) * 8),
+            ("linalg_cholesky_f64", 2 * K2 * 8), // spd, l
+            ("linalg_qr_f64", 2 * K2 * 8),       // a, q
+            ("linalg_inv_f64", 2 * K2 * 8),
+            ("linalg_det_f64", K2 * 8 + 8),
+            ("linalg_svd_f64", 2 * K2 / 4 * 8), // a, u: 512^2
+            ("linalg_eigh_f64", 2 * K2 / 4 * 8),
+            ("linalg_solve_f32", (K2 + 2 * 1024) * 4),
+            ("linalg_solve64_f32", (K2 + 2 * 64 * 1024) * 4),
+            ("linalg_cholesky_f32", 2 * K2 * 4),
+            ("linalg_qr_f32", 2 * K2 * 4),
+            ("linalg_inv_f32", 2 * K2 * 4),
+            ("linalg_det_f32", K2 * 4 + 4),
+            ("linalg_svd_f32", 2 * K2 / 4 * 4),
+            ("linalg_eigh_f32", 2 * K2 / 4 * 4),
+            // 1024 systems of 32: a, b and x
+            ("linalg_solve_batched_f64", 1024 * (32 * 32 + 2 * 32) * 8),
+            ("linalg_solve_batched_f32", 1024 * (32 * 32 + 2 * 32) * 4),
         ];
         let all = cases(Size::Full);
         assert_eq!(all.len(), want.len());

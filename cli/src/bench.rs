@@ -11,7 +11,9 @@ pub struct BenchArgs {
     /// Run only the cases whose name contains SUITE: gelu, chain, softmax, layernorm,
     /// sum, colsum, broadcast, embedding, scan_rows, argsort, gelu_f16, compile_new,
     /// compile_cached, matmul_f32, matmul_gelu, attention, attention_causal,
-    /// attention_causal_grad, matmul_f16, matmul_bf16, matmul_cached, conv2d; and the training
+    /// attention_causal_grad, matmul_f16, matmul_bf16, matmul_cached, conv2d, the LAPACK
+    /// level (`linalg` selects them all: linalg_{solve,solve64,cholesky,qr,inv,det,svd,
+    /// eigh}_{f64,f32}, linalg_solve_batched_{f64,f32}); and the training
     /// rows (`train` selects them all): train_step_mlp, train_parallel_1w1t,
     /// train_parallel_1w2t, train_parallel_2w1t_f1, train_parallel_2w1t_f8.
     suite: Option<String>,

@@ -197,6 +197,8 @@ pub enum LinalgFailure {
     /// The iteration did not converge (an eigen- or singular-value solver on NaN or
     /// infinite input).
     NoConvergence,
+    /// The workspace of the factorisation could not be allocated.
+    OutOfMemory,
 }
 
 impl fmt::Display for LinalgFailure {
@@ -210,6 +212,7 @@ impl fmt::Display for LinalgFailure {
                 "matrix is not positive definite (leading minor of order {minor})"
             ),
             LinalgFailure::NoConvergence => f.write_str("did not converge (is the input finite?)"),
+            LinalgFailure::OutOfMemory => f.write_str("out of memory for the workspace"),
         }
     }
 }

@@ -12,10 +12,27 @@
 //! Where the checks differ from LAPACK's: `solve` and `triangular_solve` fail on an
 //! exactly zero pivot (LAPACK's `getrf`/`trtrs` info), never on a small one; a NaN
 //! input gives NaN results, as in numpy.
+//!
+//! Layouts. ndfuse's matrices are row-major, faer's column-major; an element-by-element
+//! transposing copy of a 1024 x 1024 f64 matrix costs 5-8 ms on the VMs we measure on,
+//! as much as its Cholesky factorisation, and every fresh buffer costs its page faults
+//! (about 2 us each there). So the hot paths copy nothing they need not and factor in
+//! place, in buffers of the runtime's host cache: `cholesky` factors its result
+//! buffer, holding a copy of `a`, as the row-major matrix it is (faer's in-place
+//! Cholesky is as fast there as on column-major storage); `solve`, `det` and `slogdet`
+//! factor `a` copied tile by tile into column-major storage (factoring `a^T`, the free
+//! view, would pivot otherwise than LAPACK and call other matrices singular), and solve
+//! in the result buffer; `triangular_solve` reads `a` through a view and solves in its
+//! result buffer; `lu` and `qr` copy `a` tile by tile into column-major storage; `eigh` and `svd` decompose the free column-major view
+//! (`a^T`: the same symmetric matrix from the other triangle, or the SVD with `U` and
+//! `V` swapped). One matrix alone gets faer's parallel algorithms on the current
+//! rayon pool; a batch runs its matrices in parallel, each sequentially.
 
+use crate::alloc::host_cache;
 use crate::error::RuntimeError;
-use faer::linalg::solvers::Solve;
-use faer::{MatRef, Par, Side};
+use faer::dyn_stack::{MemBuffer, MemStack};
+use faer::linalg::lu::partial_pivoting as pp;
+use faer::{Mat, MatMut, MatRef, Par, Side};
 use half::{bf16, f16};
 use ndfuse_ir::interp::InterpError;
 use ndfuse_ir::linalg::{canonical_column_signs, canonical_qr_signs, canonical_row_signs};
@@ -24,26 +41,50 @@ use rayon::prelude::*;
 
 /// The float types the library computes in.
 trait Real: faer::traits::RealField + ndfuse_ir::linalg::SignedReal + Copy + Send + Sync {
+    const DTYPE: DType;
     fn of(x: f64) -> Self;
     fn ln_abs(self) -> Self;
+    /// The elements of an array of [`Real::DTYPE`].
+    fn elems(a: &mut HostArray) -> &mut [Self];
 }
 
 impl Real for f32 {
+    const DTYPE: DType = DType::F32;
     fn of(x: f64) -> f32 {
         x as f32
     }
     fn ln_abs(self) -> f32 {
         self.abs().ln()
     }
+    fn elems(a: &mut HostArray) -> &mut [f32] {
+        match a.storage_mut() {
+            Storage::F32(v) => v,
+            _ => unreachable!("an f32 array holds f32 storage"),
+        }
+    }
 }
 
 impl Real for f64 {
+    const DTYPE: DType = DType::F64;
     fn of(x: f64) -> f64 {
         x
     }
     fn ln_abs(self) -> f64 {
         self.abs().ln()
     }
+    fn elems(a: &mut HostArray) -> &mut [f64] {
+        match a.storage_mut() {
+            Storage::F64(v) => v,
+            _ => unreachable!("an f64 array holds f64 storage"),
+        }
+    }
+}
+
+/// A buffer of `len` elements from the host cache (its contents are stale).
+fn work<T: Real>(len: usize) -> Result<HostArray, LinalgFailure> {
+    host_cache()
+        .array(T::DTYPE, Shape::new([len]))
+        .map_err(|_| LinalgFailure::OutOfMemory)
 }
 
 /// `node` (an [`Op::Linalg`]) on `operands`, whose types fit it.
@@ -69,20 +110,25 @@ pub(crate) fn run(
         })
     };
     let shape = node.shape.clone();
-    let storage = match (a.storage(), operands.get(1).map(|b| b.storage())) {
+    let cache = host_cache();
+    match (a.storage(), operands.get(1).map(|b| b.storage())) {
         (Storage::F64(av), bv) => {
             let bv = bv.map(|s| match s {
                 Storage::F64(v) => v.as_slice(),
                 _ => unreachable!("infer gives both operands one dtype"),
             });
-            Storage::F64(batched(op, (av, m, n), bv.zip(b), count, shape.numel()).map_err(fail)?)
+            let mut out = cache.array(DType::F64, shape)?;
+            batched(op, (av, m, n), bv.zip(b), count, f64::elems(&mut out)).map_err(fail)?;
+            Ok(out)
         }
         (Storage::F32(av), bv) => {
             let bv = bv.map(|s| match s {
                 Storage::F32(v) => v.as_slice(),
                 _ => unreachable!("infer gives both operands one dtype"),
             });
-            Storage::F32(batched(op, (av, m, n), bv.zip(b), count, shape.numel()).map_err(fail)?)
+            let mut out = cache.array(DType::F32, shape)?;
+            batched(op, (av, m, n), bv.zip(b), count, f32::elems(&mut out)).map_err(fail)?;
+            Ok(out)
         }
         (s, bv) => {
             // Half types: widened to f32, rounded once at the end.
@@ -94,59 +140,92 @@ pub(crate) fn run(
                 }
             };
             let (av, bw) = (widen(s), bv.map(widen));
-            let out = batched(op, (&av, m, n), bw.as_deref().zip(b), count, shape.numel())
-                .map_err(fail)?;
-            match node.dtype {
-                DType::F16 => Storage::F16(out.into_iter().map(f16::from_f32).collect()),
-                _ => Storage::BF16(out.into_iter().map(bf16::from_f32).collect()),
+            let mut wide = cache.array(DType::F32, shape.clone())?;
+            let o = f32::elems(&mut wide);
+            batched(op, (&av, m, n), bw.as_deref().zip(b), count, o).map_err(fail)?;
+            let mut out = cache.array(node.dtype, shape)?;
+            match out.storage_mut() {
+                Storage::F16(h) => h
+                    .iter_mut()
+                    .zip(o.iter())
+                    .for_each(|(h, x)| *h = f16::from_f32(*x)),
+                Storage::BF16(h) => h
+                    .iter_mut()
+                    .zip(o.iter())
+                    .for_each(|(h, x)| *h = bf16::from_f32(*x)),
+                _ => unreachable!("a half result holds half storage"),
             }
+            Ok(out)
         }
-    };
-    Ok(HostArray::new(shape, storage).expect("every op fills its result's elements"))
+    }
 }
 
-/// Every one of the `count` matrices of the batch, in parallel; the first failure in
-/// batch order.
+/// Every one of the `count` matrices of the batch into `out`, in parallel; the first
+/// failure in batch order.
 fn batched<T: Real>(
     op: LinalgOp,
     (a, m, n): (&[T], usize, usize),
     b: Option<(&[T], (usize, usize))>,
     count: usize,
-    total: usize,
-) -> Result<Vec<T>, (usize, LinalgFailure)> {
-    let mut out = vec![T::of(0.0); total];
-    let Some(per_out) = total.checked_div(count).filter(|&p| p > 0) else {
-        return Ok(out);
+    out: &mut [T],
+) -> Result<(), (usize, LinalgFailure)> {
+    let Some(per_out) = out.len().checked_div(count).filter(|&p| p > 0) else {
+        return Ok(());
     };
-    // One matrix per task: a decomposition is far more work than a task's overhead.
+    let one_at = |i: usize, o: &mut [T], par: Par| {
+        let ai = &a[i * m * n..(i + 1) * m * n];
+        let bi = b.map(|(bv, (r, c))| (&bv[i * r * c..(i + 1) * r * c], r, c));
+        one(op, ai, m, n, bi, o, par).map_err(|f| (i, f))
+    };
+    if count == 1 {
+        // One matrix: faer's own parallel algorithms on the current pool.
+        return one_at(0, out, Par::rayon(0));
+    }
+    // Matrices in parallel, each sequential: a decomposition is far more work than a
+    // task's overhead.
     let failures: Vec<(usize, LinalgFailure)> = out
         .par_chunks_mut(per_out)
         .enumerate()
-        .filter_map(|(i, o)| {
-            let ai = &a[i * m * n..(i + 1) * m * n];
-            let bi = b.map(|(bv, (r, c))| (&bv[i * r * c..(i + 1) * r * c], r, c));
-            one(op, ai, m, n, bi, o).err().map(|f| (i, f))
-        })
+        .filter_map(|(i, o)| one_at(i, o, Par::Seq).err())
         .collect();
     match failures.into_iter().min_by_key(|f| f.0) {
         Some(f) => Err(f),
-        None => Ok(out),
+        None => Ok(()),
     }
 }
 
-/// Writes `mat` (row-major) into `out`.
+/// The side of the square tiles the layout changes copy by: a tile of each side (8 KiB
+/// of f64 at most) stays in L1 while its rows are read and its columns written.
+const TILE: usize = 32;
+
+/// Writes `mat` into `out` row-major, tile by tile (see the module docs).
 fn put<T: Real>(out: &mut [T], mat: MatRef<'_, T>) {
-    let c = mat.ncols();
-    for i in 0..mat.nrows() {
-        for j in 0..c {
-            out[i * c + j] = mat[(i, j)];
+    let (r, c) = (mat.nrows(), mat.ncols());
+    for ib in (0..r).step_by(TILE) {
+        for jb in (0..c).step_by(TILE) {
+            for j in jb..(jb + TILE).min(c) {
+                for i in ib..(ib + TILE).min(r) {
+                    out[i * c + j] = mat[(i, j)];
+                }
+            }
         }
     }
 }
 
-/// The first exactly zero entry of `mat`'s diagonal.
-fn zero_pivot<T: Real>(mat: MatRef<'_, T>) -> Option<usize> {
-    (0..mat.nrows().min(mat.ncols())).find(|&i| mat[(i, i)] == T::of(0.0))
+/// The row-major `m x n` matrix `a` as a column-major faer matrix, tile by tile.
+fn col_major<T: Real>(a: &[T], m: usize, n: usize) -> Mat<T> {
+    let mut out = Mat::<T>::zeros(m, n);
+    for jb in (0..n).step_by(TILE) {
+        for ib in (0..m).step_by(TILE) {
+            for j in jb..(jb + TILE).min(n) {
+                let col = out.col_as_slice_mut(j);
+                for i in ib..(ib + TILE).min(m) {
+                    col[i] = a[i * n + j];
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The parity of the permutation `fwd` (+1 even, -1 odd).
@@ -167,7 +246,43 @@ fn parity(fwd: &[usize]) -> f64 {
     sign
 }
 
-/// One matrix: `a` (m x n), `b` (rows x cols) for the solves, the result into `out`.
+/// Square `a` (`n x n`, row-major) copied tile by tile into column-major storage of the
+/// host cache and factored there in place by LU with partial pivoting (LAPACK's
+/// `getrf` on `a`, as numpy calls it: the same pivots, so the same matrices are found
+/// singular): the factors (unit lower `L` and upper `U` in one matrix) and the row
+/// permutation `fwd`, `inv` with `P a = L U`.
+fn lu_of<T: Real>(
+    a: &[T],
+    n: usize,
+    par: Par,
+) -> Result<(HostArray, Vec<usize>, Vec<usize>), LinalgFailure> {
+    let mut w = work::<T>(n * n)?;
+    let lu = T::elems(&mut w);
+    for ib in (0..n).step_by(TILE) {
+        for jb in (0..n).step_by(TILE) {
+            for j in jb..(jb + TILE).min(n) {
+                for i in ib..(ib + TILE).min(n) {
+                    lu[j * n + i] = a[i * n + j];
+                }
+            }
+        }
+    }
+    let (mut fwd, mut inv) = (vec![0usize; n], vec![0usize; n]);
+    let req = pp::factor::lu_in_place_scratch::<usize, T>(n, n, par, Default::default());
+    let mut mem = MemBuffer::new(req);
+    pp::factor::lu_in_place(
+        MatMut::from_column_major_slice_mut(lu, n, n),
+        &mut fwd,
+        &mut inv,
+        par,
+        MemStack::new(&mut mem),
+        Default::default(),
+    );
+    Ok((w, fwd, inv))
+}
+
+/// One matrix: `a` (m x n), `b` (rows x cols) for the solves, the result into `out`
+/// (whose old contents are stale).
 fn one<T: Real>(
     op: LinalgOp,
     a: &[T],
@@ -175,32 +290,59 @@ fn one<T: Real>(
     n: usize,
     b: Option<(&[T], usize, usize)>,
     out: &mut [T],
+    par: Par,
 ) -> Result<(), LinalgFailure> {
-    let am = MatRef::from_row_major_slice(a, m, n);
     let k = m.min(n);
+    let zero = T::of(0.0);
     match op {
         LinalgOp::Cholesky => {
-            if n == 0 {
-                return Ok(());
-            }
-            let llt = am.llt(Side::Lower).map_err(|e| match e {
+            // In place on the result, row-major: its lower triangle is a's.
+            out.copy_from_slice(a);
+            let req = faer::linalg::cholesky::llt::factor::cholesky_in_place_scratch::<T>(
+                n,
+                par,
+                Default::default(),
+            );
+            let mut mem = MemBuffer::new(req);
+            faer::linalg::cholesky::llt::factor::cholesky_in_place(
+                MatMut::from_row_major_slice_mut(out, n, n),
+                Default::default(),
+                par,
+                MemStack::new(&mut mem),
+                Default::default(),
+            )
+            .map_err(|e| match e {
                 faer::linalg::cholesky::llt::factor::LltError::NonPositivePivot { index } => {
                     LinalgFailure::NotPositiveDefinite { minor: index + 1 }
                 }
             })?;
-            put(out, llt.L());
+            for i in 0..n {
+                out[i * n + i + 1..(i + 1) * n].fill(zero);
+            }
         }
         LinalgOp::Solve => {
             let (bv, r, c) = b.expect("solve has two operands");
             if n == 0 || c == 0 {
                 return Ok(());
             }
-            let lu = am.partial_piv_lu();
-            if let Some(pivot) = zero_pivot(lu.U()) {
+            let (mut w, fwd, inv) = lu_of(a, n, par)?;
+            let lu = MatRef::from_column_major_slice(T::elems(&mut w), n, n);
+            if let Some(pivot) = (0..n).find(|&i| lu[(i, i)] == zero) {
                 return Err(LinalgFailure::Singular { pivot });
             }
-            let x = lu.solve(MatRef::from_row_major_slice(bv, r, c));
-            put(out, x.as_ref());
+            // a x = b with P a = L U: solved in the result, row-major.
+            out.copy_from_slice(bv);
+            let perm = faer::perm::PermRef::new_checked(&fwd, &inv, n);
+            let req = pp::solve::solve_in_place_scratch::<usize, T>(n, c, par);
+            let mut mem = MemBuffer::new(req);
+            pp::solve::solve_in_place(
+                lu,
+                lu,
+                perm,
+                MatMut::from_row_major_slice_mut(out, r, c),
+                par,
+                MemStack::new(&mut mem),
+            );
         }
         LinalgOp::TriangularSolve {
             lower,
@@ -209,48 +351,54 @@ fn one<T: Real>(
         } => {
             let (bv, r, c) = b.expect("triangular_solve has two operands");
             if !unit_diagonal {
-                if let Some(pivot) = (0..n).find(|&i| am[(i, i)] == T::of(0.0)) {
+                if let Some(pivot) = (0..n).find(|&i| a[i * n + i] == zero) {
                     return Err(LinalgFailure::Singular { pivot });
                 }
             }
             if r * c == 0 {
                 return Ok(());
             }
-            let bm = MatRef::from_row_major_slice(bv, r, c);
-            // x @ t = b is t^T @ x^T = b^T: the other triangle of the transpose.
-            let (t, mut x, lower) = if left {
-                (am, bm.to_owned(), lower)
+            out.copy_from_slice(bv);
+            let am = MatRef::from_row_major_slice(a, n, n);
+            // x @ t = b is t^T @ x^T = b^T: the other triangle of the transpose, with
+            // x^T the column-major view of the row-major result.
+            let (t, x, lower) = if left {
+                (am, MatMut::from_row_major_slice_mut(out, r, c), lower)
             } else {
-                (am.transpose(), bm.transpose().to_owned(), !lower)
+                (
+                    am.transpose(),
+                    MatMut::from_column_major_slice_mut(out, c, r),
+                    !lower,
+                )
             };
             use faer::linalg::triangular_solve as ts;
-            let par = Par::Seq;
             match (lower, unit_diagonal) {
-                (true, false) => ts::solve_lower_triangular_in_place(t, x.as_mut(), par),
-                (true, true) => ts::solve_unit_lower_triangular_in_place(t, x.as_mut(), par),
-                (false, false) => ts::solve_upper_triangular_in_place(t, x.as_mut(), par),
-                (false, true) => ts::solve_unit_upper_triangular_in_place(t, x.as_mut(), par),
-            }
-            if left {
-                put(out, x.as_ref());
-            } else {
-                put(out, x.as_ref().transpose());
+                (true, false) => ts::solve_lower_triangular_in_place(t, x, par),
+                (true, true) => ts::solve_unit_lower_triangular_in_place(t, x, par),
+                (false, false) => ts::solve_upper_triangular_in_place(t, x, par),
+                (false, true) => ts::solve_unit_upper_triangular_in_place(t, x, par),
             }
         }
-        LinalgOp::Lu => lu_parts(am, m, n, out),
+        LinalgOp::Lu => lu_parts(a, m, n, out),
         LinalgOp::Det | LinalgOp::Slogdet => {
-            let (sign, logabs) = slogdet(am, n);
+            let (sign, logabs, det) = if n == 0 {
+                (1.0, zero, T::of(1.0))
+            } else {
+                let (mut w, fwd, _) = lu_of(a, n, par)?;
+                let lu = MatRef::from_column_major_slice(T::elems(&mut w), n, n);
+                determinant(lu, &fwd)
+            };
             if op == LinalgOp::Det {
-                out[0] = det(am, n);
+                out[0] = det;
             } else {
                 out[0] = T::of(sign);
                 out[1] = logabs;
             }
         }
         LinalgOp::Qr { complete } => {
+            out.fill(zero);
             let kq = if complete { m } else { k };
-            let (q_len, r_rows) = (m * kq, kq);
-            let (q_out, r_out) = out.split_at_mut(q_len);
+            let (q_out, r_out) = out.split_at_mut(m * kq);
             if m == 0 {
                 return Ok(());
             }
@@ -261,7 +409,7 @@ fn one<T: Real>(
                 }
                 return Ok(());
             }
-            let qr = am.qr();
+            let qr = col_major(a, m, n).qr();
             if complete {
                 put(q_out, qr.compute_Q().as_ref());
                 put(r_out, qr.R());
@@ -269,9 +417,10 @@ fn one<T: Real>(
                 put(q_out, qr.compute_thin_Q().as_ref());
                 put(r_out, qr.thin_R());
             }
-            canonical_qr_signs(q_out, m, kq, r_out, r_rows, n);
+            canonical_qr_signs(q_out, m, kq, r_out, kq, n);
         }
         LinalgOp::Svd { full } => {
+            out.fill(zero);
             let (uc, vr) = if full { (m, n) } else { (k, k) };
             let (u_out, rest) = out.split_at_mut(m * uc);
             let (s_out, vh_out) = rest.split_at_mut(k);
@@ -285,14 +434,16 @@ fn one<T: Real>(
                 }
                 return Ok(());
             }
-            let svd = if full { am.svd() } else { am.thin_svd() }
+            // The column-major view is a^T = V S U^T: its U is a's V and its V a's U.
+            let at = MatRef::from_column_major_slice(a, n, m);
+            let svd = if full { at.svd() } else { at.thin_svd() }
                 .map_err(|_| LinalgFailure::NoConvergence)?;
-            put(u_out, svd.U());
+            put(u_out, svd.V());
             let s = svd.S().column_vector();
-            for i in 0..k {
-                s_out[i] = s[i];
+            for (i, o) in s_out.iter_mut().enumerate() {
+                *o = s[i];
             }
-            put(vh_out, svd.V().transpose());
+            put(vh_out, svd.U().transpose());
             canonical_column_signs(u_out, m, uc, Some((vh_out, vr, n)));
             canonical_row_signs(vh_out, n, uc.min(vr));
         }
@@ -300,7 +451,7 @@ fn one<T: Real>(
             if k == 0 {
                 return Ok(());
             }
-            let s = am
+            let s = MatRef::from_column_major_slice(a, n, m)
                 .singular_values()
                 .map_err(|_| LinalgFailure::NoConvergence)?;
             out.copy_from_slice(&s);
@@ -309,21 +460,23 @@ fn one<T: Real>(
             if n == 0 {
                 return Ok(());
             }
-            let side = if upper { Side::Upper } else { Side::Lower };
+            // The column-major view is a^T: a's lower triangle is its upper one.
+            let at = MatRef::from_column_major_slice(a, n, n);
+            let side = if upper { Side::Lower } else { Side::Upper };
             if let LinalgOp::Eigvalsh { .. } = op {
-                let w = am
+                let w = at
                     .self_adjoint_eigenvalues(side)
                     .map_err(|_| LinalgFailure::NoConvergence)?;
                 out.copy_from_slice(&w);
                 return Ok(());
             }
-            let e = am
+            let e = at
                 .self_adjoint_eigen(side)
                 .map_err(|_| LinalgFailure::NoConvergence)?;
             let (w_out, v_out) = out.split_at_mut(n);
             let w = e.S().column_vector();
-            for i in 0..n {
-                w_out[i] = w[i];
+            for (i, o) in w_out.iter_mut().enumerate() {
+                *o = w[i];
             }
             put(v_out, e.U());
             canonical_column_signs(v_out, n, n, None);
@@ -332,9 +485,31 @@ fn one<T: Real>(
     Ok(())
 }
 
+/// `(sign, log|det|, det)` from LU factors and the row permutation: `(0, -inf, 0)` when a pivot is zero. The determinant is the product
+/// of the pivots in order, as LAPACK-based `det`s compute it (it may overflow where
+/// `slogdet` does not).
+fn determinant<T: Real>(lu: MatRef<'_, T>, fwd: &[usize]) -> (f64, T, T) {
+    let n = lu.nrows();
+    let mut sign = parity(fwd);
+    let (mut log, mut det) = (T::of(0.0), T::of(sign));
+    for i in 0..n {
+        let d = lu[(i, i)];
+        det *= d;
+        if d == T::of(0.0) {
+            return (0.0, T::of(f64::NEG_INFINITY), T::of(0.0));
+        }
+        if d < T::of(0.0) {
+            sign = -sign;
+        }
+        log += d.ln_abs();
+    }
+    (sign, log, det)
+}
+
 /// scipy's `lu`: `P [m, m]`, `L [m, k]`, `U [k, n]` with `a = P @ L @ U`.
-fn lu_parts<T: Real>(am: MatRef<'_, T>, m: usize, n: usize, out: &mut [T]) {
+fn lu_parts<T: Real>(a: &[T], m: usize, n: usize, out: &mut [T]) {
     let k = m.min(n);
+    out.fill(T::of(0.0));
     let (p_out, rest) = out.split_at_mut(m * m);
     let (l_out, u_out) = rest.split_at_mut(m * k);
     if k == 0 {
@@ -343,7 +518,7 @@ fn lu_parts<T: Real>(am: MatRef<'_, T>, m: usize, n: usize, out: &mut [T]) {
         }
         return;
     }
-    let lu = am.partial_piv_lu();
+    let lu = col_major(a, m, n).partial_piv_lu();
     // faer's `P a = L U`: row i of `P a` is row fwd[i] of a, so `a = P^T L U`.
     let (fwd, _) = lu.P().arrays();
     for (i, &f) in fwd.iter().enumerate() {
@@ -351,43 +526,6 @@ fn lu_parts<T: Real>(am: MatRef<'_, T>, m: usize, n: usize, out: &mut [T]) {
     }
     put(l_out, lu.L());
     put(u_out, lu.U());
-}
-
-/// `(sign, log|det|)` of the square `am` from its LU factors (`(0, -inf)` when singular).
-fn slogdet<T: Real>(am: MatRef<'_, T>, n: usize) -> (f64, T) {
-    if n == 0 {
-        return (1.0, T::of(0.0));
-    }
-    let lu = am.partial_piv_lu();
-    let u = lu.U();
-    let mut sign = parity(lu.P().arrays().0);
-    let mut log = T::of(0.0);
-    for i in 0..n {
-        let d = u[(i, i)];
-        if d == T::of(0.0) {
-            return (0.0, T::of(f64::NEG_INFINITY));
-        }
-        if d < T::of(0.0) {
-            sign = -sign;
-        }
-        log += d.ln_abs();
-    }
-    (sign, log)
-}
-
-/// The determinant: the product of U's diagonal with the permutation's sign, multiplied
-/// in order as LAPACK-based `det`s do (it may overflow where `slogdet` would not).
-fn det<T: Real>(am: MatRef<'_, T>, n: usize) -> T {
-    if n == 0 {
-        return T::of(1.0);
-    }
-    let lu = am.partial_piv_lu();
-    let u = lu.U();
-    let mut d = T::of(parity(lu.P().arrays().0));
-    for i in 0..n {
-        d *= u[(i, i)];
-    }
-    d
 }
 
 #[cfg(test)]
