@@ -44,6 +44,7 @@ trait Real: faer::traits::RealField + ndfuse_ir::linalg::SignedReal + Copy + Sen
     const DTYPE: DType;
     fn of(x: f64) -> Self;
     fn ln_abs(self) -> Self;
+    fn finite(self) -> bool;
     /// The elements of an array of [`Real::DTYPE`].
     fn elems(a: &mut HostArray) -> &mut [Self];
 }
@@ -55,6 +56,9 @@ impl Real for f32 {
     }
     fn ln_abs(self) -> f32 {
         self.abs().ln()
+    }
+    fn finite(self) -> bool {
+        self.is_finite()
     }
     fn elems(a: &mut HostArray) -> &mut [f32] {
         match a.storage_mut() {
@@ -71,6 +75,9 @@ impl Real for f64 {
     }
     fn ln_abs(self) -> f64 {
         self.abs().ln()
+    }
+    fn finite(self) -> bool {
+        self.is_finite()
     }
     fn elems(a: &mut HostArray) -> &mut [f64] {
         match a.storage_mut() {
@@ -519,13 +526,77 @@ fn lu_parts<T: Real>(a: &[T], m: usize, n: usize, out: &mut [T]) {
         return;
     }
     let lu = col_major(a, m, n).partial_piv_lu();
-    // faer's `P a = L U`: row i of `P a` is row fwd[i] of a, so `a = P^T L U`.
-    let (fwd, _) = lu.P().arrays();
+    put(l_out, lu.L());
+    put(u_out, lu.U());
+    let finite = |v: &[T]| v.iter().all(|x| x.finite());
+    if finite(l_out) && finite(u_out) || !finite(a) {
+        // faer's `P a = L U`: row i of `P a` is row fwd[i] of a, so `a = P^T L U`.
+        let (fwd, _) = lu.P().arrays();
+        for (i, &f) in fwd.iter().enumerate() {
+            p_out[f * m + i] = T::of(1.0);
+        }
+        return;
+    }
+    // An exactly zero pivot: faer divided by it. LAPACK's getrf leaves that column
+    // unscaled and goes on, as scipy returns it; so does this unblocked elimination
+    // (the singular case only).
+    let fwd = lu_unblocked(a, m, n, l_out, u_out);
     for (i, &f) in fwd.iter().enumerate() {
         p_out[f * m + i] = T::of(1.0);
     }
-    put(l_out, lu.L());
-    put(u_out, lu.U());
+}
+
+/// Gaussian elimination with partial pivoting on row-major `a` (`m x n`), LAPACK's
+/// `getf2`: the largest magnitude pivots (the first on a tie), a zero pivot column
+/// skipped. Writes `L [m, k]` and `U [k, n]`; returns `fwd` with row `i` of `P a` being
+/// row `fwd[i]` of `a`.
+fn lu_unblocked<T: Real>(a: &[T], m: usize, n: usize, l: &mut [T], u: &mut [T]) -> Vec<usize> {
+    let k = m.min(n);
+    let mut w = a.to_vec();
+    let mut fwd: Vec<usize> = (0..m).collect();
+    for j in 0..k {
+        let abs = |x: T| if x < T::of(0.0) { -x } else { x };
+        let p = (j..m).fold(j, |best, i| {
+            if abs(w[i * n + j]) > abs(w[best * n + j]) {
+                i
+            } else {
+                best
+            }
+        });
+        if p != j {
+            for c in 0..n {
+                w.swap(j * n + c, p * n + c);
+            }
+            fwd.swap(j, p);
+        }
+        let d = w[j * n + j];
+        if d == T::of(0.0) {
+            continue;
+        }
+        for i in j + 1..m {
+            let f = w[i * n + j] / d;
+            w[i * n + j] = f;
+            for c in j + 1..n {
+                let x = w[j * n + c];
+                w[i * n + c] -= f * x;
+            }
+        }
+    }
+    for i in 0..m {
+        for j in 0..k {
+            l[i * k + j] = match i.cmp(&j) {
+                std::cmp::Ordering::Greater => w[i * n + j],
+                std::cmp::Ordering::Equal => T::of(1.0),
+                std::cmp::Ordering::Less => T::of(0.0),
+            };
+        }
+    }
+    for i in 0..k {
+        for j in 0..n {
+            u[i * n + j] = if j >= i { w[i * n + j] } else { T::of(0.0) };
+        }
+    }
+    fwd
 }
 
 #[cfg(test)]
