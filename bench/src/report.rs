@@ -312,7 +312,7 @@ impl BenchReport {
         let f = &m.fma;
         let _ = writeln!(
             s,
-            "f32 FMA peak, widest vectors ({}, {} lanes, {} independent chains, best of {}): {:.1} GFLOP/s on 1 thread, {:.1} GFLOP/s on {} threads: the matmul rows' floor; the f32x4 probe above is {:.1} GFLOP/s on {} threads, {:.0}% of it",
+            "f32 FMA peak, widest vectors ({}, {} lanes, {} independent chains, best of {}): {:.1} GFLOP/s on 1 thread, {:.1} GFLOP/s on {} threads: the matmul rows' floor (f64 rows: half of it); the f32x4 probe above is {:.1} GFLOP/s on {} threads, {:.0}% of it",
             f.isa,
             f.lanes,
             f.chains,

@@ -614,6 +614,13 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> R
         _ => None,
     };
     let flops = case.flops.map(|f| f as f64);
+    // An f64 case's FLOPs run at half the f32 rate (half the lanes a vector, the same
+    // FMAs a cycle): its peaks and floors are the f32 probes' halves.
+    let lanes = if case.inputs.first().map(|i| i.2) == Some(ndfuse_ir::DType::F64) {
+        0.5
+    } else {
+        1.0
+    };
     let gflops = flops
         .filter(|_| timed_ms > 0.0)
         .map(|f| f / (timed_ms * 1e-3) / 1e9);
@@ -670,23 +677,28 @@ fn run_case(ctx: &Context, case: &Case, opts: &BenchOptions, peaks: &Peaks) -> R
         ops_per_element: ops.map(|(o, n)| o / n),
         memory_floor_ms: throughput.then(|| ideal_bytes as f64 / (bandwidth_gbps * 1e9) * 1e3),
         compute_floor_ms: match flops {
-            Some(f) if throughput => Some(f / peaks.fma_flops * 1e3),
+            Some(f) if throughput => Some(f / (peaks.fma_flops * lanes) * 1e3),
             _ => ops.map(|(o, _)| 4.0 * o / peaks.wide_lane_ops * 1e3),
         },
         // The host's 128-bit probe: no floor of a GPU's rows.
         floor_128_ms: match flops {
             _ if on_device => None,
-            Some(f) if throughput => Some(f / peaks.f32x4_flops * 1e3),
+            Some(f) if throughput => Some(f / (peaks.f32x4_flops * lanes) * 1e3),
             _ => ops.map(|(o, _)| o / peaks.vector_ops * 1e3),
         },
         flops,
         gflops,
         fma_peak_fraction: gflops
             .filter(|_| peaks.fma_flops > 0.0)
-            .map(|g| g * 1e9 / peaks.fma_flops),
-        product_tier: gflops
-            .and(peaks.product_tier)
-            .map(|(name, peak)| (name, gflops.filter(|_| peak > 0.0).map(|g| g * 1e9 / peak))),
+            .map(|g| g * 1e9 / (peaks.fma_flops * lanes)),
+        product_tier: gflops.and(peaks.product_tier).map(|(name, peak)| {
+            (
+                name,
+                gflops
+                    .filter(|_| peak > 0.0)
+                    .map(|g| g * 1e9 / (peak * lanes)),
+            )
+        }),
         versus,
     })
 }

@@ -173,7 +173,7 @@ fn same_on_both(what: &str, dtype: DType, bound: f64, build: impl Fn(&Context) -
 #[test]
 fn every_op_on_the_cpu_matches_the_interpreter() {
     for dtype in [DType::F64, DType::F32] {
-        for (count, n) in [(0, 1), (2, 2), (3, 5), (0, 17), (2, 17)] {
+        for (count, n) in [(0, 1), (2, 2), (3, 5), (0, 17), (2, 17), (0, 64)] {
             let tol = 200.0 * n as f64 * eps(dtype);
             let what = |op: &str| format!("{op} batch {count} n {n}");
             same_on_both(&what("cholesky/solve/det"), dtype, tol * 10.0, |c| {
