@@ -10,6 +10,8 @@
 //! cond` (backward-stable algorithms); reconstructions (`q r = a`, `u s vh = a`, `v w v^T
 //! = a`, `p l u = a`, `l l^T = a`) hold to `c n eps ||a||` whatever the condition.
 
+mod linalg_support;
+use linalg_support::{identity, mm, transpose};
 use ndfuse::linalg::{self, Norm, QrMode, Side};
 use ndfuse::{Array, BackendKind, Context, DType, Tensor};
 
@@ -37,34 +39,13 @@ impl Rng {
     }
 }
 
-/// Row-major `a @ b` in f64.
-fn mm(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
-    let mut c = vec![0.0; m * n];
-    for i in 0..m {
-        for p in 0..k {
-            for j in 0..n {
-                c[i * n + j] += a[i * k + p] * b[p * n + j];
-            }
-        }
-    }
-    c
-}
-
-fn transpose(a: &[f64], m: usize, n: usize) -> Vec<f64> {
-    (0..n * m).map(|x| a[(x % m) * n + x / m]).collect()
-}
-
 /// A random orthogonal `n x n`: the product of three Householder reflections.
 fn orthogonal(rng: &mut Rng, n: usize) -> Vec<f64> {
-    let mut q: Vec<f64> = (0..n * n)
-        .map(|x| f64::from(u8::from(x / n == x % n)))
-        .collect();
+    let mut q = identity(n);
     for _ in 0..3 {
         let v = rng.vec(n);
         let vv: f64 = v.iter().map(|x| x * x).sum();
-        let mut h: Vec<f64> = (0..n * n)
-            .map(|x| f64::from(u8::from(x / n == x % n)))
-            .collect();
+        let mut h = identity(n);
         for i in 0..n {
             for j in 0..n {
                 h[i * n + j] -= 2.0 * v[i] * v[j] / vv;

@@ -36,6 +36,8 @@
 //!
 //! Run with `--nocapture` for each check's error, tolerance and ratio.
 
+mod linalg_support;
+use linalg_support::{identity, mm, transpose};
 use ndfuse::linalg::{self, Norm, QrMode, Side};
 use ndfuse::{Array, BackendKind, Context, DType, Tensor};
 use std::collections::BTreeMap;
@@ -434,28 +436,6 @@ fn elementwise_err(got: &[f64], want: &[f64]) -> f64 {
 }
 
 // ---- Host-side matrices (f64, row-major). ----
-
-fn mm(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
-    let mut c = vec![0.0; m * n];
-    for i in 0..m {
-        for p in 0..k {
-            for j in 0..n {
-                c[i * n + j] += a[i * k + p] * b[p * n + j];
-            }
-        }
-    }
-    c
-}
-
-fn transpose(a: &[f64], m: usize, n: usize) -> Vec<f64> {
-    (0..n * m).map(|x| a[(x % m) * n + x / m]).collect()
-}
-
-fn identity(n: usize) -> Vec<f64> {
-    (0..n * n)
-        .map(|x| f64::from(u8::from(x / n == x % n)))
-        .collect()
-}
 
 /// The matrices of a batched `[..., m, n]` array, with `(m, n)`.
 fn matrices<'a>(data: &'a [f64], shape: &[usize]) -> (Vec<&'a [f64]>, usize, usize) {

@@ -77,7 +77,9 @@ fn opt_float(a: &[Option<&Node>], i: usize, what: &str) -> Result<Option<f64>, E
 
 impl super::lower::Lowerer<'_> {
     /// A function of [`super::call::LINALG_SINGLE`]; a tuple function without its index
-    /// is an error saying to index it.
+    /// is an error saying to index it. Never inlined into `call`, which is on the stack
+    /// once per nesting level (see `index_call`).
+    #[inline(never)]
     pub(super) fn linalg_call(
         &mut self,
         name: &str,
@@ -153,7 +155,8 @@ impl super::lower::Lowerer<'_> {
     }
 
     /// `name(args)[items]` for a function of [`LINALG_TUPLES`]: the item picked by the one
-    /// integer index.
+    /// integer index. Never inlined, as [`Self::linalg_call`].
+    #[inline(never)]
     pub(super) fn linalg_item(
         &mut self,
         name: &str,
