@@ -25,7 +25,9 @@
 //! in the result buffer; `triangular_solve` reads `a` through a view and solves in its
 //! result buffer; `lu` and `qr` copy `a` tile by tile into column-major storage; `eigh` and `svd` decompose the free column-major view
 //! (`a^T`: the same symmetric matrix from the other triangle, or the SVD with `U` and
-//! `V` swapped). One matrix alone gets faer's parallel algorithms on the current
+//! `V` swapped). Every result has the same bits on any thread count: QR, SVD and the
+//! eigensolver run sequentially (faer's parallel QR and SVD do not), which sets faer's
+//! process-wide parallelism to sequential for every caller of its high-level API. One matrix alone gets faer's parallel algorithms on the current
 //! rayon pool; a batch runs its matrices in parallel, each sequentially.
 
 use crate::alloc::host_cache;
@@ -294,6 +296,17 @@ fn lu_of<T: Real>(
     Ok((w, fwd, inv))
 }
 
+/// faer's high-level decompositions (qr, svd, eigh, lu's factors) take their threads
+/// from its process-wide setting, and its parallel QR and SVD give other bits on other
+/// thread counts (the last bits of Q and U differ between 1 and 2 threads); ndfuse's
+/// results may not depend on the threads, so those run sequentially (QR of 1024 x 1024
+/// f64 about 10% slower on the Xeon VM, SVD 5%). Cholesky and LU are called with their
+/// threads explicitly and give the same bits on any count (tested).
+fn sequential_high_level_calls() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| faer::set_global_parallelism(Par::Seq));
+}
+
 /// One matrix: `a` (m x n), `b` (rows x cols) for the solves, the result into `out`
 /// (whose old contents are stale).
 fn one<T: Real>(
@@ -307,6 +320,7 @@ fn one<T: Real>(
 ) -> Result<(), LinalgFailure> {
     let k = m.min(n);
     let zero = T::of(0.0);
+    sequential_high_level_calls();
     match op {
         LinalgOp::Cholesky => {
             // In place on the result, row-major: its lower triangle is a's.

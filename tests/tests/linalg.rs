@@ -594,3 +594,61 @@ fn bad_input_is_numpys_linalgerror_naming_the_batch_and_pivot() {
         assert_eq!(r[2].to_f64_vec()[1], f64::NEG_INFINITY);
     }
 }
+
+#[test]
+fn one_two_and_four_threads_give_the_same_bits() {
+    let c = ctx(BackendKind::Cpu, DType::F64);
+    let mut rng = Rng(77);
+    // Large enough for faer's parallel paths (LU, Cholesky: recursion over threads).
+    let n = 600;
+    // Random (non-singular), and diagonally dominant (positive definite): cheap to make
+    // at this size in a debug build.
+    let a = batch(&c, 0, n, n, || rng.vec(n * n));
+    let p = batch(&c, 0, n, n, || {
+        let mut v = rng.vec(n * n);
+        for i in 0..n {
+            v[i * n + i] += n as f64;
+        }
+        v
+    });
+    let b = batch(&c, 0, n, 3, || rng.vec(n * 3));
+    let small = batch(&c, 6, 20, 20, || conditioned(&mut rng, 20, 20, 10.0));
+    // The sequential decompositions on a smaller matrix (the test's time).
+    let m = 160;
+    let d = batch(&c, 0, m, m, || conditioned(&mut rng, m, m, 100.0));
+    let q = linalg::qr(&d, QrMode::Reduced);
+    let s = linalg::svd(&d, false);
+    let e = linalg::eigh(&d, false);
+    let outs = [
+        linalg::cholesky(&p, false),
+        linalg::solve(&a, &b),
+        linalg::det(&a),
+        q.q,
+        q.r,
+        s.u,
+        s.s,
+        e.eigenvectors,
+        linalg::inv(&small),
+    ];
+    let refs: Vec<&Tensor> = outs.iter().collect();
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a thread pool");
+        pool.install(|| c.eval(&refs).expect("evaluates"))
+    };
+    let one = run(1);
+    for threads in [2, 4] {
+        let many = run(threads);
+        for (i, (x, y)) in one.iter().zip(&many).enumerate() {
+            let (x, y) = (x.to_f64_vec(), y.to_f64_vec());
+            let same = x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(
+                same,
+                "output {i} differs between 1 and {threads} threads: {:e}",
+                rel(&y, &x)
+            );
+        }
+    }
+}
