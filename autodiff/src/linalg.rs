@@ -82,6 +82,13 @@ pub(crate) fn vjp(
         LinalgOp::Lu => Err(AutodiffError::NoRule {
             op: "lu (its factors are not differentiated: differentiate through solve, det or slogdet instead)",
         }),
+        // y = a^-1: abar = -y^T g y^T
+        LinalgOp::Inv => {
+            let yt = transpose(e, y)?;
+            let p = e.op(Op::MatMul, &[yt, g])?;
+            let p = e.op(Op::MatMul, &[p, yt])?;
+            one(e.unary(ndfuse_ir::UnaryOp::Neg, p)?)
+        }
         // abar = g det a^-T
         LinalgOp::Det => {
             let c = e.mul(g, y)?;

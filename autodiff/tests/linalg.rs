@@ -211,6 +211,15 @@ fn det_and_slogdet_of_both_signs() {
 }
 
 #[test]
+fn inv_batched_and_of_a_negative_determinant() {
+    let mut rng = Rng(19);
+    let a = matrices(&mut rng, 2, 3, 3, 1.0, &[3.0, -3.0, 3.0]);
+    check_op("inv [2,3,3]", LinalgOp::Inv, &[(&[2, 3, 3], a)], 21);
+    let a = matrices(&mut rng, 1, 4, 4, 1.0, &[2.0, 2.0, -2.0, 2.0]);
+    check_op("inv [4,4]", LinalgOp::Inv, &[(&[4, 4], a)], 22);
+}
+
+#[test]
 fn qr_reduced_and_square_complete() {
     let mut rng = Rng(15);
     let a = matrices(&mut rng, 2, 4, 3, 1.0, &[2.0, -2.0, 2.0]);

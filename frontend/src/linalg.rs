@@ -74,12 +74,6 @@ pub fn matrix_transpose(x: &Tensor) -> Tensor {
     }
 }
 
-/// The identity `[n, n]` of `like`'s dtype.
-fn eye(like: &Tensor, n: usize) -> Tensor {
-    let dtype = like.dtype().unwrap_or(ndfuse_ir::DType::F32);
-    like.ctx.full_dtype(&[n, n], 1.0, dtype).tril(0).triu(0)
-}
-
 /// One part of a packed result: positions `start..start + part.product()` of the last
 /// axis of `packed [..., len]`, reshaped to `batch + part`.
 fn part(packed: &Tensor, batch: &[usize], start: usize, part: &[usize]) -> Tensor {
@@ -227,16 +221,12 @@ pub fn cholesky(a: &Tensor, upper: bool) -> Tensor {
     }
 }
 
-/// The inverse of square `a [..., n, n]`: `solve(a, I)`.
+/// The inverse of square `a [..., n, n]` (LAPACK's `getri`: LU with partial pivoting,
+/// then the triangular factors inverted); a singular matrix is an error naming its
+/// batch position and the zero pivot, as in [`solve`].
 #[track_caller]
 pub fn inv(a: &Tensor) -> Tensor {
-    let at = Location::caller();
-    let d = match dims(a) {
-        Ok(d) => d,
-        Err(p) => return p,
-    };
-    let n = d.last().copied().unwrap_or(0);
-    solve_at(a, &eye(a, n), at)
+    Tensor::build(Op::Linalg(LinalgOp::Inv), &[a], Location::caller())
 }
 
 /// The determinant of `a [..., n, n]`, `[...]` (from LU; it may overflow where

@@ -776,7 +776,7 @@ fn infer_linalg(
             b.shape.clone()
         }
         LinalgOp::Det => Shape::new(batch),
-        LinalgOp::Cholesky => a.shape.clone(),
+        LinalgOp::Cholesky | LinalgOp::Inv => a.shape.clone(),
         _ => {
             let mut s = batch.to_vec();
             s.push(if op.packed() {

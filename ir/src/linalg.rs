@@ -41,6 +41,10 @@ pub enum LinalgOp {
         /// Take the diagonal as ones without reading it.
         unit_diagonal: bool,
     },
+    /// The inverse of square `a [..., n, n]`, `[..., n, n]`: LU with partial pivoting,
+    /// then the inverses of the triangular factors (LAPACK's `getri`). A singular
+    /// matrix fails as in `solve`.
+    Inv,
     /// scipy's `lu`: `a = P @ L @ U` with partial pivoting, `a [..., m, n]`, `k =
     /// min(m, n)`: parts `P [m, m]`, `L [m, k]` (unit lower), `U [k, n]`.
     Lu,
@@ -83,6 +87,7 @@ impl LinalgOp {
         match self {
             LinalgOp::Cholesky => "cholesky",
             LinalgOp::Solve => "solve",
+            LinalgOp::Inv => "inv",
             LinalgOp::TriangularSolve { .. } => "triangular_solve",
             LinalgOp::Lu => "lu",
             LinalgOp::Det => "det",
@@ -130,7 +135,7 @@ impl LinalgOp {
     pub fn parts(self, m: usize, n: usize) -> Vec<Vec<usize>> {
         let k = m.min(n);
         match self {
-            LinalgOp::Cholesky => vec![vec![n, n]],
+            LinalgOp::Cholesky | LinalgOp::Inv => vec![vec![n, n]],
             LinalgOp::Lu => vec![vec![m, m], vec![m, k], vec![k, n]],
             LinalgOp::Det => vec![vec![]],
             LinalgOp::Slogdet => vec![vec![1], vec![1]],

@@ -371,6 +371,33 @@ fn one<T: Real>(
                 MemStack::new(&mut mem),
             );
         }
+        LinalgOp::Inv => {
+            if n == 0 {
+                return Ok(());
+            }
+            let (mut w, fwd, inv) = lu_of(a, n, par)?;
+            let lu = MatRef::from_column_major_slice(T::elems(&mut w), n, n);
+            if let Some(pivot) = (0..n).find(|&i| lu[(i, i)] == zero) {
+                return Err(LinalgFailure::Singular { pivot });
+            }
+            // getri: the triangular factors inverted and multiplied, column-major in a
+            // host-cache buffer, then written row-major (faster than solving for the
+            // identity's columns: 45 against 75 ms for 1024^2 f64 on the Xeon VM).
+            let mut x = work::<T>(n * n)?;
+            let xs = T::elems(&mut x);
+            let perm = faer::perm::PermRef::new_checked(&fwd, &inv, n);
+            let req = pp::inverse::inverse_scratch::<usize, T>(n, par);
+            let mut mem = MemBuffer::new(req);
+            pp::inverse::inverse(
+                MatMut::from_column_major_slice_mut(xs, n, n),
+                lu,
+                lu,
+                perm,
+                par,
+                MemStack::new(&mut mem),
+            );
+            put(out, MatRef::from_column_major_slice(xs, n, n));
+        }
         LinalgOp::TriangularSolve {
             lower,
             left,

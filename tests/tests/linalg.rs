@@ -629,6 +629,7 @@ fn one_two_and_four_threads_give_the_same_bits() {
         s.s,
         e.eigenvectors,
         linalg::inv(&small),
+        linalg::inv(&a),
     ];
     let refs: Vec<&Tensor> = outs.iter().collect();
     let run = |threads: usize| {

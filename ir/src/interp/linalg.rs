@@ -69,6 +69,13 @@ pub(super) fn eval_one(
     match op {
         LinalgOp::Cholesky => cholesky(a, n),
         LinalgOp::Solve => solve(a, n, b),
+        // The inverse solves for the identity's columns.
+        LinalgOp::Inv => {
+            let eye: Vec<f64> = (0..n * n)
+                .map(|i| f64::from(u8::from(i / n == i % n)))
+                .collect();
+            solve(a, n, (&eye, n, n))
+        }
         LinalgOp::TriangularSolve {
             lower,
             left,
