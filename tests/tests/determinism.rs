@@ -1,7 +1,7 @@
 //! The same graph on the same backend gives bit-identical results whatever the thread
 //! count: kernels split their work at boundaries that depend on shapes only, and partial
 //! results (the chunks of a split reduction) are combined in an order fixed by shapes
-//! too, never by which thread finished first.
+//! too, never by which thread finished first. The LAPACK level's library calls too.
 
 use ndfuse::{Context, DType, Tensor};
 
@@ -41,7 +41,48 @@ fn graphs(ctx: &Context) -> Vec<Tensor> {
 #[test]
 fn one_two_and_four_threads_give_the_same_bits() {
     let ctx = Context::new();
-    let outs = graphs(&ctx);
+    same_bits_on_one_two_and_four_threads(&ctx, &graphs(&ctx));
+}
+
+/// The LAPACK level: Cholesky and LU (faer's parallel recursions, large enough to
+/// split), a single inverse, QR, SVD and eigh, and a batch of inverses.
+#[test]
+fn the_lapack_level_gives_the_same_bits_on_any_thread_count() {
+    use ndfuse::linalg::{self, QrMode};
+    let ctx = Context::builder()
+        .dtype(DType::F64)
+        .build()
+        .expect("a context");
+    let n = 600;
+    let a = ctx.rand_normal(&[n, n], 0.0, 1.0, 11);
+    // Diagonally dominant: positive definite from its lower triangle.
+    let shift = ctx
+        .full_dtype(&[n, n], n as f64, DType::F64)
+        .tril(0)
+        .triu(0);
+    let p = &ctx.rand_normal(&[n, n], 0.0, 1.0, 12) + &shift;
+    let b = ctx.rand_normal(&[n, 3], 0.0, 1.0, 13);
+    let d = ctx.rand_normal(&[160, 160], 0.0, 1.0, 14);
+    let small = ctx.rand_normal(&[6, 20, 20], 0.0, 1.0, 15);
+    let q = linalg::qr(&d, QrMode::Reduced);
+    let s = linalg::svd(&d, false);
+    let outs = [
+        linalg::cholesky(&p, false),
+        linalg::solve(&a, &b),
+        linalg::det(&a),
+        linalg::inv(&a),
+        q.q,
+        q.r,
+        s.u,
+        s.s,
+        linalg::eigh(&d, false).eigenvectors,
+        linalg::inv(&small),
+    ];
+    same_bits_on_one_two_and_four_threads(&ctx, &outs);
+}
+
+/// Evaluates `outs` on pools of 1, 2 and 4 threads and compares the bits.
+fn same_bits_on_one_two_and_four_threads(ctx: &Context, outs: &[Tensor]) {
     let refs: Vec<&Tensor> = outs.iter().collect();
     let run = |threads: usize| {
         let pool = rayon::ThreadPoolBuilder::new()
