@@ -105,6 +105,15 @@ impl Emit<'_> {
         self.op(Op::View(v), &[x])
     }
 
+    /// `x` with its last two axes swapped (a matrix product's operands, the LAPACK
+    /// level's factors).
+    pub(crate) fn matrix_transpose(&mut self, x: NodeId) -> Built {
+        let r = self.shape(x).rank();
+        let mut perm: Vec<usize> = (0..r).collect();
+        perm.swap(r - 2, r - 1);
+        self.view(ViewOp::Permute(perm), x)
+    }
+
     pub(crate) fn reshape(&mut self, x: NodeId, shape: &Shape) -> Built {
         if &self.shape(x) == shape {
             return Ok(x);

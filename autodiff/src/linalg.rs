@@ -84,7 +84,7 @@ pub(crate) fn vjp(
         }),
         // y = a^-1: abar = -y^T g y^T
         LinalgOp::Inv => {
-            let yt = transpose(e, y)?;
+            let yt = e.matrix_transpose(y)?;
             let p = e.op(Op::MatMul, &[yt, g])?;
             let p = e.op(Op::MatMul, &[p, yt])?;
             one(e.unary(ndfuse_ir::UnaryOp::Neg, p)?)
@@ -145,7 +145,7 @@ pub(crate) fn vjp(
             let ys = unpack(e, wv, &batch, &f.parts(m, n))?;
             let v = ys[1];
             let vw = scale_cols(e, v, g)?;
-            let vt = transpose(e, v)?;
+            let vt = e.matrix_transpose(v)?;
             let gm = e.op(Op::MatMul, &[vw, vt])?;
             one(fold(e, gm, upper)?)
         }
@@ -154,7 +154,7 @@ pub(crate) fn vjp(
 
 /// `S = L^-T Φ(L^T Lbar) L^-1`, folded onto the lower triangle the forward reads.
 fn cholesky(e: &mut Emit, l: NodeId, lb: NodeId) -> Built {
-    let lt = transpose(e, l)?;
+    let lt = e.matrix_transpose(l)?;
     let p = e.op(Op::MatMul, &[lt, lb])?;
     // Φ: the strict lower triangle, half the diagonal, 0 above.
     let shape = e.shape(p);
@@ -171,9 +171,9 @@ fn cholesky(e: &mut Emit, l: NodeId, lb: NodeId) -> Built {
 
 /// `x = a^-1 b`: `bbar = solve(a^T, xbar)`, `abar = -bbar x^T`.
 fn solve(e: &mut Emit, a: NodeId, x: NodeId, xb: NodeId) -> Grads {
-    let at = transpose(e, a)?;
+    let at = e.matrix_transpose(a)?;
     let bb = e.op(Op::Linalg(LinalgOp::Solve), &[at, xb])?;
-    let xt = transpose(e, x)?;
+    let xt = e.matrix_transpose(x)?;
     let p = e.op(Op::MatMul, &[bb, xt])?;
     let ab = e.unary(UnaryOp::Neg, p)?;
     Ok(vec![Some(ab), Some(bb)])
@@ -192,13 +192,13 @@ fn triangular_solve(
     unit: bool,
 ) -> Grads {
     // t^T is the other triangle of a^T (the unit diagonal stays unread).
-    let at = transpose(e, a)?;
+    let at = e.matrix_transpose(a)?;
     let bb = tsolve(e, at, xb, !lower, left, unit)?;
     let tb = if left {
-        let xt = transpose(e, x)?;
+        let xt = e.matrix_transpose(x)?;
         e.op(Op::MatMul, &[bb, xt])?
     } else {
-        let xt = transpose(e, x)?;
+        let xt = e.matrix_transpose(x)?;
         e.op(Op::MatMul, &[xt, bb])?
     };
     let tb = e.unary(UnaryOp::Neg, tb)?;
@@ -225,26 +225,26 @@ fn inverse_transpose_times(e: &mut Emit, a: NodeId, c: NodeId) -> Built {
     let c = e.view(ViewOp::BroadcastTo(shape.clone()), c)?;
     let i = eye(e, &shape, e.dtype(a))?;
     let ci = e.mul(c, i)?;
-    let at = transpose(e, a)?;
+    let at = e.matrix_transpose(a)?;
     e.op(Op::Linalg(LinalgOp::Solve), &[at, ci])
 }
 
 /// `abar = (Qbar + Q copyltu(R Rbar^T - Qbar^T Q)) R^-T` (`m >= n`).
 fn qr(e: &mut Emit, q: NodeId, r: NodeId, qb: NodeId, rb: NodeId) -> Built {
-    let rbt = transpose(e, rb)?;
+    let rbt = e.matrix_transpose(rb)?;
     let rr = e.op(Op::MatMul, &[r, rbt])?;
-    let qbt = transpose(e, qb)?;
+    let qbt = e.matrix_transpose(qb)?;
     let qq = e.op(Op::MatMul, &[qbt, q])?;
     let mm = e.sub(rr, qq)?;
     // copyltu: the lower triangle (with the diagonal) mirrored above it.
-    let mt = transpose(e, mm)?;
+    let mt = e.matrix_transpose(mm)?;
     let shape = e.shape(mm);
     let lower = tri(e, &shape, BinaryOp::Ge)?;
     let c = e.select(lower, mm, mt)?;
     let qc = e.op(Op::MatMul, &[q, c])?;
     let y = e.add(qb, qc)?;
     // Z R^T = Y, R^T lower triangular.
-    let rt = transpose(e, r)?;
+    let rt = e.matrix_transpose(r)?;
     tsolve(e, rt, y, true, false, false)
 }
 
@@ -252,7 +252,7 @@ fn qr(e: &mut Emit, q: NodeId, r: NodeId, qb: NodeId, rb: NodeId) -> Built {
 /// diagonal.
 fn eigh(e: &mut Emit, w: NodeId, v: NodeId, wb: NodeId, vb: NodeId, upper: bool) -> Built {
     let f = inverse_gaps(e, w)?;
-    let vt = transpose(e, v)?;
+    let vt = e.matrix_transpose(v)?;
     let vtvb = e.op(Op::MatMul, &[vt, vb])?;
     let inner = e.mul(f, vtvb)?;
     let d = diag_embed(e, wb)?;
@@ -266,16 +266,16 @@ fn eigh(e: &mut Emit, w: NodeId, v: NodeId, wb: NodeId, vb: NodeId, upper: bool)
 fn svd(e: &mut Emit, [u, s, vh]: [NodeId; 3], [ub, sb, vhb]: [NodeId; 3]) -> Built {
     let sq = e.mul(s, s)?;
     let f = inverse_gaps(e, sq)?;
-    let ut = transpose(e, u)?;
+    let ut = e.matrix_transpose(u)?;
     let utub = e.op(Op::MatMul, &[ut, ub])?;
     // V^T Vbar = Vh Vhbar^T.
-    let vhbt = transpose(e, vhb)?;
+    let vhbt = e.matrix_transpose(vhb)?;
     let vtvb = e.op(Op::MatMul, &[vh, vhbt])?;
     let j = e.mul(f, utub)?;
-    let jt = transpose(e, j)?;
+    let jt = e.matrix_transpose(j)?;
     let j = e.add(j, jt)?;
     let k = e.mul(f, vtvb)?;
-    let kt = transpose(e, k)?;
+    let kt = e.matrix_transpose(k)?;
     let k = e.add(k, kt)?;
     let js = scale_cols(e, j, s)?;
     let sk = scale_rows(e, k, s)?;
@@ -291,7 +291,7 @@ fn svd(e: &mut Emit, [u, s, vh]: [NodeId; 3], [ub, sb, vhb]: [NodeId; 3]) -> Bui
     let pu = scale_cols(e, pu, inv_s)?;
     let left = e.op(Op::MatMul, &[pu, vh])?;
     // U S^-1 Vbar^T (I - V V^T) = U S^-1 (Vhbar - Vhbar Vh^T Vh)
-    let vt = transpose(e, vh)?;
+    let vt = e.matrix_transpose(vh)?;
     let vhbv = e.op(Op::MatMul, &[vhb, vt])?;
     let vhbvvh = e.op(Op::MatMul, &[vhbv, vh])?;
     let pv = e.sub(vhb, vhbvvh)?;
@@ -304,14 +304,6 @@ fn svd(e: &mut Emit, [u, s, vh]: [NodeId; 3], [ub, sb, vhb]: [NodeId; 3]) -> Bui
 // ---------------------------------------------------------------------------------------
 // Matrix helpers over the last two axes.
 // ---------------------------------------------------------------------------------------
-
-/// `x` with its last two axes swapped.
-fn transpose(e: &mut Emit, x: NodeId) -> Built {
-    let r = e.shape(x).rank();
-    let mut perm: Vec<usize> = (0..r).collect();
-    perm.swap(r - 2, r - 1);
-    e.view(ViewOp::Permute(perm), x)
-}
 
 /// The bool mask `row cmp col` over the last two axes of `shape` (`Ge`: the lower
 /// triangle, `Gt`: its strict part, `Eq`: the diagonal...).
@@ -389,7 +381,7 @@ fn inverse_gaps(e: &mut Emit, w: NodeId) -> Built {
 /// to the matrix whose one triangle (the lower, or the upper when `upper`) stands for
 /// it: `gm + gm^T` strictly inside that triangle, `gm`'s diagonal, 0 in the other.
 fn fold(e: &mut Emit, gm: NodeId, upper: bool) -> Built {
-    let gt = transpose(e, gm)?;
+    let gt = e.matrix_transpose(gm)?;
     let sum = e.add(gm, gt)?;
     let shape = e.shape(gm);
     let inside = tri(e, &shape, if upper { BinaryOp::Lt } else { BinaryOp::Gt })?;

@@ -78,10 +78,10 @@ pub(crate) fn vjp(e: &mut Emit, op: &Op, x: &[NodeId], y: NodeId, g: NodeId) -> 
         // a @ b: g @ b^T to a and a^T @ g to b, batch-broadcast axes summed back
         Op::MatMul => {
             let (a, b) = (x[0], x[1]);
-            let bt = transpose(e, b)?;
+            let bt = e.matrix_transpose(b)?;
             let ga = e.op(Op::MatMul, &[g, bt])?;
             let ga = e.sum_to(ga, &e.shape(a))?;
-            let at = transpose(e, a)?;
+            let at = e.matrix_transpose(a)?;
             let gb = e.op(Op::MatMul, &[at, g])?;
             let gb = e.sum_to(gb, &e.shape(b))?;
             Ok(vec![Some(ga), Some(gb)])
@@ -531,12 +531,4 @@ fn scatter_axis(
         inv[p] = i;
     }
     e.view(ViewOp::Permute(inv), r)
-}
-
-/// `x` with its last two axes swapped.
-fn transpose(e: &mut Emit, x: NodeId) -> Result<NodeId, AutodiffError> {
-    let r = e.shape(x).rank();
-    let mut perm: Vec<usize> = (0..r).collect();
-    perm.swap(r - 2, r - 1);
-    e.view(ViewOp::Permute(perm), x)
 }

@@ -49,6 +49,20 @@ fn dims(a: &Tensor) -> Result<Vec<usize>, Tensor> {
         .map_err(|e| Tensor::poisoned(&a.ctx, e))
 }
 
+/// `a`'s matrix extents `(m, n)`, or the poisoned tensor naming `what` when it has no
+/// two matrix axes.
+fn matrix_extents(a: &Tensor, what: &'static str, at: At) -> Result<(usize, usize), Tensor> {
+    match dims(a)? {
+        d if d.len() >= 2 => Ok((d[d.len() - 2], d[d.len() - 1])),
+        d => Err(argument(
+            a,
+            what,
+            format!("a {d:?} needs two matrix axes"),
+            at,
+        )),
+    }
+}
+
 /// An argument error at `at`.
 fn argument(a: &Tensor, what: &'static str, why: String, at: At) -> Tensor {
     Tensor::poisoned(&a.ctx, Error::Argument { what, why, at })
@@ -84,16 +98,16 @@ fn part(packed: &Tensor, batch: &[usize], start: usize, part: &[usize]) -> Tenso
     packed.slice(&args).reshape(&shape)
 }
 
-/// The node of `op` on `a`, split into its parts (one tensor for an op that is not
-/// packed).
+/// The node of packed `op` on `a`, split into its parts.
 fn decompose(op: LinalgOp, a: &Tensor, at: At) -> Vec<Tensor> {
     let d = match dims(a) {
         Ok(d) => d,
-        Err(p) => return vec![p; op.parts(2, 2).len().max(1)],
+        Err(p) => return vec![p; op.parts(2, 2).len()],
     };
     let node = Tensor::build(Op::Linalg(op), &[a], at);
-    if !op.packed() || d.len() < 2 {
-        return vec![node; op.parts(2, 2).len().max(1)];
+    if d.len() < 2 {
+        // Not a matrix: the node carries infer's error to every part.
+        return vec![node; op.parts(2, 2).len()];
     }
     let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
     let batch = &d[..d.len() - 2];
@@ -406,12 +420,10 @@ fn inverted_values(s: &Tensor, rtol: f64) -> (Tensor, Tensor) {
 #[track_caller]
 pub fn pinv(a: &Tensor, rtol: Option<f64>) -> Tensor {
     let at = Location::caller();
-    let d = match dims(a) {
-        Ok(d) if d.len() >= 2 => d,
-        Ok(d) => return argument(a, "pinv", format!("a {d:?} needs two matrix axes"), at),
+    let (m, n) = match matrix_extents(a, "pinv", at) {
+        Ok(e) => e,
         Err(p) => return p,
     };
-    let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
     let Svd { u, s, vh } = svd(a, false);
     let (s_inv, _) = inverted_values(&s, rtol.unwrap_or_else(|| default_rtol(a, m, n)));
     // v diag(1/s) u^T: scale the columns of v, then multiply.
@@ -441,17 +453,8 @@ pub struct Lstsq {
 #[track_caller]
 pub fn lstsq(a: &Tensor, b: &Tensor, rcond: Option<f64>) -> Lstsq {
     let at = Location::caller();
-    let d = match dims(a) {
-        Ok(d) if d.len() >= 2 => d,
-        Ok(d) => {
-            let p = argument(a, "lstsq", format!("a {d:?} needs two matrix axes"), at);
-            return Lstsq {
-                solution: p.clone(),
-                residuals: p.clone(),
-                rank: p.clone(),
-                singular_values: p,
-            };
-        }
+    let (m, n) = match matrix_extents(a, "lstsq", at) {
+        Ok(e) => e,
         Err(p) => {
             return Lstsq {
                 solution: p.clone(),
@@ -461,7 +464,6 @@ pub fn lstsq(a: &Tensor, b: &Tensor, rcond: Option<f64>) -> Lstsq {
             }
         }
     };
-    let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
     let vector = matches!(b.rank(), Ok(1));
     let b2 = if vector { b.expand_dims(-1) } else { b.clone() };
     let Svd { u, s, vh } = svd(a, false);
@@ -510,18 +512,8 @@ pub enum Norm {
 /// The matrix norm `ord` of `a [..., m, n]`, `[...]` (numpy's `matrix_norm`).
 #[track_caller]
 pub fn matrix_norm(a: &Tensor, ord: Norm) -> Tensor {
-    let at = Location::caller();
-    match dims(a) {
-        Ok(d) if d.len() >= 2 => {}
-        Ok(d) => {
-            return argument(
-                a,
-                "matrix_norm",
-                format!("a {d:?} needs two matrix axes"),
-                at,
-            )
-        }
-        Err(p) => return p,
+    if let Err(p) = matrix_extents(a, "matrix_norm", Location::caller()) {
+        return p;
     }
     let abs = || a.abs();
     match ord {

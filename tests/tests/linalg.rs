@@ -56,6 +56,15 @@ fn orthogonal(rng: &mut Rng, n: usize) -> Vec<f64> {
     q
 }
 
+/// The `j`-th of `k` values falling geometrically from 1 to `1 / cond`.
+fn geometric(cond: f64, j: usize, k: usize) -> f64 {
+    if k > 1 {
+        cond.powf(-(j as f64) / (k - 1) as f64)
+    } else {
+        1.0
+    }
+}
+
 /// `u diag(s) v^T` with random orthogonal `u`, `v` and singular values from 1 down to
 /// `1 / cond`, geometrically: an `m x n` matrix of that condition number.
 fn conditioned(rng: &mut Rng, m: usize, n: usize, cond: f64) -> Vec<f64> {
@@ -64,12 +73,7 @@ fn conditioned(rng: &mut Rng, m: usize, n: usize, cond: f64) -> Vec<f64> {
     let mut us = vec![0.0; m * n];
     for i in 0..m {
         for j in 0..k {
-            let s = if k > 1 {
-                cond.powf(-(j as f64) / (k - 1) as f64)
-            } else {
-                1.0
-            };
-            us[i * n + j] = u[i * m + j] * s;
+            us[i * n + j] = u[i * m + j] * geometric(cond, j, k);
         }
     }
     mm(&us, &transpose(&v, n, n), m, n, n)
@@ -81,12 +85,7 @@ fn spd(rng: &mut Rng, n: usize, cond: f64) -> Vec<f64> {
     let mut qd = q.clone();
     for i in 0..n {
         for j in 0..n {
-            let w = if n > 1 {
-                cond.powf(-(j as f64) / (n - 1) as f64)
-            } else {
-                1.0
-            };
-            qd[i * n + j] *= w;
+            qd[i * n + j] *= geometric(cond, j, n);
         }
     }
     mm(&qd, &transpose(&q, n, n), n, n, n)
