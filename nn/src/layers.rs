@@ -158,6 +158,20 @@ impl Linear {
         })
     }
 
+    /// A layer holding `weight` (`[in, out]`) and `bias` (`[out]`), shared, not copied:
+    /// a pretrained model's projections. `Err` naming both shapes when they do not fit.
+    pub fn from_parameters(weight: Parameter, bias: Option<Parameter>) -> Result<Linear> {
+        let (w, b) = (weight.shape(), bias.as_ref().map(Parameter::shape));
+        let fits = w.len() == 2 && b.as_ref().is_none_or(|b| b[..] == w[1..]);
+        if !fits {
+            return Err(crate::error::Error::Argument {
+                what: "Linear::from_parameters",
+                why: format!("weight {w:?} must be [in, out] and bias {b:?} [out]"),
+            });
+        }
+        Ok(Linear { weight, bias })
+    }
+
     /// The same layer without a bias.
     pub fn without_bias(mut self) -> Linear {
         self.bias = None;
@@ -250,6 +264,19 @@ impl LayerNorm {
             bias: Parameter::new(format!("{name}.bias"), &ctx.zeros(&[features]))?,
             eps,
         })
+    }
+
+    /// A normalisation holding `weight` and `bias` (`[features]` each), shared, not
+    /// copied: a pretrained model's. `Err` naming both shapes when they differ.
+    pub fn from_parameters(weight: Parameter, bias: Parameter, eps: f64) -> Result<LayerNorm> {
+        let (w, b) = (weight.shape(), bias.shape());
+        if w.len() != 1 || w != b {
+            return Err(crate::error::Error::Argument {
+                what: "LayerNorm::from_parameters",
+                why: format!("weight {w:?} and bias {b:?} must be the same [features]"),
+            });
+        }
+        Ok(LayerNorm { weight, bias, eps })
     }
 }
 

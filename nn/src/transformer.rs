@@ -225,19 +225,28 @@ impl Rope {
     /// form).
     #[track_caller]
     pub fn apply(&self, x: &Tensor) -> Tensor {
-        self.rotate(x, false)
+        self.rotate(x, false, None)
     }
 
     /// `x [..., T, H, d]` rotated (the heads after the positions, as a `[B, T, H * d]`
     /// projection splits into them): the same angles for every head of a position.
     #[track_caller]
     pub fn apply_heads(&self, x: &Tensor) -> Tensor {
-        self.rotate(x, true)
+        self.rotate(x, true, None)
     }
 
-    /// [`Rope::apply`], or with a heads axis between the positions and the features.
+    /// [`Rope::apply_heads`] at the positions `positions` (an integer tensor `[T]`)
+    /// instead of `0..T`: a decode step's token at its place in the sequence. The
+    /// positions are data, so one compiled graph serves every position.
     #[track_caller]
-    fn rotate(&self, x: &Tensor, heads: bool) -> Tensor {
+    pub fn apply_heads_at(&self, x: &Tensor, positions: &Tensor) -> Tensor {
+        self.rotate(x, true, Some(positions))
+    }
+
+    /// [`Rope::apply`], or with a heads axis between the positions and the features,
+    /// at `positions` or `0..T`.
+    #[track_caller]
+    fn rotate(&self, x: &Tensor, heads: bool, positions: Option<&Tensor>) -> Tensor {
         let (Ok(shape), Ok(dtype)) = (x.shape(), x.dtype()) else {
             return x.clone();
         };
@@ -261,7 +270,11 @@ impl Rope {
             Err(_) => return x.clone(),
         };
         // θ[t, i] = t * freq[i], [T, d/2].
-        let theta = &ctx.arange_n(t).cast(wide).expand_dims(-1) * &freqs;
+        let t_of = match positions {
+            Some(p) => p.cast(wide),
+            None => ctx.arange_n(t).cast(wide),
+        };
+        let theta = &t_of.expand_dims(-1) * &freqs;
         let (cos, sin) = (theta.cos().cast(dtype), theta.sin().cast(dtype));
         // [T, 1, d/2] against [..., T, H, d/2]: one angle for every head.
         let (cos, sin) = if heads {
@@ -326,6 +339,12 @@ impl RmsNorm {
             weight: Parameter::new(format!("{name}.weight"), &ctx.ones(&[features]))?,
             eps,
         })
+    }
+
+    /// A normalisation holding `weight` (`[features]`), shared, not copied: a
+    /// pretrained model's.
+    pub fn from_parameter(weight: Parameter, eps: f64) -> RmsNorm {
+        RmsNorm { weight, eps }
     }
 }
 

@@ -17,7 +17,8 @@
 //! that does not parse are errors that name the key, where it came from and, for an
 //! unknown key, the nearest valid one. `NDFUSE_CONFIG` (the file),
 //! `NDFUSE_CUDA_INCLUDE` (where NVRTC finds the CUDA headers), `NDFUSE_REQUIRE_CUDA` and
-//! `NDFUSE_REQUIRE_NVRTC`, `NDFUSE_REQUIRE_DATA` (test switches), `NDFUSE_CI_VENV` (CI's venv),
+//! `NDFUSE_REQUIRE_NVRTC`, `NDFUSE_REQUIRE_DATA`, `NDFUSE_REQUIRE_MODELS` (test switches),
+//! `NDFUSE_MODELS` (the pretrained models' folder), `NDFUSE_CI_VENV` (CI's venv),
 //! `NDFUSE_CUDA_GEMM` (`emitted`: no cuBLASLt) and `NDFUSE_MPI_TIMEOUT_S`
 //! (ndfuse-train's MPI bound) are not keys and are let through.
 //!
@@ -80,6 +81,9 @@ const NOT_KEYS: &[&str] = &[
     "NDFUSE_REQUIRE_NVRTC",
     // Tests that need a data set from Debian's packages (Fashion-MNIST) fail without it.
     "NDFUSE_REQUIRE_DATA",
+    // The pretrained models' folder (scripts/fetch_models.sh) and ndfuse-models' switch.
+    "NDFUSE_MODELS",
+    "NDFUSE_REQUIRE_MODELS",
     // Whether nn's progress bar draws (ndfuse_nn::progress), read by the training loop.
     "NDFUSE_PROGRESS",
     // Where NVRTC finds the CUDA headers (ndfuse_codegen_cuda::include_dirs), read
