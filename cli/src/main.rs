@@ -5,6 +5,8 @@
 //! ndfuse explain 'softmax(x, axis=-1)' --shape x=4096x4096
 //! ndfuse bench softmax --json
 //! ndfuse backends
+//! ndfuse generate --model SmolLM2-135M-Instruct.Q4_1.gguf --prompt 'The capital of France is'
+//! ndfuse embed --model all-minilm-l6-v2 --text 'A sentence.' --json
 //! ```
 //!
 //! Every failure prints one line on stderr and exits non-zero: 2 for a command line
@@ -16,6 +18,7 @@ mod choices;
 mod explain;
 mod failure;
 mod inputs;
+mod models;
 mod report;
 mod show;
 
@@ -56,6 +59,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// List the backends compiled into this build and which one `auto` picks.
     Backends,
+    /// Generate text with a pretrained Llama-architecture model from a GGUF file.
+    Generate(models::GenerateArgs),
+    /// Print the sentence embeddings of texts with a pretrained BERT model.
+    Embed(models::EmbedArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -136,6 +143,8 @@ fn main() -> ExitCode {
         Command::Explain(a) => explain_cmd(&a),
         Command::Backends => backends(),
         Command::Bench(a) => bench::run(&a),
+        Command::Generate(a) => models::generate_cmd(&a),
+        Command::Embed(a) => models::embed_cmd(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
