@@ -156,6 +156,9 @@ pub(crate) fn vjp(e: &mut Emit, op: &Op, x: &[NodeId], y: NodeId, g: NodeId) -> 
         Op::AttentionBackward(_) => Err(AutodiffError::NoRule {
             op: "attention_backward (a second derivative of attention)",
         }),
+        Op::QuantMatMul(_) => Err(AutodiffError::NoRule {
+            op: "quant_matmul (quantised weights are for inference; train on float weights)",
+        }),
         // the LAPACK level: the standard formulas, in `linalg`
         Op::Linalg(l) => crate::linalg::vjp(e, *l, x, y, g),
     }

@@ -40,6 +40,7 @@ mod interop;
 pub mod linalg;
 pub mod npy;
 mod ops;
+mod quant;
 mod random;
 mod report;
 mod scan;
@@ -56,13 +57,14 @@ pub use error::{Error, Result};
 pub use expr::{Expr, ExprError};
 pub use grad::grad;
 pub use index::{concat, stack};
-pub use ndfuse_ir::{AttentionLayout, DType, PadMode, ReduceOp};
+pub use ndfuse_ir::{AttentionLayout, BlockFormat, DType, PadMode, ReduceOp};
 pub use ndfuse_runtime::{
     bind_thread, bound_device, unbind_thread, BackendKind, CacheStats, CodeCacheStats,
     CompileCacheStats, Config, ConfigSource, CpuDevice, Device, DeviceId, DeviceKind, DeviceMove,
     DeviceSet, GpuDevice,
 };
 pub use ops::{where_, Axes, Operand, SliceArg};
+pub use quant::QuantMatrix;
 pub use report::{DeviceArray, Report};
 pub use tensor::Tensor;
 

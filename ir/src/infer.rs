@@ -162,6 +162,7 @@ pub fn infer(op: &Op, operands: &[TensorType]) -> Result<TensorType, IrError> {
         Op::Attention(spec) => infer_attention(spec, operands, false),
         Op::AttentionBackward(spec) => infer_attention(spec, operands, true),
         Op::Linalg(l) => infer_linalg(*l, operands),
+        Op::QuantMatMul(spec) => infer_quant_matmul(spec, operands),
         Op::Argsort { axis, k, .. } => {
             let x = &operands[0];
             check_axes(name, &[*axis], x)?;
@@ -721,6 +722,50 @@ fn check_extras(
         }
     }
     Ok(())
+}
+
+/// [`Op::QuantMatMul`]'s result: `x` f32 `[..., k]`, `w` i32 `[n, spec.row_words()]`,
+/// `k` a whole number of blocks; f32 `[..., n]`.
+fn infer_quant_matmul(
+    spec: &crate::quant::QuantSpec,
+    operands: &[TensorType],
+) -> Result<TensorType, IrError> {
+    let (x, w) = (&operands[0], &operands[1]);
+    let fail = |why: String| {
+        Err(IrError::Linalg {
+            op: "quant_matmul",
+            why,
+        })
+    };
+    let k = spec.k;
+    if k == 0 || !k.is_multiple_of(crate::quant::BLOCK) {
+        return fail(format!(
+            "{} rows of {k} weights: k must be a positive multiple of the block of {}",
+            spec.format.name(),
+            crate::quant::BLOCK
+        ));
+    }
+    let xd = x.shape.dims();
+    if x.dtype != DType::F32 || xd.last() != Some(&k) {
+        return fail(format!(
+            "x is {x} and w is {w}: x must be f32 [..., {k}] for {} rows of {k} weights",
+            spec.format.name()
+        ));
+    }
+    let wd = w.shape.dims();
+    if w.dtype != DType::I32 || wd.len() != 2 || wd[1] != spec.row_words() {
+        return fail(format!(
+            "w is {w}: {} rows of {k} weights are i32 [n, {}] (the blocks' bytes in words)",
+            spec.format.name(),
+            spec.row_words()
+        ));
+    }
+    let mut shape = xd[..xd.len() - 1].to_vec();
+    shape.push(wd[0]);
+    Ok(TensorType {
+        dtype: DType::F32,
+        shape: Shape::new(shape),
+    })
 }
 
 /// [`Op::Linalg`]'s result: float operands of one dtype, matrices in the last two axes

@@ -92,6 +92,36 @@ fn linalg_batch(
     Ok(Vals::F(out))
 }
 
+/// [`Op::QuantMatMul`]: `x @ w^T` with each weight's exact value (in f64), summed in f64
+/// and rounded once to f32.
+fn quant_matmul(spec: &crate::quant::QuantSpec, operands: &[&Tensor]) -> Vals {
+    let (x, w) = (operands[0].vals.to_f64s(), operands[1].vals.to_f64s());
+    let (k, rw) = (spec.k, spec.row_words());
+    let n = w.len() / rw.max(1);
+    let bb = spec.format.block_bytes();
+    // Each row's weights, exactly.
+    let mut rows = vec![0f64; n * k];
+    let mut bytes = Vec::new();
+    for (r, row) in rows.chunks_exact_mut(k).enumerate() {
+        let words: Vec<i32> = w[r * rw..(r + 1) * rw].iter().map(|&v| v as i32).collect();
+        crate::quant::words_to_bytes(&words, &mut bytes);
+        for (j, dst) in row.iter_mut().enumerate() {
+            let b = j / crate::quant::BLOCK;
+            *dst = spec
+                .format
+                .weight_f64(&bytes[b * bb..(b + 1) * bb], j % crate::quant::BLOCK);
+        }
+    }
+    let mut out = Vec::with_capacity(x.len() / k.max(1) * n);
+    for xr in x.chunks_exact(k) {
+        for wr in rows.chunks_exact(k) {
+            let dot: f64 = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
+            out.push(crate::round::round_f64(dot, crate::DType::F32));
+        }
+    }
+    Vals::F(out)
+}
+
 // ---------------------------------------------------------------------------------------
 // Graph evaluation.
 // ---------------------------------------------------------------------------------------
@@ -157,6 +187,7 @@ fn compute(node: &Node, operands: &[&Tensor]) -> Result<Tensor, InterpError> {
         Op::Attention(spec) => attention::attention(spec, operands, node.dtype),
         Op::AttentionBackward(spec) => attention::attention_backward(spec, operands, node.dtype),
         Op::Linalg(l) => linalg_batch(*l, operands, node)?,
+        Op::QuantMatMul(spec) => quant_matmul(spec, operands),
     };
     debug_assert_eq!(
         vals.len(),

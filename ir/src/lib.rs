@@ -19,6 +19,7 @@ mod kernel_check;
 pub mod linalg;
 pub mod op;
 mod print;
+pub mod quant;
 pub mod round;
 pub mod shape;
 pub mod verify;
@@ -37,5 +38,6 @@ pub use op::{
     ArgReduceOp, AttentionLayout, AttentionSpec, BinaryOp, CausalMask, Node, Op, PadMode, ReduceOp,
     ScanOp, UnaryOp, ViewOp,
 };
+pub use quant::{BlockFormat, QuantSpec};
 pub use shape::{AxisSlice, Shape, View};
 pub use verify::{verify, VerifyError, VerifyErrors};

@@ -530,6 +530,14 @@ pub enum Op {
     /// once. A routine of its own (a library call on a backend); a matrix it cannot
     /// factor is an error of the evaluation naming the batch index.
     Linalg(crate::linalg::LinalgOp),
+    /// `x @ w^T` with `w` a block-quantised matrix (llama.cpp's formats): operands `x`
+    /// (f32 `[..., k]`) and `w`, the blocks of `n` rows as an i32 tensor
+    /// `[n, spec.row_words()]` (see [`crate::quant`]); the result is f32 `[..., n]`,
+    /// each weight dequantised to f32 as the format defines ([`crate::BlockFormat`]).
+    /// A routine of its own that reads the blocks where they are: a decode step's
+    /// matrix-vector products read 4.5 (Q4_1) or 8.5 (Q8_0) bits a weight, not 32. Not
+    /// differentiable (the weights are not floats).
+    QuantMatMul(crate::quant::QuantSpec),
 }
 
 /// Which keys a query sees by position in [`Op::Attention`].
@@ -735,6 +743,7 @@ impl Op {
             Op::Attention(s) => s.layout.tensors() + s.extras(),
             Op::AttentionBackward(s) => s.layout.tensors() + 2 + s.extras(),
             Op::Linalg(l) => l.arity(),
+            Op::QuantMatMul(_) => 2,
         }
     }
 
@@ -786,6 +795,7 @@ impl Op {
                 | Op::Attention(_)
                 | Op::AttentionBackward(_)
                 | Op::Linalg(_)
+                | Op::QuantMatMul(_)
         )
     }
 
@@ -818,6 +828,7 @@ impl Op {
             Op::Attention(_) => "attention",
             Op::AttentionBackward(_) => "attention_backward",
             Op::Linalg(l) => l.name(),
+            Op::QuantMatMul(_) => "quant_matmul",
         }
     }
 }

@@ -102,6 +102,7 @@ fn write_op(out: &mut String, g: &Graph, id: NodeId, num: &HashMap<NodeId, usize
             ", axis={axis}, k={k}{}",
             if *descending { ", descending" } else { "" }
         ),
+        Op::QuantMatMul(spec) => write!(out, ", {}, k={}", spec.format.name(), spec.k),
         Op::Linalg(l) => match *l {
             crate::linalg::LinalgOp::TriangularSolve {
                 lower,

@@ -337,7 +337,7 @@ impl BertModel {
         // mask[b, t] = t < lengths[b], as the hidden states' dtype.
         let mask = ctx
             .arange_n(t)
-            .lt(&lengths.expand_dims(-1))
+            .lt(lengths.expand_dims(-1))
             .cast(hidden.dtype().unwrap_or(ndfuse::DType::F32));
         let sum = (hidden * &mask.expand_dims(-1)).sum(1);
         let mean = &sum / &mask.sum_keepdims(-1).maximum(1.0);

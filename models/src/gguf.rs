@@ -12,9 +12,9 @@
 //! `general.alignment` (32 by default) after the descriptions.
 
 use crate::error::{Error, Result};
-use crate::quant::{BlockFormat, BLOCK};
 use half::{bf16, f16};
 use memmap2::Mmap;
+use ndfuse_ir::quant::{BlockFormat, BLOCK};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -11,8 +11,11 @@
 //! logits and the new caches. Every shape in the step is fixed by the capacity, and the
 //! position is data, so the step compiles once and is reused for every token.
 //!
-//! Weights: the GGUF's quantised matrices are dequantised to f32 when loaded (exactly,
-//! by the format's definition in [`crate::quant`]); the norms are f32 already.
+//! Weights: the GGUF's quantised matrices stay in their blocks ([`QuantLinear`], the
+//! `quant_matmul` op dequantises each weight inside the product), the tied head reads
+//! the embedding's blocks the same way; the embedding table for the lookups is
+//! dequantised to f32 once (a lookup reads one row a token), the norms are f32 already.
+//! Matrices stored as F32/F16/BF16 load as dense [`Linear`] layers.
 //! llama.cpp stores the query and key projections permuted for its adjacent-pair rotary
 //! embedding, so the rotation here is [`RopeLayout::Interleaved`] on the file's weights
 //! as they are, which is the same function as Hugging Face's half-split rotation on the
@@ -20,9 +23,13 @@
 
 use crate::error::Result;
 use crate::gguf::Gguf;
+use crate::gguf::TensorType;
 use crate::tokenizer::Tokenizer;
+use ndfuse::QuantMatrix;
 use ndfuse::{Attention, AttentionLayout, Causal, Compiled, Context, SliceArg, Tensor};
-use ndfuse_nn::{Embedding, Layer, Linear, Mode, Parameter, RmsNorm, Rope, RopeLayout};
+use ndfuse_nn::{
+    Embedding, Layer, Linear, Mode, Parameter, QuantLinear, RmsNorm, Rope, RopeLayout,
+};
 use std::path::Path;
 
 /// The hyper-parameters of a Llama model, from the GGUF's `llama.*` metadata.
@@ -96,17 +103,32 @@ impl LlamaConfig {
     }
 }
 
-/// One decoder block.
-#[derive(Debug, Clone)]
+/// One decoder block; the projections are [`QuantLinear`] or [`Linear`] layers.
+#[derive(Debug)]
 struct Block {
     attn_norm: RmsNorm,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
+    q: Box<dyn Layer>,
+    k: Box<dyn Layer>,
+    v: Box<dyn Layer>,
+    o: Box<dyn Layer>,
     ffn_norm: RmsNorm,
-    gate_up: Linear,
-    down: Linear,
+    gate_up: Box<dyn Layer>,
+    down: Box<dyn Layer>,
+}
+
+impl Clone for Block {
+    fn clone(&self) -> Block {
+        Block {
+            attn_norm: self.attn_norm.clone(),
+            q: self.q.duplicate(),
+            k: self.k.duplicate(),
+            v: self.v.duplicate(),
+            o: self.o.duplicate(),
+            ffn_norm: self.ffn_norm.clone(),
+            gate_up: self.gate_up.duplicate(),
+            down: self.down.duplicate(),
+        }
+    }
 }
 
 /// A Llama decoder with its tokenizer.
@@ -116,8 +138,8 @@ pub struct LlamaModel {
     config: LlamaConfig,
     tokenizer: Tokenizer,
     embedding: Embedding,
-    /// The head, `[d_model, vocab]`; `None` when tied to the embedding.
-    head: Option<Linear>,
+    /// The head (`output.weight`, or the embedding's own blocks when tied).
+    head: std::sync::Arc<dyn Layer>,
     norm: RmsNorm,
     rope: Rope,
     blocks: Vec<Block>,
@@ -141,10 +163,11 @@ impl LlamaModel {
         let (hq, hkv, dh) = (config.n_heads, config.n_kv_heads, config.head_dim());
         let load = Loader { ctx, g: &g };
         let embedding = Embedding::from_parameter(load.tensor("token_embd.weight", &[v, c])?);
-        let head = match g.tensor("output.weight") {
-            Some(_) => Some(load.linear(&["output.weight"], c, &[v])?),
-            None => None,
+        let head_name = match g.tensor("output.weight") {
+            Some(_) => "output.weight",
+            None => "token_embd.weight",
         };
+        let head = std::sync::Arc::from(load.projection(&[head_name], c, &[v])?);
         let norm =
             RmsNorm::from_parameter(load.tensor("output_norm.weight", &[c])?, config.rms_eps);
         let mut blocks = Vec::with_capacity(config.n_layers);
@@ -153,13 +176,13 @@ impl LlamaModel {
             let eps = config.rms_eps;
             blocks.push(Block {
                 attn_norm: RmsNorm::from_parameter(load.tensor(&name("attn_norm"), &[c])?, eps),
-                q: load.linear(&[&name("attn_q")], c, &[hq * dh])?,
-                k: load.linear(&[&name("attn_k")], c, &[hkv * dh])?,
-                v: load.linear(&[&name("attn_v")], c, &[hkv * dh])?,
-                o: load.linear(&[&name("attn_output")], hq * dh, &[c])?,
+                q: load.projection(&[&name("attn_q")], c, &[hq * dh])?,
+                k: load.projection(&[&name("attn_k")], c, &[hkv * dh])?,
+                v: load.projection(&[&name("attn_v")], c, &[hkv * dh])?,
+                o: load.projection(&[&name("attn_output")], hq * dh, &[c])?,
                 ffn_norm: RmsNorm::from_parameter(load.tensor(&name("ffn_norm"), &[c])?, eps),
-                gate_up: load.linear(&[&name("ffn_gate"), &name("ffn_up")], c, &[f, f])?,
-                down: load.linear(&[&name("ffn_down")], f, &[c])?,
+                gate_up: load.projection(&[&name("ffn_gate"), &name("ffn_up")], c, &[f, f])?,
+                down: load.projection(&[&name("ffn_down")], f, &[c])?,
             });
         }
         let rope = Rope::new(dh, RopeLayout::Interleaved)?.base(config.rope_base);
@@ -197,10 +220,7 @@ impl LlamaModel {
         let h = self.norm.forward(&last, &Mode::eval());
         let c = self.config.d_model as i64;
         let h = h.reshape(&[1, c]);
-        match &self.head {
-            Some(head) => head.forward(&h, &Mode::eval()),
-            None => h.matmul(&self.embedding.weight().value().transpose()),
-        }
+        self.head.forward(&h, &Mode::eval())
     }
 
     /// One block on `x [1, T, C]` whose positions are `positions` (i64 `[T]`); `kv` makes
@@ -319,6 +339,42 @@ impl Loader<'_> {
             ));
         }
         Ok(Parameter::new(name, &self.ctx.from_vec(v, shape)?)?)
+    }
+
+    /// Matrices `names` (`[out_i, inputs]` each, llama.cpp's `[rows, cols]`) as one
+    /// product to `sum out_i` features without bias: their blocks side by side in a
+    /// [`QuantLinear`] when all are of one block format, else a dense [`Linear`].
+    fn projection(
+        &self,
+        names: &[&str],
+        inputs: usize,
+        outputs: &[usize],
+    ) -> Result<Box<dyn Layer>> {
+        let mut format = None;
+        let mut bytes = Vec::new();
+        for (name, &o) in names.iter().zip(outputs) {
+            let (t, b) = self.g.bytes(name)?;
+            if t.shape() != [o, inputs] {
+                return Err(self.g.format_error(
+                    Some(name),
+                    format!(
+                        "shape {:?}, but the metadata makes it {:?}",
+                        t.shape(),
+                        [o, inputs]
+                    ),
+                ));
+            }
+            match (t.kind, format) {
+                (TensorType::Quant(f), None) => format = Some(f),
+                (TensorType::Quant(f), Some(g)) if f == g => {}
+                _ => return Ok(Box::new(self.linear(names, inputs, outputs)?)),
+            }
+            bytes.extend_from_slice(b);
+        }
+        let format = format.expect("at least one matrix");
+        let total = outputs.iter().sum();
+        let w = QuantMatrix::from_blocks(self.ctx, format, total, inputs, &bytes)?;
+        Ok(Box::new(QuantLinear::new(w)))
     }
 
     /// Matrices `names` (`[out_i, inputs]` each, llama.cpp's `[rows, cols]`) as one

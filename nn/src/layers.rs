@@ -219,6 +219,38 @@ impl Layer for Linear {
     }
 }
 
+/// `y = x @ weight^T` with a block-quantised `weight` (`[out, in]`, llama.cpp's Q8_0,
+/// Q4_0 or Q4_1 rows: [`ndfuse::QuantMatrix`]), dequantised inside the product: a
+/// pretrained model's projection read at 4.5 or 8.5 bits a weight. f32 out. Frozen: it
+/// has no trainable parameters (quantised weights are for inference).
+#[derive(Debug, Clone)]
+pub struct QuantLinear {
+    weight: ndfuse::QuantMatrix,
+}
+
+impl QuantLinear {
+    /// The layer over `weight` (shared, not copied).
+    pub fn new(weight: ndfuse::QuantMatrix) -> QuantLinear {
+        QuantLinear { weight }
+    }
+
+    /// The weight.
+    pub fn weight(&self) -> &ndfuse::QuantMatrix {
+        &self.weight
+    }
+}
+
+impl Layer for QuantLinear {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
+        x.quant_matmul(&self.weight)
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+}
+
 /// An element-wise non-linearity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {

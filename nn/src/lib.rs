@@ -40,7 +40,7 @@ pub use gpt::{Gpt, GptConfig, Positions};
 pub use idx::{parse_idx, read_idx, FashionMnist, Idx, IdxValues};
 pub use init::Init;
 pub use layers::{
-    autocast, in_f32, Activation, Dropout, Layer, LayerNorm, Linear, Mode, Sequential,
+    autocast, in_f32, Activation, Dropout, Layer, LayerNorm, Linear, Mode, QuantLinear, Sequential,
 };
 pub use loss::{accuracy, cross_entropy_with_logits, mse};
 pub use loss_scale::LossScale;

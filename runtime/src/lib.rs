@@ -35,6 +35,7 @@ mod gemm;
 mod gemm_packed;
 mod gemm_tier;
 mod linalg;
+mod quant;
 mod routines;
 mod step_path;
 mod target;

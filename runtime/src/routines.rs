@@ -48,6 +48,12 @@ pub fn run_routine(
     node: &Node,
     operands: &[&HostArray],
 ) -> Option<Result<HostArray, RuntimeError>> {
+    if let Op::QuantMatMul(spec) = &node.op {
+        if !operands_fit(node, operands) {
+            return None;
+        }
+        return Some(crate::quant::run(spec, node, operands));
+    }
     if let Op::Linalg(l) = node.op {
         if !operands_fit(node, operands) {
             return None;

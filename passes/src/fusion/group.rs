@@ -124,7 +124,8 @@ impl<'g> Fuser<'g> {
                     | Op::Argsort { .. }
                     | Op::Attention(_)
                     | Op::AttentionBackward(_)
-                    | Op::Linalg(_) => Role::Routine,
+                    | Op::Linalg(_)
+                    | Op::QuantMatMul(_) => Role::Routine,
                 };
                 (n, r)
             })

@@ -36,6 +36,11 @@ impl Fuser<'_> {
                                                  its own: dq, dk and dv from the \
                                                  probabilities recomputed per block"
                         .to_string(),
+                    Op::QuantMatMul(spec) => format!(
+                        "quant_matmul reads {} blocks where they are: each weight \
+                         dequantised inside the product, never stored as f32",
+                        spec.format.name()
+                    ),
                     Op::Linalg(l) => format!(
                         "{} is a library call of the LAPACK level (faer on the CPU)",
                         l.name()

@@ -22,7 +22,8 @@ impl Fuser<'_> {
                 | Op::Argsort { .. }
                 | Op::Attention(_)
                 | Op::AttentionBackward(_)
-                | Op::Linalg(_) => {}
+                | Op::Linalg(_)
+                | Op::QuantMatMul(_) => {}
                 // Reads at computed positions start a group; their consumers join it.
                 Op::Gather { .. } | Op::Concat { .. } | Op::Pad { .. } => {
                     self.new_group(n, node.shape.clone(), None, Level::Element);
