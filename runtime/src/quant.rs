@@ -196,20 +196,33 @@ fn dots_avx2(a: &Dots<'_>, out: &mut [f32]) {
     dots_body(a, out);
 }
 
-/// The body [`dots`] compiles once per tier: one copy per count of `x` rows, so that
-/// the accumulators stay in registers.
+/// The body [`dots`] compiles once per tier: one copy per format and count of `x`
+/// rows, so that the accumulators stay in registers and no branch is taken per block.
 #[inline(always)]
 fn dots_body(a: &Dots<'_>, out: &mut [f32]) {
-    match a.m {
-        1 => dots_rows::<1>(a, out),
-        2 => dots_rows::<2>(a, out),
-        3 => dots_rows::<3>(a, out),
-        _ => dots_rows::<4>(a, out),
+    const Q8: u8 = 0;
+    const Q40: u8 = 1;
+    const Q41: u8 = 2;
+    macro_rules! by_rows {
+        ($f:expr) => {
+            match a.m {
+                1 => dots_rows::<1, { $f }>(a, out),
+                2 => dots_rows::<2, { $f }>(a, out),
+                3 => dots_rows::<3, { $f }>(a, out),
+                _ => dots_rows::<4, { $f }>(a, out),
+            }
+        };
+    }
+    match a.spec.format {
+        BlockFormat::Q8_0 => by_rows!(Q8),
+        BlockFormat::Q4_0 => by_rows!(Q40),
+        BlockFormat::Q4_1 => by_rows!(Q41),
     }
 }
 
+/// Rows of `w` in format `F` (0: Q8_0, 1: Q4_0, 2: Q4_1) dotted with `MR` rows of `x`.
 #[inline(always)]
-fn dots_rows<const MR: usize>(a: &Dots<'_>, out: &mut [f32]) {
+fn dots_rows<const MR: usize, const F: u8>(a: &Dots<'_>, out: &mut [f32]) {
     let table = f16_table();
     let k = a.spec.k;
     let nb = k / BLOCK;
@@ -223,19 +236,19 @@ fn dots_rows<const MR: usize>(a: &Dots<'_>, out: &mut [f32]) {
         for (b, block) in row.chunks_exact(bb).enumerate() {
             let d = table[usize::from(u16::from_le_bytes([block[0], block[1]]))];
             let mut q = [0f32; BLOCK];
-            let off = match a.spec.format {
-                BlockFormat::Q8_0 => {
+            let off = match F {
+                0 => {
                     let qs: &[u8; BLOCK] = block[2..2 + BLOCK].try_into().expect("a block");
                     for (qj, &v) in q.iter_mut().zip(qs) {
                         *qj = f32::from(v as i8);
                     }
                     0.0
                 }
-                BlockFormat::Q4_0 => {
+                1 => {
                     unpack_nibbles(block[2..2 + BLOCK / 2].try_into().expect("a block"), &mut q);
                     -8.0 * d
                 }
-                BlockFormat::Q4_1 => {
+                _ => {
                     unpack_nibbles(block[4..4 + BLOCK / 2].try_into().expect("a block"), &mut q);
                     table[usize::from(u16::from_le_bytes([block[2], block[3]]))]
                 }
@@ -248,13 +261,29 @@ fn dots_rows<const MR: usize>(a: &Dots<'_>, out: &mut [f32]) {
                 for j in 0..BLOCK {
                     acc_i[j] = d.mul_add(xb[j] * q[j], acc_i[j]);
                 }
-                offs[i] = off.mul_add(sums[i][b], offs[i]);
+                if F != 0 {
+                    offs[i] = off.mul_add(sums[i][b], offs[i]);
+                }
             }
         }
         for i in 0..MR {
-            o[i] = acc[i].iter().sum::<f32>() + offs[i];
+            o[i] = tree_sum(acc[i]) + offs[i];
         }
     }
+}
+
+/// The sum of 32 lanes as a tree (halves added lane-wise, five times): vector adds,
+/// not 31 dependent scalar ones.
+#[inline(always)]
+fn tree_sum(mut v: [f32; BLOCK]) -> f32 {
+    let mut w = BLOCK / 2;
+    while w > 0 {
+        for j in 0..w {
+            v[j] += v[j + w];
+        }
+        w /= 2;
+    }
+    v[0]
 }
 
 /// The 32 values of 16 bytes of nibbles (low nibbles first, then high) as f32.
