@@ -153,7 +153,10 @@ fn spec_dequant(kind: u32, bytes: &[u8]) -> Vec<f32> {
     out
 }
 
-fn full_file(alignment: usize) -> (Vec<u8>, Vec<(String, u32, Vec<u64>, Vec<u8>)>) {
+/// A tensor of the test file: name, GGML type, extents (innermost first), bytes.
+type Spec = (String, u32, Vec<u64>, Vec<u8>);
+
+fn full_file(alignment: usize) -> (Vec<u8>, Vec<Spec>) {
     let mut w = Writer::new(alignment);
     w.kv_str("general.architecture", "llama");
     w.kv_raw("u8", 0, &[200]);
