@@ -11,10 +11,13 @@ and in the same run, so the two can be compared side by side:
   ``--prompt-tokens`` token ids (one batch, n_batch=512).
   tokens/s = prompt tokens / seconds of that call.
 * decode: greedy, one token at a time. Each step takes the argmax of the
-  logits of the last position (``llm.scores[llm.n_tokens - 1]``) and feeds it
+  logits of the last position (``llama_get_logits_ith(ctx, -1)``) and feeds it
   back with ``llm.eval([tok])`` -- one token through the model per step, no
   speculative or batched tricks. Only the ``eval`` calls are timed (the numpy
   argmax between them is not). tokens/s = decode tokens / summed seconds.
+  (In llama-cpp-python 0.3.x with logits_all=False, ``llm.scores`` is no
+  longer filled by ``eval``, so the logits are read with
+  ``llama_get_logits_ith(ctx, -1)``; see ``argmax_last``.)
 
 Before the timed runs there is one untimed warm-up pass (a short prefill and a
 few decode steps) so that mmap page-in and thread start-up are not counted.
@@ -86,7 +89,16 @@ def build_prompt(llm, n_tokens):
 
 
 def argmax_last(llm, np):
-    return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    """Greedy pick from the logits of the last evaluated position.
+
+    With logits_all=False, llama-cpp-python 0.3.x's ``Llama.eval`` no longer
+    copies logits into ``llm.scores`` (it stays all zeros, so its argmax would
+    always be token 0). Read them straight from the context instead:
+    ``llama_get_logits_ith(ctx, -1)`` is the last position's row, n_vocab long.
+    """
+    ptr = llm._ctx.get_logits_ith(-1)
+    logits = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),))
+    return int(np.argmax(logits))
 
 
 def run_once(llm, np, prompt_ids, n_decode):

@@ -36,6 +36,7 @@ mod gemm_packed;
 mod gemm_tier;
 mod linalg;
 mod quant;
+mod quant_x86;
 mod routines;
 mod step_path;
 mod target;

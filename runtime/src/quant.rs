@@ -161,13 +161,54 @@ fn dots(
         row_stride,
     };
     #[cfg(target_arch = "x86_64")]
-    match tier {
-        // SAFETY: `ProductTier::current` picks AVX-512F only on a host that has it (and
-        // AVX-512BW, VL, FMA and F16C with it on every AVX-512 CPU: checked there).
-        ProductTier::Avx512 => return unsafe { dots_avx512(&args, out) },
-        // SAFETY: as above, AVX2 and FMA only where the host has them.
-        ProductTier::Fma => return unsafe { dots_avx2(&args, out) },
-        ProductTier::Scalar => {}
+    if tier != ProductTier::Scalar {
+        let x86 = crate::quant_x86::Args {
+            x,
+            sums,
+            rows: args.rows.clone(),
+            bytes,
+            row_stride,
+            nb: spec.k / BLOCK,
+            bb: spec.format.block_bytes(),
+            table: f16_table(),
+        };
+        let f = match spec.format {
+            BlockFormat::Q8_0 => 0,
+            BlockFormat::Q4_0 => 1,
+            BlockFormat::Q4_1 => 2,
+        };
+        macro_rules! go {
+            ($kernel:ident, $m:literal, $f:literal) => {
+                // SAFETY: `ProductTier::current` picks a tier only where the host has its
+                // features (AVX-512F with FMA; AVX2 with FMA); `x86` holds `m`
+                // rows of x of k floats, their block sums and whole rows of blocks.
+                unsafe { crate::quant_x86::$kernel::<$m, $f>(&x86, out) }
+            };
+        }
+        macro_rules! by_format {
+            ($kernel:ident, $m:literal) => {
+                match f {
+                    0 => go!($kernel, $m, 0),
+                    1 => go!($kernel, $m, 1),
+                    _ => go!($kernel, $m, 2),
+                }
+            };
+        }
+        macro_rules! by_rows {
+            ($kernel:ident) => {
+                match m {
+                    1 => by_format!($kernel, 1),
+                    2 => by_format!($kernel, 2),
+                    3 => by_format!($kernel, 3),
+                    _ => by_format!($kernel, 4),
+                }
+            };
+        }
+        match tier {
+            ProductTier::Avx512 => by_rows!(dots_avx512),
+            _ => by_rows!(dots_avx2),
+        }
+        return;
     }
     let _ = tier;
     dots_body(&args, out);
@@ -184,20 +225,9 @@ struct Dots<'a> {
     row_stride: usize,
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-fn dots_avx512(a: &Dots<'_>, out: &mut [f32]) {
-    dots_body(a, out);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn dots_avx2(a: &Dots<'_>, out: &mut [f32]) {
-    dots_body(a, out);
-}
-
-/// The body [`dots`] compiles once per tier: one copy per format and count of `x`
-/// rows, so that the accumulators stay in registers and no branch is taken per block.
+/// The portable body of [`dots`] (hosts without AVX2): one copy per format and count
+/// of `x` rows, so that the accumulators stay in registers and no branch is taken per
+/// block.
 #[inline(always)]
 fn dots_body(a: &Dots<'_>, out: &mut [f32]) {
     const Q8: u8 = 0;
