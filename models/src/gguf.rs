@@ -442,7 +442,17 @@ impl Gguf {
     /// ([`BlockFormat::dequantize`]).
     pub fn to_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
         let (t, bytes) = self.bytes(name)?;
-        let values = match t.kind {
+        Ok((t.shape(), decode(t.kind, bytes)))
+    }
+}
+
+/// The f32 values of `bytes` holding whole elements (or blocks) of `kind`: F32 as it
+/// is, F16 and BF16 widened exactly, quantised blocks dequantised
+/// ([`BlockFormat::dequantize`]). `kind` must not be [`TensorType::Other`] (no loader
+/// hands out such bytes).
+pub fn decode(kind: TensorType, bytes: &[u8]) -> Vec<f32> {
+    {
+        match kind {
             TensorType::F32 => bytes
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -456,13 +466,12 @@ impl Gguf {
                 .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
             TensorType::Quant(q) => {
-                let mut out = vec![0f32; t.numel() as usize];
+                let mut out = vec![0f32; bytes.len() / q.block_bytes() * BLOCK];
                 q.dequantize(bytes, &mut out);
                 out
             }
-            TensorType::Other(_) => unreachable!("extent() refuses other types"),
-        };
-        Ok((t.shape(), values))
+            TensorType::Other(_) => unreachable!("no loader hands out bytes of other types"),
+        }
     }
 }
 

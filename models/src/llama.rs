@@ -17,9 +17,10 @@
 //! dequantised to f32 once (a lookup reads one row a token), the norms are f32 already.
 //! Matrices stored as F32/F16/BF16 load as dense [`Linear`] layers.
 //! llama.cpp stores the query and key projections permuted for its adjacent-pair rotary
-//! embedding, so the rotation here is [`RopeLayout::Interleaved`] on the file's weights
-//! as they are, which is the same function as Hugging Face's half-split rotation on the
-//! unpermuted weights.
+//! embedding; the loader puts their rows back in Hugging Face's order
+//! ([`unpermute_rows`], whole rows, so quantised blocks move untouched) and the rotation
+//! is [`RopeLayout::HalfSplit`]: the same function, and its concatenation along the
+//! last axis is a read of the attention's operand rather than three kernels.
 
 use crate::error::Result;
 use crate::gguf::Gguf;
@@ -28,7 +29,7 @@ use crate::tokenizer::Tokenizer;
 use ndfuse::QuantMatrix;
 use ndfuse::{Attention, AttentionLayout, Causal, Compiled, Context, SliceArg, Tensor};
 use ndfuse_nn::{
-    Embedding, Layer, Linear, Mode, Parameter, QuantLinear, RmsNorm, Rope, RopeLayout,
+    Angles, Embedding, Layer, Linear, Mode, Parameter, QuantLinear, RmsNorm, Rope, RopeLayout,
 };
 use std::path::Path;
 
@@ -167,7 +168,7 @@ impl LlamaModel {
             Some(_) => "output.weight",
             None => "token_embd.weight",
         };
-        let head = std::sync::Arc::from(load.projection(&[head_name], c, &[v])?);
+        let head = std::sync::Arc::from(load.projection(&[head_name], c, &[v], None)?);
         let norm =
             RmsNorm::from_parameter(load.tensor("output_norm.weight", &[c])?, config.rms_eps);
         let mut blocks = Vec::with_capacity(config.n_layers);
@@ -176,16 +177,21 @@ impl LlamaModel {
             let eps = config.rms_eps;
             blocks.push(Block {
                 attn_norm: RmsNorm::from_parameter(load.tensor(&name("attn_norm"), &[c])?, eps),
-                q: load.projection(&[&name("attn_q")], c, &[hq * dh])?,
-                k: load.projection(&[&name("attn_k")], c, &[hkv * dh])?,
-                v: load.projection(&[&name("attn_v")], c, &[hkv * dh])?,
-                o: load.projection(&[&name("attn_output")], hq * dh, &[c])?,
+                q: load.projection(&[&name("attn_q")], c, &[hq * dh], Some(hq))?,
+                k: load.projection(&[&name("attn_k")], c, &[hkv * dh], Some(hkv))?,
+                v: load.projection(&[&name("attn_v")], c, &[hkv * dh], None)?,
+                o: load.projection(&[&name("attn_output")], hq * dh, &[c], None)?,
                 ffn_norm: RmsNorm::from_parameter(load.tensor(&name("ffn_norm"), &[c])?, eps),
-                gate_up: load.projection(&[&name("ffn_gate"), &name("ffn_up")], c, &[f, f])?,
-                down: load.projection(&[&name("ffn_down")], f, &[c])?,
+                gate_up: load.projection(
+                    &[&name("ffn_gate"), &name("ffn_up")],
+                    c,
+                    &[f, f],
+                    None,
+                )?,
+                down: load.projection(&[&name("ffn_down")], f, &[c], None)?,
             });
         }
-        let rope = Rope::new(dh, RopeLayout::Interleaved)?.base(config.rope_base);
+        let rope = Rope::new(dh, RopeLayout::HalfSplit)?.base(config.rope_base);
         Ok(LlamaModel {
             ctx: ctx.clone(),
             config,
@@ -223,14 +229,14 @@ impl LlamaModel {
         self.head.forward(&h, &Mode::eval())
     }
 
-    /// One block on `x [1, T, C]` whose positions are `positions` (i64 `[T]`); `kv` makes
+    /// One block on `x [1, T, C]` whose positions' rotation angles are `angles`; `kv` makes
     /// the keys and values `[1, T, Hkv, Dh]` into what the attention reads (the prompt's
     /// own, or a cache with them written in), and the attention options go with it.
     fn block(
         &self,
         b: &Block,
         x: &Tensor,
-        positions: &Tensor,
+        angles: &Angles,
         kv: impl FnOnce(Tensor, Tensor) -> (Tensor, Tensor),
         opts: &Attention,
     ) -> (Tensor, Tensor, Tensor) {
@@ -245,8 +251,8 @@ impl LlamaModel {
         let q = b.q.forward(&h, &eval).reshape(&[1, t, hq, dh]);
         let k = b.k.forward(&h, &eval).reshape(&[1, t, hkv, dh]);
         let v = b.v.forward(&h, &eval).reshape(&[1, t, hkv, dh]);
-        let q = self.rope.apply_heads_at(&q, positions);
-        let k = self.rope.apply_heads_at(&k, positions);
+        let q = self.rope.apply_heads_with(&q, angles);
+        let k = self.rope.apply_heads_with(&k, angles);
         let (k, v) = kv(k, v);
         let a = q
             .attention_with(&k, &v, &opts.clone().layout(AttentionLayout::Bthd))
@@ -267,13 +273,13 @@ impl LlamaModel {
     pub fn prefill(&self, ids: &Tensor, capacity: usize) -> Vec<Tensor> {
         let p = ids.shape().map(|s| s[1]).unwrap_or(0);
         let mut x = self.embedding.forward(ids, &Mode::eval());
-        let positions = self.ctx.arange_n(p).cast(ndfuse::DType::I64);
+        let angles = self.rope.angles(&self.ctx.arange_n(p), ndfuse::DType::F32);
         let opts = Attention::new().causal(Causal::TopLeft);
         let pad = capacity.saturating_sub(p);
         let widths = [(0, 0), (0, pad), (0, 0), (0, 0)];
         let mut caches = Vec::with_capacity(2 * self.blocks.len());
         for b in &self.blocks {
-            let (y, k, v) = self.block(b, &x, &positions, |k, v| (k, v), &opts);
+            let (y, k, v) = self.block(b, &x, &angles, |k, v| (k, v), &opts);
             caches.push(k.pad(&widths, ndfuse::PadMode::Constant, 0.0));
             caches.push(v.pad(&widths, ndfuse::PadMode::Constant, 0.0));
             x = y;
@@ -302,13 +308,14 @@ impl LlamaModel {
             .reshape(&[1, capacity as i64, 1, 1]);
         let lengths = position + 1i64;
         let opts = Attention::new().key_lengths(&lengths);
+        let angles = self.rope.angles(position, ndfuse::DType::F32);
         let mut new_caches = Vec::with_capacity(caches.len());
         for (l, b) in self.blocks.iter().enumerate() {
             let (kc, vc) = (&caches[2 * l], &caches[2 * l + 1]);
             let (y, k, v) = self.block(
                 b,
                 &x,
-                position,
+                &angles,
                 |k, v| (at.where_(&k, kc), at.where_(&v, vc)),
                 &opts,
             );
@@ -343,15 +350,17 @@ impl Loader<'_> {
 
     /// Matrices `names` (`[out_i, inputs]` each, llama.cpp's `[rows, cols]`) as one
     /// product to `sum out_i` features without bias: their blocks side by side in a
-    /// [`QuantLinear`] when all are of one block format, else a dense [`Linear`].
+    /// [`QuantLinear`] when all are of one block format, else a dense [`Linear`]. With
+    /// `heads`, the rows of each head are put back in Hugging Face's order (see
+    /// [`unpermute_rows`]) so that the half-split rotation applies.
     fn projection(
         &self,
         names: &[&str],
         inputs: usize,
         outputs: &[usize],
+        heads: Option<usize>,
     ) -> Result<Box<dyn Layer>> {
-        let mut format = None;
-        let mut bytes = Vec::new();
+        let mut parts = Vec::with_capacity(names.len());
         for (name, &o) in names.iter().zip(outputs) {
             let (t, b) = self.g.bytes(name)?;
             if t.shape() != [o, inputs] {
@@ -364,33 +373,27 @@ impl Loader<'_> {
                     ),
                 ));
             }
-            match (t.kind, format) {
-                (TensorType::Quant(f), None) => format = Some(f),
-                (TensorType::Quant(f), Some(g)) if f == g => {}
-                _ => return Ok(Box::new(self.linear(names, inputs, outputs)?)),
-            }
-            bytes.extend_from_slice(b);
+            let b = match heads {
+                Some(h) => unpermute_rows(b, o, h),
+                None => b.to_vec(),
+            };
+            parts.push((t.kind, b));
         }
-        let format = format.expect("at least one matrix");
-        let total = outputs.iter().sum();
-        let w = QuantMatrix::from_blocks(self.ctx, format, total, inputs, &bytes)?;
-        Ok(Box::new(QuantLinear::new(w)))
-    }
-
-    /// Matrices `names` (`[out_i, inputs]` each, llama.cpp's `[rows, cols]`) as one
-    /// `[inputs, sum out_i]` product without bias.
-    fn linear(&self, names: &[&str], inputs: usize, outputs: &[usize]) -> Result<Linear> {
+        let format = match parts[0].0 {
+            TensorType::Quant(f) if parts.iter().all(|p| p.0 == parts[0].0) => Some(f),
+            _ => None,
+        };
         let total: usize = outputs.iter().sum();
+        if let Some(format) = format {
+            let bytes: Vec<u8> = parts.into_iter().flat_map(|p| p.1).collect();
+            let w = QuantMatrix::from_blocks(self.ctx, format, total, inputs, &bytes)?;
+            return Ok(Box::new(QuantLinear::new(w)));
+        }
+        // Dense: `[inputs, sum out_i]`, each matrix transposed into its columns.
         let mut w = vec![0f32; inputs * total];
         let mut first = 0;
-        for (name, &o) in names.iter().zip(outputs) {
-            let (s, v) = self.g.to_f32(name)?;
-            if s != [o, inputs] {
-                return Err(self.g.format_error(
-                    Some(name),
-                    format!("shape {s:?}, but the metadata makes it {:?}", [o, inputs]),
-                ));
-            }
+        for ((kind, bytes), &o) in parts.iter().zip(outputs) {
+            let v = crate::gguf::decode(*kind, bytes);
             for r in 0..o {
                 for i in 0..inputs {
                     w[i * total + first + r] = v[r * inputs + i];
@@ -399,8 +402,28 @@ impl Loader<'_> {
             first += o;
         }
         let weight = Parameter::new(names[0], &self.ctx.from_vec(w, &[inputs, total])?)?;
-        Ok(Linear::from_parameters(weight, None)?)
+        Ok(Box::new(Linear::from_parameters(weight, None)?))
     }
+}
+
+/// The rows of a query or key projection (`rows` rows, `heads` heads of `rows / heads`)
+/// in Hugging Face's order: llama.cpp's converter permuted each head's rows so that its
+/// rotation pairs adjacent features (2j, 2j + 1); Hugging Face's pairs j with j + D/2.
+/// Row `h D + i D/2 + j` here is row `h D + 2 j + i` of the file (transformers'
+/// `reverse_permute`). Whole rows move, so quantised blocks move with them untouched.
+pub fn unpermute_rows(bytes: &[u8], rows: usize, heads: usize) -> Vec<u8> {
+    let rb = bytes.len() / rows;
+    let d = rows / heads;
+    let mut out = vec![0u8; bytes.len()];
+    for h in 0..heads {
+        for i in 0..2 {
+            for j in 0..d / 2 {
+                let (to, from) = (h * d + i * d / 2 + j, h * d + 2 * j + i);
+                out[to * rb..(to + 1) * rb].copy_from_slice(&bytes[from * rb..(from + 1) * rb]);
+            }
+        }
+    }
+    out
 }
 
 /// Compiled graphs of one capacity, reused by every generation that fits it.

@@ -52,6 +52,6 @@ pub use schedule::Schedule;
 pub use text::{CharCorpus, Split};
 pub use train::{Loss, Scores, Trainer};
 pub use transformer::{
-    AttentionConfig, BlockConfig, Embedding, FeedForward, FeedForwardKind, MultiHeadAttention,
-    NormKind, PositionEmbedding, RmsNorm, Rope, RopeLayout, TransformerBlock,
+    Angles, AttentionConfig, BlockConfig, Embedding, FeedForward, FeedForwardKind,
+    MultiHeadAttention, NormKind, PositionEmbedding, RmsNorm, Rope, RopeLayout, TransformerBlock,
 };

@@ -213,14 +213,6 @@ impl Rope {
         self.head_dim
     }
 
-    /// The frequencies `base^(-2i / d)`, `i < d / 2`.
-    fn frequencies(&self) -> Vec<f64> {
-        let d = self.head_dim as f64;
-        (0..self.head_dim / 2)
-            .map(|i| self.base.powf(-2.0 * i as f64 / d))
-            .collect()
-    }
-
     /// `x [..., T, d]` rotated (a tensor carrying the error when `x` is not of that
     /// form).
     #[track_caller]
@@ -240,13 +232,26 @@ impl Rope {
     /// positions are data, so one compiled graph serves every position.
     #[track_caller]
     pub fn apply_heads_at(&self, x: &Tensor, positions: &Tensor) -> Tensor {
-        self.rotate(x, true, Some(positions))
+        self.rotate(x, true, Some(Angles::at(self, positions, DType::F32)))
+    }
+
+    /// [`Rope::apply_heads`] with angles computed once ([`Rope::angles`]) and shared by
+    /// every layer's queries and keys: one table for the whole model, not one per use.
+    #[track_caller]
+    pub fn apply_heads_with(&self, x: &Tensor, angles: &Angles) -> Tensor {
+        self.rotate(x, true, Some(angles.clone()))
+    }
+
+    /// The angles of positions `positions` (an integer tensor `[T]`), in f32 (f64 for an
+    /// f64 model: `wide`), for [`Rope::apply_heads_with`].
+    pub fn angles(&self, positions: &Tensor, wide: DType) -> Angles {
+        Angles::at(self, positions, wide)
     }
 
     /// [`Rope::apply`], or with a heads axis between the positions and the features,
-    /// at `positions` or `0..T`.
+    /// at `angles` or those of `0..T`.
     #[track_caller]
-    fn rotate(&self, x: &Tensor, heads: bool, positions: Option<&Tensor>) -> Tensor {
+    fn rotate(&self, x: &Tensor, heads: bool, angles: Option<Angles>) -> Tensor {
         let (Ok(shape), Ok(dtype)) = (x.shape(), x.dtype()) else {
             return x.clone();
         };
@@ -265,17 +270,8 @@ impl Rope {
         } else {
             DType::F32
         };
-        let freqs = match ctx.from_vec(self.frequencies(), &[half]) {
-            Ok(f) => f.cast(wide),
-            Err(_) => return x.clone(),
-        };
-        // θ[t, i] = t * freq[i], [T, d/2].
-        let t_of = match positions {
-            Some(p) => p.cast(wide),
-            None => ctx.arange_n(t).cast(wide),
-        };
-        let theta = &t_of.expand_dims(-1) * &freqs;
-        let (cos, sin) = (theta.cos().cast(dtype), theta.sin().cast(dtype));
+        let angles = angles.unwrap_or_else(|| Angles::at(self, &ctx.arange_n(t), wide));
+        let (cos, sin) = (angles.cos.cast(dtype), angles.sin.cast(dtype));
         // [T, 1, d/2] against [..., T, H, d/2]: one angle for every head.
         let (cos, sin) = if heads {
             (cos.expand_dims(-2), sin.expand_dims(-2))
@@ -292,9 +288,13 @@ impl Rope {
                 let (h, d) = (half as i64, self.head_dim as i64);
                 let a = last(0..h, x, rank);
                 let b = last(h..d, x, rank);
-                let ra = &(&a * &cos) - &(&b * &sin);
-                let rb = &(&b * &cos) + &(&a * &sin);
-                ndfuse::concat(&[&ra, &rb], -1)
+                // x [cos, cos] + [b, a] [-sin, sin]: every concatenation is of slices of
+                // an operand or of the tables, a read the one kernel makes (a
+                // concatenation of computed halves would store both first).
+                let cos2 = ndfuse::concat(&[&cos, &cos], -1);
+                let sin2 = ndfuse::concat(&[&-&sin, &sin], -1);
+                let swapped = ndfuse::concat(&[&b, &a], -1);
+                &(x * &cos2) + &(&swapped * &sin2)
             }
             RopeLayout::Interleaved => {
                 // [..., T, d/2, 2]: the pair on the last axis.
@@ -308,6 +308,33 @@ impl Rope {
                 let dims: Vec<i64> = shape.iter().map(|&e| e as i64).collect();
                 ndfuse::concat(&[&ra, &rb], -1).reshape(&dims)
             }
+        }
+    }
+}
+
+/// A rotary embedding's `cos` and `sin` tables at some positions, `[T, d/2]` each
+/// ([`Rope::angles`]).
+#[derive(Debug, Clone)]
+pub struct Angles {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Angles {
+    /// θ[t, i] = positions[t] * freq[i] in `wide`, then its cosine and sine. The
+    /// frequencies `base^(-2i / d) = exp(-2i ln(base) / d)` come from an iota in f64:
+    /// no data, so every layer's table is the same expression (one after CSE).
+    fn at(rope: &Rope, positions: &Tensor, wide: DType) -> Angles {
+        let ctx = positions.context();
+        let half = rope.head_dim / 2;
+        let rate = -2.0 * rope.base.ln() / rope.head_dim as f64;
+        let freqs = (ctx.arange_n(half).cast(DType::F64) * rate)
+            .exp()
+            .cast(wide);
+        let theta = &positions.cast(wide).expand_dims(-1) * &freqs;
+        Angles {
+            cos: theta.cos(),
+            sin: theta.sin(),
         }
     }
 }
