@@ -111,120 +111,133 @@ pub(crate) fn run_cpu(
     } = &*compiled_graph;
     let debug = *debug;
     let g = &**optimized;
-    let mut bufs: rustc_hash::FxHashMap<NodeId, Buf<'_>> =
-        inputs.iter().map(|(&n, a)| (n, Buf::Borrowed(a))).collect();
-    let mut paths = Vec::with_capacity(schedule.steps.len());
-    let (mut compile_time, mut run_time) = (Duration::ZERO, Duration::ZERO);
-    for (i, step) in schedule.steps.iter().enumerate() {
-        let read = |n: &NodeId| -> &HostArray {
-            bufs.get(n)
-                .unwrap_or_else(|| {
-                    panic!("step {i} reads {n} before it is written (a scheduling bug)")
-                })
-                .get()
-        };
-        let (results, path) = match step {
-            Step::Kernel {
-                kernel,
-                inputs: ins,
-                outputs: outs,
-            } => {
-                let args: Vec<&HostArray> = ins.iter().map(read).collect();
-                // A user's index out of range is an error before the kernel reads.
-                interp::check_indices(kernel, &args)?;
-                let start = Instant::now();
-                let lock = || {
-                    jit.lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                };
-                // The kernel an earlier run found, unless the kernel cache evicted it.
-                let known = lock()[i].as_ref().and_then(KernelRef::get);
-                let (results, path, compiled_in, code) =
-                    run_kernel(kernel, known, &args, debug, pool)?;
-                if let Some(code) = code {
-                    lock()[i] = Some(code);
-                }
-                compile_time += compiled_in;
-                let ran = start.elapsed().saturating_sub(compiled_in);
-                run_time += ran;
-                if debug >= 1 {
-                    let bytes = kernel.bytes_in() + kernel.bytes_out();
-                    let secs = ran.as_secs_f64();
-                    let gbps = if secs > 0.0 {
-                        bytes as f64 / secs / 1e9
-                    } else {
-                        0.0
+    // The steps run on a worker of the pool their kernels split work on: called from
+    // outside it (a user's thread), each step's parallel region would be injected into
+    // the pool and waited for, ~10-20 µs a step (a decode step of 430 steps lost ~40%
+    // of its time to it); from inside, a region is a local push that idle workers steal.
+    let run_steps = || -> Result<_, RuntimeError> {
+        let mut bufs: rustc_hash::FxHashMap<NodeId, Buf<'_>> =
+            inputs.iter().map(|(&n, a)| (n, Buf::Borrowed(a))).collect();
+        let mut paths = Vec::with_capacity(schedule.steps.len());
+        let (mut compile_time, mut run_time) = (Duration::ZERO, Duration::ZERO);
+        for (i, step) in schedule.steps.iter().enumerate() {
+            let read = |n: &NodeId| -> &HostArray {
+                bufs.get(n)
+                    .unwrap_or_else(|| {
+                        panic!("step {i} reads {n} before it is written (a scheduling bug)")
+                    })
+                    .get()
+            };
+            let (results, path) = match step {
+                Step::Kernel {
+                    kernel,
+                    inputs: ins,
+                    outputs: outs,
+                } => {
+                    let args: Vec<&HostArray> = ins.iter().map(read).collect();
+                    // A user's index out of range is an error before the kernel reads.
+                    interp::check_indices(kernel, &args)?;
+                    let start = Instant::now();
+                    let lock = || {
+                        jit.lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
                     };
-                    eprintln!(
-                        "ndfuse: {} [{path}] {:.3} ms, {bytes} B, {gbps:.2} GB/s",
-                        kernel.name,
-                        secs * 1e3
-                    );
+                    // The kernel an earlier run found, unless the kernel cache evicted it.
+                    let known = lock()[i].as_ref().and_then(KernelRef::get);
+                    let (results, path, compiled_in, code) =
+                        run_kernel(kernel, known, &args, debug, pool)?;
+                    if let Some(code) = code {
+                        lock()[i] = Some(code);
+                    }
+                    compile_time += compiled_in;
+                    let ran = start.elapsed().saturating_sub(compiled_in);
+                    run_time += ran;
+                    if debug >= 1 {
+                        let bytes = kernel.bytes_in() + kernel.bytes_out();
+                        let secs = ran.as_secs_f64();
+                        let gbps = if secs > 0.0 {
+                            bytes as f64 / secs / 1e9
+                        } else {
+                            0.0
+                        };
+                        eprintln!(
+                            "ndfuse: {} [{path}] {:.3} ms, {bytes} B, {gbps:.2} GB/s",
+                            kernel.name,
+                            secs * 1e3
+                        );
+                    }
+                    // A kernel writes flat buffers; each takes its node's shape.
+                    let shaped = outs.iter().zip(results).map(|(&n, a)| {
+                        let shape = g.node(n).shape.clone();
+                        let a = a
+                            .reshaped(shape)
+                            .expect("a kernel output holds its node's element count (a scheduling bug otherwise)");
+                        (n, a)
+                    });
+                    (shaped.collect::<Vec<_>>(), path)
                 }
-                // A kernel writes flat buffers; each takes its node's shape.
-                let shaped = outs.iter().zip(results).map(|(&n, a)| {
-                    let shape = g.node(n).shape.clone();
-                    let a = a
-                        .reshaped(shape)
-                        .expect("a kernel output holds its node's element count (a scheduling bug otherwise)");
-                    (n, a)
-                });
-                (shaped.collect::<Vec<_>>(), path)
-            }
-            Step::Interp { node, operands, .. } => {
-                let args: Vec<&HostArray> = operands.iter().map(read).collect();
-                let start = Instant::now();
-                let n = g.node(*node);
-                // Scatter-add, scans and argsort have native routines (on the same
-                // pool as kernels); any other node is interpreted.
-                let native = || run_routine(n, &args);
-                let routine = match pool {
-                    Some(pool) => pool.install(native),
-                    None => native(),
-                };
-                let (out, path) = match routine {
-                    Some(out) => (
-                        out?,
-                        StepPath::Routine {
-                            device: "cpu".into(),
-                        },
-                    ),
-                    None => (interp::eval_node(n, &args)?, StepPath::Interp),
-                };
-                run_time += start.elapsed();
-                (vec![(*node, out)], path)
-            }
-        };
-        for (n, a) in results {
-            bufs.insert(n, Buf::Owned(a));
-        }
-        paths.push(path);
-        for &r in step.reads() {
-            if last_read.get(&r) == Some(&i) && !g.is_output(r) {
-                bufs.remove(&r);
-            }
-        }
-    }
-    // Outputs move out of the buffer table (their memory goes back to the cache when the
-    // caller drops them); an input returned as an output, or an output listed twice
-    // before its last mention, is copied.
-    let outs = g.outputs();
-    let outputs = outs
-        .iter()
-        .enumerate()
-        .map(|(k, o)| {
-            let last_mention = !outs[k + 1..].contains(o);
-            match bufs.remove(o) {
-                Some(Buf::Owned(a)) if last_mention => Ok(a),
-                Some(b) => {
-                    let copy = copy_of(b.get());
-                    bufs.insert(*o, b);
-                    copy
+                Step::Interp { node, operands, .. } => {
+                    let args: Vec<&HostArray> = operands.iter().map(read).collect();
+                    let start = Instant::now();
+                    let n = g.node(*node);
+                    // Scatter-add, scans and argsort have native routines (on the same
+                    // pool as kernels); any other node is interpreted.
+                    let native = || run_routine(n, &args);
+                    let routine = match pool {
+                        Some(pool) => pool.install(native),
+                        None => native(),
+                    };
+                    let (out, path) = match routine {
+                        Some(out) => (
+                            out?,
+                            StepPath::Routine {
+                                device: "cpu".into(),
+                            },
+                        ),
+                        None => (interp::eval_node(n, &args)?, StepPath::Interp),
+                    };
+                    run_time += start.elapsed();
+                    (vec![(*node, out)], path)
                 }
-                None => panic!("output {o} was never computed (a scheduling bug)"),
+            };
+            for (n, a) in results {
+                bufs.insert(n, Buf::Owned(a));
             }
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+            paths.push(path);
+            for &r in step.reads() {
+                if last_read.get(&r) == Some(&i) && !g.is_output(r) {
+                    bufs.remove(&r);
+                }
+            }
+        }
+        // Outputs move out of the buffer table (their memory goes back to the cache when the
+        // caller drops them); an input returned as an output, or an output listed twice
+        // before its last mention, is copied.
+        let outs = g.outputs();
+        let outputs = outs
+            .iter()
+            .enumerate()
+            .map(|(k, o)| {
+                let last_mention = !outs[k + 1..].contains(o);
+                match bufs.remove(o) {
+                    Some(Buf::Owned(a)) if last_mention => Ok(a),
+                    Some(b) => {
+                        let copy = copy_of(b.get());
+                        bufs.insert(*o, b);
+                        copy
+                    }
+                    None => panic!("output {o} was never computed (a scheduling bug)"),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((outputs, paths, compile_time, run_time))
+    };
+    let (outputs, paths, compile_time, run_time) = match pool {
+        Some(p) if p.current_thread_index().is_none() => p.install(run_steps)?,
+        Some(_) => run_steps()?,
+        None if rayon::current_thread_index().is_none() => rayon::scope(|_| run_steps())?,
+        None => run_steps()?,
+    };
     Ok(Evaluation {
         outputs,
         backend: BackendKind::Cpu,
