@@ -108,9 +108,8 @@ impl LlamaConfig {
 #[derive(Debug)]
 struct Block {
     attn_norm: RmsNorm,
-    q: Box<dyn Layer>,
-    k: Box<dyn Layer>,
-    v: Box<dyn Layer>,
+    /// The query, key and value projections as one product (their rows side by side).
+    qkv: Box<dyn Layer>,
     o: Box<dyn Layer>,
     ffn_norm: RmsNorm,
     gate_up: Box<dyn Layer>,
@@ -121,9 +120,7 @@ impl Clone for Block {
     fn clone(&self) -> Block {
         Block {
             attn_norm: self.attn_norm.clone(),
-            q: self.q.duplicate(),
-            k: self.k.duplicate(),
-            v: self.v.duplicate(),
+            qkv: self.qkv.duplicate(),
             o: self.o.duplicate(),
             ffn_norm: self.ffn_norm.clone(),
             gate_up: self.gate_up.duplicate(),
@@ -168,7 +165,7 @@ impl LlamaModel {
             Some(_) => "output.weight",
             None => "token_embd.weight",
         };
-        let head = std::sync::Arc::from(load.projection(&[head_name], c, &[v], None)?);
+        let head = std::sync::Arc::from(load.projection(&[head_name], c, &[v], &[])?);
         let norm =
             RmsNorm::from_parameter(load.tensor("output_norm.weight", &[c])?, config.rms_eps);
         let mut blocks = Vec::with_capacity(config.n_layers);
@@ -177,18 +174,16 @@ impl LlamaModel {
             let eps = config.rms_eps;
             blocks.push(Block {
                 attn_norm: RmsNorm::from_parameter(load.tensor(&name("attn_norm"), &[c])?, eps),
-                q: load.projection(&[&name("attn_q")], c, &[hq * dh], Some(hq))?,
-                k: load.projection(&[&name("attn_k")], c, &[hkv * dh], Some(hkv))?,
-                v: load.projection(&[&name("attn_v")], c, &[hkv * dh], None)?,
-                o: load.projection(&[&name("attn_output")], hq * dh, &[c], None)?,
-                ffn_norm: RmsNorm::from_parameter(load.tensor(&name("ffn_norm"), &[c])?, eps),
-                gate_up: load.projection(
-                    &[&name("ffn_gate"), &name("ffn_up")],
+                qkv: load.projection(
+                    &[&name("attn_q"), &name("attn_k"), &name("attn_v")],
                     c,
-                    &[f, f],
-                    None,
+                    &[hq * dh, hkv * dh, hkv * dh],
+                    &[Some(hq), Some(hkv), None],
                 )?,
-                down: load.projection(&[&name("ffn_down")], f, &[c], None)?,
+                o: load.projection(&[&name("attn_output")], hq * dh, &[c], &[])?,
+                ffn_norm: RmsNorm::from_parameter(load.tensor(&name("ffn_norm"), &[c])?, eps),
+                gate_up: load.projection(&[&name("ffn_gate"), &name("ffn_up")], c, &[f, f], &[])?,
+                down: load.projection(&[&name("ffn_down")], f, &[c], &[])?,
             });
         }
         let rope = Rope::new(dh, RopeLayout::HalfSplit)?.base(config.rope_base);
@@ -248,9 +243,16 @@ impl LlamaModel {
             self.config.head_dim() as i64,
         );
         let h = b.attn_norm.forward(x, &eval);
-        let q = b.q.forward(&h, &eval).reshape(&[1, t, hq, dh]);
-        let k = b.k.forward(&h, &eval).reshape(&[1, t, hkv, dh]);
-        let v = b.v.forward(&h, &eval).reshape(&[1, t, hkv, dh]);
+        let qkv = b.qkv.forward(&h, &eval);
+        let part = |from: i64, heads: i64| {
+            qkv.slice(&[
+                SliceArg::all(),
+                SliceArg::all(),
+                (from * dh..(from + heads) * dh).into(),
+            ])
+            .reshape(&[1, t, heads, dh])
+        };
+        let (q, k, v) = (part(0, hq), part(hq, hkv), part(hq + hkv, hkv));
         let q = self.rope.apply_heads_with(&q, angles);
         let k = self.rope.apply_heads_with(&k, angles);
         let (k, v) = kv(k, v);
@@ -350,18 +352,18 @@ impl Loader<'_> {
 
     /// Matrices `names` (`[out_i, inputs]` each, llama.cpp's `[rows, cols]`) as one
     /// product to `sum out_i` features without bias: their blocks side by side in a
-    /// [`QuantLinear`] when all are of one block format, else a dense [`Linear`]. With
-    /// `heads`, the rows of each head are put back in Hugging Face's order (see
-    /// [`unpermute_rows`]) so that the half-split rotation applies.
+    /// [`QuantLinear`] when all are of one block format, else a dense [`Linear`]. Matrix
+    /// `i` with `heads[i]` has the rows of each head put back in Hugging Face's order
+    /// (see [`unpermute_rows`]) so that the half-split rotation applies.
     fn projection(
         &self,
         names: &[&str],
         inputs: usize,
         outputs: &[usize],
-        heads: Option<usize>,
+        heads: &[Option<usize>],
     ) -> Result<Box<dyn Layer>> {
         let mut parts = Vec::with_capacity(names.len());
-        for (name, &o) in names.iter().zip(outputs) {
+        for (i, (name, &o)) in names.iter().zip(outputs).enumerate() {
             let (t, b) = self.g.bytes(name)?;
             if t.shape() != [o, inputs] {
                 return Err(self.g.format_error(
@@ -373,7 +375,7 @@ impl Loader<'_> {
                     ),
                 ));
             }
-            let b = match heads {
+            let b = match heads.get(i).copied().flatten() {
                 Some(h) => unpermute_rows(b, o, h),
                 None => b.to_vec(),
             };
