@@ -16,7 +16,6 @@ use half::{bf16, f16};
 use memmap2::Mmap;
 use ndfuse_ir::quant::{BlockFormat, BLOCK};
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// The file's first four bytes.
@@ -220,17 +219,7 @@ impl Gguf {
     /// [`Error::Io`] when the file cannot be opened or mapped; [`Error::Format`] naming
     /// the file and the key or tensor when it is not GGUF, truncated or inconsistent.
     pub fn open(path: impl AsRef<Path>) -> Result<Gguf> {
-        let path = path.as_ref().to_path_buf();
-        let io = |source| Error::Io {
-            path: path.clone(),
-            source,
-        };
-        let file = File::open(&path).map_err(io)?;
-        // SAFETY: the map is read-only and private to this value. Another process
-        // truncating or rewriting the file while it is mapped is outside what this
-        // loader can defend against (as for every mmap-based model loader: llama.cpp,
-        // safetensors); within this process nothing writes to it.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let (path, map) = crate::mapped::map(path)?;
         Gguf::parse(path, map)
     }
 

@@ -14,6 +14,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod llama;
+mod mapped;
 pub mod safetensors;
 pub mod sample;
 pub mod tokenizer;

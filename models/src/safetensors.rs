@@ -8,7 +8,6 @@ use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensors};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// An open safetensors file.
@@ -29,16 +28,7 @@ impl SafetensorsFile {
     /// safetensors crate's reason when the header is malformed, the data truncated or
     /// longer than the header says.
     pub fn open(path: impl AsRef<Path>) -> Result<SafetensorsFile> {
-        let path = path.as_ref().to_path_buf();
-        let io = |source| Error::Io {
-            path: path.clone(),
-            source,
-        };
-        let file = File::open(&path).map_err(io)?;
-        // SAFETY: a read-only private map, read only through this value; another
-        // process rewriting the file while it is mapped is outside what a loader can
-        // defend against (as for `Gguf::open`).
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let (path, map) = crate::mapped::map(path)?;
         let (header, metadata) = SafeTensors::read_metadata(&map).map_err(|e| Error::Format {
             path: path.clone(),
             at: None,
