@@ -195,6 +195,23 @@ pub fn cases_on(size: Size, gpu: bool) -> Vec<Case> {
             tp,
             |t, _| t[0].argsort(-1),
         ),
+        // A decode step's matrix-vector product on 4-bit weights (issue 32): SmolLM2's
+        // vocabulary of 49152 rows of 576 weights in Q4_1 blocks (360 bytes a row, 90
+        // words), read where they are. The blocks are random words: their f16 scales
+        // are any bits, which costs the loop nothing.
+        case(
+            "quant_matvec",
+            "quant_matmul(x, w, Q4_1, k=576)",
+            vec![
+                ("x", vec![1, 576], f32_),
+                ("w", pick(&[49152, 90], &[64, 90]), DType::I32),
+            ],
+            tp,
+            |t, _| {
+                let w = ndfuse::QuantMatrix::from_words(&t[1], ndfuse::BlockFormat::Q4_1, 576);
+                t[0].quant_matmul(&w)
+            },
+        ),
         Case {
             versus: gpu.then_some(Versus::Dtype("f32 values", f32_)),
             ..case(
@@ -633,6 +650,18 @@ pub(crate) fn input_data(
         // Indices (token ids): uniform in [0, 2^15), in range for the tables they name.
         DType::I64 => ctx.from_vec(
             (0..n).map(|_| ((next() + 1.0) * 16384.0) as i64).collect(),
+            shape,
+        ),
+        // Words of quantised blocks: two f16 of [-1, 1) each, so that whatever half of
+        // a word a block format reads as a scale is finite (and the rest, as values,
+        // any bits).
+        DType::I32 => ctx.from_vec(
+            (0..n)
+                .map(|_| {
+                    let (lo, hi) = (f16::from_f32(next()), f16::from_f32(next()));
+                    (u32::from(hi.to_bits()) << 16 | u32::from(lo.to_bits())) as i32
+                })
+                .collect(),
             shape,
         ),
         _ => ctx.from_vec((0..n).map(|_| next()).collect(), shape),

@@ -110,7 +110,9 @@ mod tests {
             ("embedding", 32768 * 8 + 2 * 32768 * 768 * 4 + 512 * 768 * 4),
             ("scan_rows", 2 * 64 * M),    // [4096,4096] in and out
             ("argsort", 16 * M + 32 * M), // 4M f32 in, 4M i64 out
-            ("gelu_f16", 2 * 32 * M),     // 16M f16 in and out
+            // x [1, 576] f32, 49152 rows of 90 words of Q4_1 blocks, [1, 49152] f32 out
+            ("quant_matvec", 576 * 4 + 49152 * 90 * 4 + 49152 * 4),
+            ("gelu_f16", 2 * 32 * M), // 16M f16 in and out
             ("compile_new", 2 * 4000),
             ("compile_cached", 2 * 4000),
             ("matmul_f32", 3 * 16 * M), // x, w, out: 2048^2 f32 each
@@ -282,7 +284,7 @@ mod tests {
             let (floor, which) = r.floor().expect("throughput rows have floors");
             // A routine (a scan, a sort) runs no compiled kernel whose operations the
             // cost model counts: its one floor is the memory's.
-            if matches!(r.name, "scan_rows" | "argsort") {
+            if matches!(r.name, "scan_rows" | "argsort" | "quant_matvec") {
                 assert!(r.ops.is_none(), "{}", r.name);
                 assert_eq!(
                     (floor, which),

@@ -101,7 +101,9 @@ fn the_json_object_has_the_wide_probe_the_read_bandwidth_and_both_floors() {
     };
     // A routine (a scan, a sort) runs no compiled kernel whose operations are counted:
     // it has the memory floor only.
-    let routine = |r: &&serde_json::Value| r["name"] == "scan_rows" || r["name"] == "argsort";
+    let routine = |r: &&serde_json::Value| {
+        ["scan_rows", "argsort", "quant_matvec"].contains(&r["name"].as_str().unwrap_or(""))
+    };
     for r in rows
         .iter()
         .filter(|r| r["kind"] == "throughput" && routine(r))

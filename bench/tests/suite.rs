@@ -15,8 +15,10 @@ fn the_tiny_suite_runs_every_case_with_kernel_counts() {
     assert!(report.machine.bandwidth.gbps() > 0.0);
     for r in &report.rows {
         // A scan, a sort or attention is a routine of its own, no compiled kernel.
-        let routine = matches!(r.name, "scan_rows" | "argsort" | "attention_causal")
-            || r.name.starts_with("linalg_");
+        let routine = matches!(
+            r.name,
+            "scan_rows" | "argsort" | "attention_causal" | "quant_matvec"
+        ) || r.name.starts_with("linalg_");
         assert!(
             r.kernels >= 1 || (routine && r.routine_steps >= 1 && r.interp_steps == 0),
             "{}: every case compiles to kernels: {r:?}",

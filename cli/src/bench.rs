@@ -9,7 +9,7 @@ use std::io::{IsTerminal as _, Write as _};
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// Run only the cases whose name contains SUITE: gelu, chain, softmax, layernorm,
-    /// sum, colsum, broadcast, embedding, scan_rows, argsort, gelu_f16, compile_new,
+    /// sum, colsum, broadcast, embedding, scan_rows, argsort, quant_matvec, gelu_f16, compile_new,
     /// compile_cached, matmul_f32, matmul_gelu, attention, attention_causal,
     /// attention_causal_grad, matmul_f16, matmul_bf16, matmul_cached, conv2d, the LAPACK
     /// level (`linalg` selects them all: linalg_{solve,solve64,cholesky,qr,inv,det,svd,

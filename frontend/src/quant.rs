@@ -57,6 +57,21 @@ impl QuantMatrix {
         })
     }
 
+    /// The matrix whose blocks are already an i32 tensor `[n, row_words]` (a graph's
+    /// operand, or data made elsewhere) of rows of `k` weights in `format`. Nothing is
+    /// checked here: a tensor of another dtype or shape makes [`Tensor::quant_matmul`]'s
+    /// result carry the error, naming both shapes.
+    pub fn from_words(blocks: &Tensor, format: BlockFormat, k: usize) -> QuantMatrix {
+        let rows = blocks
+            .shape()
+            .map_or(0, |s| s.first().copied().unwrap_or(0));
+        QuantMatrix {
+            blocks: blocks.clone(),
+            spec: QuantSpec { format, k },
+            rows,
+        }
+    }
+
     /// The block format.
     pub fn format(&self) -> BlockFormat {
         self.spec.format
