@@ -137,8 +137,9 @@ pub fn generate(
         inputs.extend(caches.iter());
         results = step.step.run(&inputs)?;
         steps += 1;
-        let compiled = ctx.compile_cache_stats().kernels.misses;
-        compiles_after_first.get_or_insert(compiled);
+        if compiles_after_first.is_none() {
+            compiles_after_first = Some(ctx.compile_cache_stats().kernels.misses);
+        }
     }
     let decode_compiles = compiles_after_first
         .map(|first| ctx.compile_cache_stats().kernels.misses - first)

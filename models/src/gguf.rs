@@ -440,27 +440,25 @@ impl Gguf {
 /// ([`BlockFormat::dequantize`]). `kind` must not be [`TensorType::Other`] (no loader
 /// hands out such bytes).
 pub fn decode(kind: TensorType, bytes: &[u8]) -> Vec<f32> {
-    {
-        match kind {
-            TensorType::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            TensorType::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            TensorType::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            TensorType::Quant(q) => {
-                let mut out = vec![0f32; bytes.len() / q.block_bytes() * BLOCK];
-                q.dequantize(bytes, &mut out);
-                out
-            }
-            TensorType::Other(_) => unreachable!("no loader hands out bytes of other types"),
+    match kind {
+        TensorType::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        TensorType::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        TensorType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        TensorType::Quant(q) => {
+            let mut out = vec![0f32; bytes.len() / q.block_bytes() * BLOCK];
+            q.dequantize(bytes, &mut out);
+            out
         }
+        TensorType::Other(_) => unreachable!("no loader hands out bytes of other types"),
     }
 }
 

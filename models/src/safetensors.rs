@@ -4,7 +4,7 @@
 //! tensor's bytes lie inside the file. A bad file is an [`Error::Format`] naming it.
 
 use crate::error::{Error, Result};
-use half::{bf16, f16};
+use crate::gguf::{decode, TensorType};
 use memmap2::Mmap;
 use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensors};
@@ -75,25 +75,16 @@ impl SafetensorsFile {
             .ok_or_else(|| fail("no such tensor in the file".into()))?;
         let start = 8 + self.header;
         let bytes = &self.map[start + info.data_offsets.0..start + info.data_offsets.1];
-        let values = match info.dtype {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
+        let kind = match info.dtype {
+            Dtype::F32 => TensorType::F32,
+            Dtype::F16 => TensorType::F16,
+            Dtype::BF16 => TensorType::BF16,
             other => {
                 return Err(fail(format!(
                     "dtype {other:?} is not supported (F32, F16 and BF16 are)"
                 )))
             }
         };
-        Ok((info.shape.clone(), values))
+        Ok((info.shape.clone(), decode(kind, bytes)))
     }
 }

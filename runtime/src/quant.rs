@@ -11,16 +11,17 @@
 //!   (a bounded buffer, 64 rows, never the whole matrix) and multiplies them with `x` on
 //!   the products' GEMM kernels.
 //!
-//! The inner loops are compiled for the products' tier (`ProductTier`: AVX-512F, AVX2 and
-//! FMA, or neither) from one body, so LLVM vectorises each for its width. Work is split
+//! The matrix-vector loops run on the products' tier (`ProductTier`): AVX-512F or AVX2
+//! and FMA intrinsics (`quant_x86.rs`), or a portable loop on hosts without them. Work is split
 //! by rows of `w` in pieces fixed by the shape, each result element computed by one task
 //! in one order: the same bits on every thread count.
 
 use crate::alloc::host_cache;
 use crate::error::RuntimeError;
 use crate::gemm_tier::{self, ProductTier};
+use crate::quant_x86::{format_of, scale, Format, Rows};
 use gemm::Parallelism;
-use ndfuse_ir::quant::{BlockFormat, QuantSpec, BLOCK};
+use ndfuse_ir::quant::{QuantSpec, BLOCK};
 use ndfuse_ir::{DType, HostArray, Node, Storage};
 use rayon::prelude::*;
 use std::sync::OnceLock;
@@ -138,7 +139,9 @@ fn block_sums(x: &[f32]) -> Vec<f32> {
     x.chunks_exact(BLOCK).map(|b| b.iter().sum()).collect()
 }
 
-/// `out[(r - rows.start) * m + i] = x[i] . w[r]` for `r` in `rows`, on `tier`'s vectors.
+/// `out[(r - rows.start) * m + i] = x[i] . w[r]` for `r` in `rows`, on `tier`'s vectors:
+/// one copy of the loop per count of `x` rows and block format, so that the
+/// accumulators stay in registers and no branch is taken per block.
 #[allow(clippy::too_many_arguments)]
 fn dots(
     tier: ProductTier,
@@ -151,112 +154,74 @@ fn dots(
     row_stride: usize,
     out: &mut [f32],
 ) {
-    let args = Dots {
-        spec,
+    let a = Rows {
         x,
         sums,
-        m,
         rows,
         bytes,
         row_stride,
+        nb: spec.k / BLOCK,
+        bb: spec.format.block_bytes(),
+        table: f16_table(),
     };
-    #[cfg(target_arch = "x86_64")]
-    if tier != ProductTier::Scalar {
-        let x86 = crate::quant_x86::Args {
-            x,
-            sums,
-            rows: args.rows.clone(),
-            bytes,
-            row_stride,
-            nb: spec.k / BLOCK,
-            bb: spec.format.block_bytes(),
-            table: f16_table(),
+    let f = format_of(spec.format);
+    // `$run!(MR, F)` for this call's `m` (1 to 4) and format.
+    macro_rules! each_shape {
+        ($run:ident) => {
+            match m {
+                1 => each_shape!(@f $run, 1),
+                2 => each_shape!(@f $run, 2),
+                3 => each_shape!(@f $run, 3),
+                _ => each_shape!(@f $run, 4),
+            }
         };
-        let f = match spec.format {
-            BlockFormat::Q8_0 => 0,
-            BlockFormat::Q4_0 => 1,
-            BlockFormat::Q4_1 => 2,
-        };
-        macro_rules! go {
-            ($kernel:ident, $m:literal, $f:literal) => {
-                // SAFETY: `ProductTier::current` picks a tier only where the host has its
-                // features (AVX-512F with FMA; AVX2 with FMA); `x86` holds `m`
-                // rows of x of k floats, their block sums and whole rows of blocks.
-                unsafe { crate::quant_x86::$kernel::<$m, $f>(&x86, out) }
-            };
-        }
-        macro_rules! by_format {
-            ($kernel:ident, $m:literal) => {
-                match f {
-                    0 => go!($kernel, $m, 0),
-                    1 => go!($kernel, $m, 1),
-                    _ => go!($kernel, $m, 2),
-                }
-            };
-        }
-        macro_rules! by_rows {
-            ($kernel:ident) => {
-                match m {
-                    1 => by_format!($kernel, 1),
-                    2 => by_format!($kernel, 2),
-                    3 => by_format!($kernel, 3),
-                    _ => by_format!($kernel, 4),
-                }
-            };
-        }
-        match tier {
-            ProductTier::Avx512 => by_rows!(dots_avx512),
-            _ => by_rows!(dots_avx2),
-        }
-        return;
-    }
-    let _ = tier;
-    dots_body(&args, out);
-}
-
-/// The arguments of [`dots`].
-struct Dots<'a> {
-    spec: &'a QuantSpec,
-    x: &'a [f32],
-    sums: &'a [f32],
-    m: usize,
-    rows: std::ops::Range<usize>,
-    bytes: &'a [u8],
-    row_stride: usize,
-}
-
-/// The portable body of [`dots`] (hosts without AVX2): one copy per format and count
-/// of `x` rows, so that the accumulators stay in registers and no branch is taken per
-/// block.
-#[inline(always)]
-fn dots_body(a: &Dots<'_>, out: &mut [f32]) {
-    const Q8: u8 = 0;
-    const Q40: u8 = 1;
-    const Q41: u8 = 2;
-    macro_rules! by_rows {
-        ($f:expr) => {
-            match a.m {
-                1 => dots_rows::<1, { $f }>(a, out),
-                2 => dots_rows::<2, { $f }>(a, out),
-                3 => dots_rows::<3, { $f }>(a, out),
-                _ => dots_rows::<4, { $f }>(a, out),
+        (@f $run:ident, $m:literal) => {
+            match f {
+                0 => $run!($m, 0),
+                1 => $run!($m, 1),
+                _ => $run!($m, 2),
             }
         };
     }
-    match a.spec.format {
-        BlockFormat::Q8_0 => by_rows!(Q8),
-        BlockFormat::Q4_0 => by_rows!(Q40),
-        BlockFormat::Q4_1 => by_rows!(Q41),
+    match tier {
+        #[cfg(target_arch = "x86_64")]
+        ProductTier::Avx512 => {
+            macro_rules! run {
+                ($m:literal, $f:literal) => {
+                    // SAFETY: `ProductTier::current` picks AVX-512F only where the host
+                    // has it and FMA.
+                    unsafe { crate::quant_x86::dots_avx512::<$m, $f>(&a, out) }
+                };
+            }
+            each_shape!(run)
+        }
+        #[cfg(target_arch = "x86_64")]
+        ProductTier::Fma => {
+            macro_rules! run {
+                ($m:literal, $f:literal) => {
+                    // SAFETY: `ProductTier::current` picks AVX2+FMA only where the host
+                    // has them.
+                    unsafe { crate::quant_x86::dots_avx2::<$m, $f>(&a, out) }
+                };
+            }
+            each_shape!(run)
+        }
+        _ => {
+            macro_rules! run {
+                ($m:literal, $f:literal) => {
+                    dots_rows::<$m, $f>(&a, out)
+                };
+            }
+            each_shape!(run)
+        }
     }
 }
 
-/// Rows of `w` in format `F` (0: Q8_0, 1: Q4_0, 2: Q4_1) dotted with `MR` rows of `x`.
-#[inline(always)]
-fn dots_rows<const MR: usize, const F: u8>(a: &Dots<'_>, out: &mut [f32]) {
-    let table = f16_table();
-    let k = a.spec.k;
-    let nb = k / BLOCK;
-    let bb = a.spec.format.block_bytes();
+/// The portable loop (hosts without AVX2): rows of `w` in format `F` dotted with `MR`
+/// rows of `x`.
+fn dots_rows<const MR: usize, const F: Format>(a: &Rows<'_>, out: &mut [f32]) {
+    let (nb, bb) = (a.nb, a.bb);
+    let k = nb * BLOCK;
     let xs: [&[f32]; MR] = std::array::from_fn(|i| &a.x[i * k..(i + 1) * k]);
     let sums: [&[f32]; MR] = std::array::from_fn(|i| &a.sums[i * nb..(i + 1) * nb]);
     for (r, o) in a.rows.clone().zip(out.chunks_exact_mut(MR)) {
@@ -264,7 +229,7 @@ fn dots_rows<const MR: usize, const F: u8>(a: &Dots<'_>, out: &mut [f32]) {
         let mut acc = [[0f32; BLOCK]; MR];
         let mut offs = [0f32; MR];
         for (b, block) in row.chunks_exact(bb).enumerate() {
-            let d = table[usize::from(u16::from_le_bytes([block[0], block[1]]))];
+            let d = scale(a.table, block, 0);
             let mut q = [0f32; BLOCK];
             let off = match F {
                 0 => {
@@ -280,7 +245,7 @@ fn dots_rows<const MR: usize, const F: u8>(a: &Dots<'_>, out: &mut [f32]) {
                 }
                 _ => {
                     unpack_nibbles(block[4..4 + BLOCK / 2].try_into().expect("a block"), &mut q);
-                    table[usize::from(u16::from_le_bytes([block[2], block[3]]))]
+                    scale(a.table, block, 2)
                 }
             };
             for i in 0..MR {

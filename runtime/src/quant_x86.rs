@@ -6,19 +6,37 @@
 //! products of weights `j` and `j + 16` (and, on AVX2, of `j + 8` and `j + 24`) summed
 //! first; the lanes summed once a row; the offset term (`m`, or `-8 d`) times the block
 //! sums of `x`. Each tier's bits are fixed (no thread count changes them); the tiers
-//! round differently from each other.
+//! round differently from each other. [`Rows`], what a call dots, is every tier's
+//! (the portable loop in `quant.rs` takes it too).
 
-#![cfg(target_arch = "x86_64")]
-
+#[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// Block layout: 0 Q8_0, 1 Q4_0, 2 Q4_1.
+/// Block layout as a const parameter: 0 Q8_0, 1 Q4_0, 2 Q4_1.
 pub(crate) type Format = u8;
+
+/// The [`Format`] of `f`.
+pub(crate) fn format_of(f: ndfuse_ir::BlockFormat) -> Format {
+    match f {
+        ndfuse_ir::BlockFormat::Q8_0 => 0,
+        ndfuse_ir::BlockFormat::Q4_0 => 1,
+        ndfuse_ir::BlockFormat::Q4_1 => 2,
+    }
+}
+
+/// The bytes of a block of [`Format`] `F`.
+const fn block_bytes<const F: Format>() -> usize {
+    match F {
+        0 => 34,
+        1 => 18,
+        _ => 20,
+    }
+}
 
 /// What one call dots: `rows` rows of `bytes` (one every `row_stride` bytes, `nb`
 /// blocks of `bb` bytes each) with `MR` rows of `x` (`k = 32 nb` floats each, their
 /// block sums in `sums`), into `out` (`MR` values a row of `w`).
-pub(crate) struct Args<'a> {
+pub(crate) struct Rows<'a> {
     pub x: &'a [f32],
     pub sums: &'a [f32],
     pub rows: std::ops::Range<usize>,
@@ -29,18 +47,19 @@ pub(crate) struct Args<'a> {
     pub table: &'a [f32],
 }
 
-/// The f16 at `p` (2 bytes, little-endian) through `table`.
+/// The f16 at `b[at..at + 2]` (little-endian) through `table`.
 #[inline(always)]
-fn scale(table: &[f32], b: &[u8], at: usize) -> f32 {
+pub(crate) fn scale(table: &[f32], b: &[u8], at: usize) -> f32 {
     table[usize::from(u16::from_le_bytes([b[at], b[at + 1]]))]
 }
 
-/// AVX-512F rows.
-///
-/// # Safety
-/// The host has AVX-512F and FMA; `a`'s slices hold what [`Args`] says.
+/// AVX-512F rows. Panics unless `a`'s blocks are of format `F`
+/// and `x` and `sums` hold `MR` rows (every load below stays inside them then); the
+/// caller makes sure the host has AVX-512F and FMA.
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-pub(crate) unsafe fn dots_avx512<const MR: usize, const F: Format>(a: &Args<'_>, out: &mut [f32]) {
+pub(crate) fn dots_avx512<const MR: usize, const F: Format>(a: &Rows<'_>, out: &mut [f32]) {
+    assert_eq!(a.bb, block_bytes::<F>(), "blocks of another format");
     let k = a.nb * 32;
     assert!(a.x.len() >= MR * k && a.sums.len() >= MR * a.nb);
     for (r, o) in a.rows.clone().zip(out.chunks_exact_mut(MR)) {
@@ -49,8 +68,8 @@ pub(crate) unsafe fn dots_avx512<const MR: usize, const F: Format>(a: &Args<'_>,
         let mut offs = [0f32; MR];
         for (b, block) in row.chunks_exact(a.bb).enumerate() {
             let d = scale(a.table, block, 0);
-            // SAFETY: `block` has `bb` bytes: 34 for Q8_0 (32 values at 2), 18 for Q4_0
-            // (16 at 2), 20 for Q4_1 (16 at 4); each load reads inside it.
+            // SAFETY: `block` has `bb` bytes, F's (asserted): 34 for Q8_0 (32 values at
+            // 2), 18 for Q4_0 (16 at 2), 20 for Q4_1 (16 at 4); each load reads inside it.
             let (q0, q1, off) = unsafe {
                 match F {
                     0 => {
@@ -104,12 +123,13 @@ pub(crate) unsafe fn dots_avx512<const MR: usize, const F: Format>(a: &Args<'_>,
     }
 }
 
-/// AVX2 rows: the same arithmetic in four 8-lane quarters.
-///
-/// # Safety
-/// The host has AVX2 and FMA; `a`'s slices hold what [`Args`] says.
+/// AVX2 rows: the same arithmetic in four 8-lane quarters. Panics unless `a`'s blocks are of format `F`
+/// and `x` and `sums` hold `MR` rows (every load below stays inside them then); the
+/// caller makes sure the host has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn dots_avx2<const MR: usize, const F: Format>(a: &Args<'_>, out: &mut [f32]) {
+pub(crate) fn dots_avx2<const MR: usize, const F: Format>(a: &Rows<'_>, out: &mut [f32]) {
+    assert_eq!(a.bb, block_bytes::<F>(), "blocks of another format");
     let k = a.nb * 32;
     assert!(a.x.len() >= MR * k && a.sums.len() >= MR * a.nb);
     for (r, o) in a.rows.clone().zip(out.chunks_exact_mut(MR)) {
