@@ -28,6 +28,7 @@ mod cuda_host;
 mod device_id;
 mod devices;
 mod env;
+mod env_keys;
 mod error;
 mod evaluation;
 mod executor;
