@@ -19,6 +19,7 @@ mod explain;
 mod failure;
 mod inputs;
 mod models;
+mod onnx;
 mod report;
 mod show;
 
@@ -63,6 +64,8 @@ enum Command {
     Generate(models::GenerateArgs),
     /// Print the sentence embeddings of texts with a pretrained BERT model.
     Embed(models::EmbedArgs),
+    /// Run an ONNX model: each graph output written as DIR/<name>.npy.
+    Run(onnx::RunArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -95,7 +98,7 @@ struct EvalArgs {
 
 #[derive(clap::Args, Debug)]
 struct ExplainArgs {
-    /// The expression.
+    /// The expression, or an ONNX model file (MODEL.onnx).
     #[arg(allow_hyphen_values = true)]
     expr: String,
     /// The shape and dtype of an input (DTYPE defaults to --dtype). Nothing is
@@ -145,6 +148,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(&a),
         Command::Generate(a) => models::generate_cmd(&a),
         Command::Embed(a) => models::embed_cmd(&a),
+        Command::Run(a) => onnx::run_cmd(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -247,6 +251,11 @@ fn eval(a: &EvalArgs) -> Result<(), Failure> {
 
 fn explain_cmd(a: &ExplainArgs) -> Result<(), Failure> {
     let ctx = context(&a.common)?;
+    if onnx::is_model(&a.expr) {
+        let text = onnx::explain_model(std::path::Path::new(&a.expr), &a.shapes, &ctx)?;
+        let _ = std::io::stdout().lock().write_all(text.as_bytes());
+        return Ok(());
+    }
     let expr = Expr::parse(&a.expr).map_err(Failure::parse)?;
     let mut named = BTreeMap::new();
     let mut types = BTreeMap::new();

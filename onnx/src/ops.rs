@@ -225,3 +225,14 @@ pub fn map(n: &Node) -> Result<Vec<Tensor>> {
     };
     outs.into_iter().map(|t| n.check(t)).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn each_operator_is_listed_once() {
+        let mut seen = std::collections::BTreeSet::new();
+        for s in super::supported() {
+            assert!(seen.insert(s.op), "{} is listed twice", s.op);
+        }
+    }
+}

@@ -1,6 +1,5 @@
-//! `Attention` (opset 23), `RMSNormalization` and `RotaryEmbedding`: the transformer
-//! operators, written with ndfuse's primitives so that the attention pattern reaches
-//! the fusion pass like any user's.
+//! `Attention` (opset 23), written with ndfuse's primitives so that the attention
+//! pattern reaches the fusion pass like any user's.
 
 use crate::error::Result;
 use crate::node::Node;
@@ -8,37 +7,19 @@ use crate::support::Support;
 use ndfuse::{DType, Tensor};
 
 /// The operators of this file.
-pub const OPS: &[Support] = &[
-    Support::new(
-        "Attention",
-        "3-D and 4-D q/k/v, grouped-query heads, bool or additive masks (padded to the \
+pub const OPS: &[Support] = &[Support::new(
+    "Attention",
+    "3-D and 4-D q/k/v, grouped-query heads, bool or additive masks (padded to the \
          keys), is_causal (with past keys), scale, softcap, past/present keys and values, \
          qk_matmul_output modes 0-3; not nonpad_kv_seqlen",
-    ),
-    Support::new("RMSNormalization", "axis, epsilon (stash_type 1)"),
-];
+)];
 
 /// The lowering of `n` when its operator is one of this file's.
 pub fn map(n: &Node) -> Option<Result<Vec<Tensor>>> {
     Some(match n.op() {
         "Attention" => attention(n),
-        "RMSNormalization" => rms_norm(n),
         _ => return None,
     })
-}
-
-fn rms_norm(n: &Node) -> Result<Vec<Tensor>> {
-    let x = n.input(0)?;
-    let scale = n.input(1)?;
-    let rank = n.shape(0)?.len();
-    let axis = n.axis(n.int_or("axis", -1)?, rank)?;
-    let eps = n.float_or("epsilon", 1e-5)?;
-    let axes: Vec<i64> = (axis as i64..rank as i64).collect();
-    let d = n.dtype(0)?;
-    let xf = x.cast(if d == DType::F64 { d } else { DType::F32 });
-    let ms = xf.mul(&xf).mean_keepdims(axes.as_slice());
-    let y = xf.mul(ms.add(eps).rsqrt()).cast(d).mul(scale);
-    Ok(vec![y])
 }
 
 /// [B, S, H * D] to [B, H, S, D].

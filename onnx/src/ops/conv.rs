@@ -63,6 +63,7 @@ pub fn map(n: &Node) -> Option<Result<Vec<Tensor>>> {
         "Conv" => conv(n),
         "ConvTranspose" => conv_transpose(n),
         "MaxPool" | "AveragePool" | "LpPool" => pool(n),
+        "MaxUnpool" => max_unpool(n),
         "GlobalAveragePool" | "GlobalMaxPool" | "GlobalLpPool" => global_pool(n),
         "BatchNormalization" => batch_norm(n),
         "InstanceNormalization" => instance_norm(n),
@@ -79,7 +80,8 @@ pub fn map(n: &Node) -> Option<Result<Vec<Tensor>>> {
 fn per_axis(n: &Node, name: &str, r: usize, default: usize) -> Result<Vec<usize>> {
     match n.ints(name)? {
         None => Ok(vec![default; r]),
-        Some(v) if v.len() == r && v.iter().all(|&x| x >= 0) => {
+        // Only output_padding may be 0 (strides, dilations and kernels are at least 1).
+        Some(v) if v.len() == r && v.iter().all(|&x| x >= i64::from(name != "output_padding")) => {
             Ok(v.iter().map(|&x| x as usize).collect())
         }
         Some(v) => Err(n.bad(format!("attribute '{name}' {v:?} for {r} spatial axes"))),
@@ -340,8 +342,7 @@ fn conv_transpose(n: &Node) -> Result<Vec<Tensor>> {
     // The input with stride - 1 zeros between its elements.
     let mut x = n.input(0)?.clone();
     let mut dims: Vec<i64> = xs.iter().map(|&d| d as i64).collect();
-    for i in 0..r {
-        let s = strides[i];
+    for (i, &s) in strides.iter().enumerate() {
         let a = 2 + i;
         if s == 1 || xs[a] == 0 {
             continue;
@@ -569,8 +570,8 @@ fn pool(n: &Node) -> Result<Vec<Tensor>> {
                 .where_(&taken, 0.0)
                 .reshape(&[nb, c, p, t])
                 .sum(&[3i64][..]);
-            if counts.iter().all(|&v| v == counts[0]) {
-                sum.div(counts[0])
+            if let Some(&first) = counts.first().filter(|&&f| counts.iter().all(|&v| v == f)) {
+                sum.div(first)
             } else {
                 let d = n.dtype(0)?;
                 let k = n
@@ -591,6 +592,46 @@ fn pool(n: &Node) -> Result<Vec<Tensor>> {
         }
     };
     Ok(vec![y.reshape(&out_dims)])
+}
+
+fn max_unpool(n: &Node) -> Result<Vec<Tensor>> {
+    let (xs, r) = spatial_rank(n, 0)?;
+    let kernel = per_axis(n, "kernel_shape", r, 0)?;
+    let strides = per_axis(n, "strides", r, 1)?;
+    let pads = pads_attr(n, r)?;
+    let inferred: Vec<usize> = (0..r)
+        .map(|i| ((xs[2 + i].max(1) - 1) * strides[i] + kernel[i]) as i64 - pads[i].0 - pads[i].1)
+        .map(|v| v.max(0) as usize)
+        .collect();
+    // The indices address the inferred shape; a given output_shape pads (or crops) its end.
+    let out: Vec<usize> = match n.ints_input(2)? {
+        Some(s) if s.len() == r + 2 && s.iter().all(|&v| v >= 0) => {
+            s[2..].iter().map(|&v| v as usize).collect()
+        }
+        Some(s) => return Err(n.bad(format!("output_shape {s:?} for input {xs:?}"))),
+        None => inferred.clone(),
+    };
+    let total = xs[0] * xs[1] * inferred.iter().product::<usize>();
+    let d = n.dtype(0)?;
+    let idx = n.input(1)?.cast(DType::I64).reshape(&[-1]);
+    let vals = n.input(0)?.reshape(&[-1]);
+    let zeros = n.ctx.full_dtype(&[total], 0.0, d);
+    let sum = zeros.index_add(&idx, &vals, 0);
+    let count = zeros.index_add(
+        &idx,
+        &n.ctx.full_dtype(&[idx.shape().map_or(0, |s| s[0])], 1.0, d),
+        0,
+    );
+    let mut dims = vec![xs[0] as i64, xs[1] as i64];
+    dims.extend(inferred.iter().map(|&o| o as i64));
+    let y = sum.div(count.maximum(1.0)).reshape(&dims);
+    let grow: Vec<(i64, i64)> = (0..r)
+        .map(|i| (0, out[i] as i64 - inferred[i] as i64))
+        .collect();
+    let (y, widths) = crop(&y, &grow, &inferred);
+    let mut all = vec![(0, 0); 2];
+    all.extend(widths);
+    Ok(vec![y.pad(&all, PadMode::Constant, 0.0)])
 }
 
 /// `p` of the Lp ops: an int (a float before opset 11).

@@ -230,6 +230,14 @@ fn apply(
     }
     let rank = xs.len();
     for a in 0..rank {
+        if out[a] == 0 || xs[a] == 0 {
+            if out[a] != xs[a] {
+                let mut dims = y.shape().map(<[usize]>::to_vec).unwrap_or_default();
+                dims[a] = out[a];
+                y = n.ctx.full_dtype(&dims, 0.0, dtype);
+            }
+            continue;
+        }
         let taps = axis_taps(n, spec, xs[a], out[a], scale[a], rois[a])?;
         let identity = out[a] == xs[a]
             && taps.inside.iter().all(|&i| i)
@@ -243,12 +251,6 @@ fn apply(
             continue;
         }
         let m = out[a] as i64;
-        if out[a] == 0 || xs[a] == 0 {
-            let mut dims = y.shape().map(<[usize]>::to_vec).unwrap_or_default();
-            dims[a] = out[a];
-            y = n.ctx.full_dtype(&dims, 0.0, dtype);
-            continue;
-        }
         let mut bshape = vec![1i64; rank];
         bshape[a] = m;
         if taps.n == 1 {

@@ -96,7 +96,9 @@ impl Act {
 fn activations(n: &Node, cell: Cell, dirs: usize) -> Result<Vec<Act>> {
     let names: Vec<String> = match n.strings("activations")? {
         Some(v) if !v.is_empty() => v,
-        _ => (0..dirs).flat_map(|_| cell.defaults().iter().map(|s| s.to_string())).collect(),
+        _ => (0..dirs)
+            .flat_map(|_| cell.defaults().iter().map(|s| s.to_string()))
+            .collect(),
     };
     let want = cell.defaults().len() * dirs;
     if names.len() != want {
@@ -175,13 +177,19 @@ fn recurrent(n: &Node, cell: Cell) -> Result<Vec<Tensor>> {
     let hidden = match n.int("hidden_size")? {
         Some(h) if h > 0 => h as usize,
         Some(h) => return Err(n.bad(format!("hidden_size {h}"))),
-        None => *rs.get(2).ok_or_else(|| n.bad(format!("R {rs:?} must have rank 3")))?,
+        None => *rs
+            .get(2)
+            .ok_or_else(|| n.bad(format!("R {rs:?} must have rank 3")))?,
     };
     if ws.len() != 3 || ws[0] != dirs || ws[1] != g * hidden || ws[2] != xs[2] {
-        return Err(n.bad(format!("W {ws:?} for X {xs:?}, {dirs} directions, hidden_size {hidden}")));
+        return Err(n.bad(format!(
+            "W {ws:?} for X {xs:?}, {dirs} directions, hidden_size {hidden}"
+        )));
     }
     if rs != [dirs, g * hidden, hidden] {
-        return Err(n.bad(format!("R {rs:?} for {dirs} directions, hidden_size {hidden}")));
+        return Err(n.bad(format!(
+            "R {rs:?} for {dirs} directions, hidden_size {hidden}"
+        )));
     }
     let acts = activations(n, cell, dirs)?;
     let clip = n.float("clip")?;
@@ -191,14 +199,25 @@ fn recurrent(n: &Node, cell: Cell) -> Result<Vec<Tensor>> {
     };
     let lbr = n.int_or("linear_before_reset", 0)? != 0;
     let input_forget = n.int_or("input_forget", 0)? != 0;
-    let seq_lens = n.opt_input(4).map(|s| s.cast(DType::I64).reshape(&[batch as i64, 1]));
+    let seq_lens = n
+        .opt_input(4)
+        .map(|s| s.cast(DType::I64).reshape(&[batch as i64, 1]));
     // Initial states as [dirs, batch, hidden].
     let state = |i: usize| -> Option<Tensor> {
-        n.opt_input(i)
-            .map(|t| if batch_first { t.permute(&[1, 0, 2]) } else { t.clone() })
+        n.opt_input(i).map(|t| {
+            if batch_first {
+                t.permute(&[1, 0, 2])
+            } else {
+                t.clone()
+            }
+        })
     };
     let (init_h, init_c) = (state(5), state(6));
-    let peep = if cell == Cell::Lstm { n.opt_input(7) } else { None };
+    let peep = if cell == Cell::Lstm {
+        n.opt_input(7)
+    } else {
+        None
+    };
     let zeros = n.ctx.full_dtype(&[batch, hidden], 0.0, dtype);
     let h = hidden;
     let mut ys = Vec::with_capacity(dirs);
@@ -218,7 +237,10 @@ fn recurrent(n: &Node, cell: Cell) -> Result<Vec<Tensor>> {
             let wb = rows(&b, 0, 0, g * h);
             let rb = rows(&b, 0, g * h, 2 * g * h);
             if cell == Cell::Gru && lbr {
-                xw = xw.add(wb.add(ndfuse::concat(&[&rows(&rb, 0, 0, 2 * h), &n.ctx.full_dtype(&[h], 0.0, dtype)], 0)));
+                xw = xw.add(wb.add(ndfuse::concat(
+                    &[&rows(&rb, 0, 0, 2 * h), &n.ctx.full_dtype(&[h], 0.0, dtype)],
+                    0,
+                )));
                 rb_h = Some(rows(&rb, 0, 2 * h, 3 * h));
             } else {
                 xw = xw.add(wb.add(&rb));
@@ -228,14 +250,22 @@ fn recurrent(n: &Node, cell: Cell) -> Result<Vec<Tensor>> {
         let (p_i, p_o, p_f) = match peep {
             Some(p) => {
                 let p = at(p, d);
-                (Some(rows(&p, 0, 0, h)), Some(rows(&p, 0, h, 2 * h)), Some(rows(&p, 0, 2 * h, 3 * h)))
+                (
+                    Some(rows(&p, 0, 0, h)),
+                    Some(rows(&p, 0, h, 2 * h)),
+                    Some(rows(&p, 0, 2 * h, 3 * h)),
+                )
             }
             None => (None, None, None),
         };
         let mut hp = init_h.as_ref().map_or_else(|| zeros.clone(), |t| at(t, d));
         let mut cp = init_c.as_ref().map_or_else(|| zeros.clone(), |t| at(t, d));
         let mut outs: Vec<Option<Tensor>> = vec![None; seq];
-        let order: Vec<usize> = if reverse { (0..seq).rev().collect() } else { (0..seq).collect() };
+        let order: Vec<usize> = if reverse {
+            (0..seq).rev().collect()
+        } else {
+            (0..seq).collect()
+        };
         for t in order {
             let xt = at(&xw, t);
             let gate = |v: &Tensor, k: usize| rows(v, 1, k * h, (k + 1) * h);
@@ -294,7 +324,10 @@ fn recurrent(n: &Node, cell: Cell) -> Result<Vec<Tensor>> {
                 }
             }
         }
-        let outs: Vec<Tensor> = outs.into_iter().map(|o| o.unwrap_or_else(|| zeros.clone())).collect();
+        let outs: Vec<Tensor> = outs
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| zeros.clone()))
+            .collect();
         let refs: Vec<&Tensor> = outs.iter().collect();
         ys.push(if refs.is_empty() {
             n.ctx.full_dtype(&[0, batch, hidden], 0.0, dtype)
@@ -308,7 +341,11 @@ fn recurrent(n: &Node, cell: Cell) -> Result<Vec<Tensor>> {
     let yh = ndfuse::stack(&hs.iter().collect::<Vec<_>>(), 0);
     let yc = ndfuse::stack(&cs.iter().collect::<Vec<_>>(), 0);
     let mut outs = if batch_first {
-        vec![y.permute(&[2, 0, 1, 3]), yh.permute(&[1, 0, 2]), yc.permute(&[1, 0, 2])]
+        vec![
+            y.permute(&[2, 0, 1, 3]),
+            yh.permute(&[1, 0, 2]),
+            yc.permute(&[1, 0, 2]),
+        ]
     } else {
         vec![y, yh, yc]
     };
