@@ -383,15 +383,33 @@ fn concat_at(parts: &[&Tensor], axis: i64, at: At) -> Result<Tensor, Tensor> {
     if let [only] = cast.as_slice() {
         return Ok(only.clone());
     }
-    let refs: Vec<&Tensor> = cast.iter().collect();
-    Ok(Tensor::build(
-        Op::Concat {
-            axis,
-            parts: refs.len(),
-        },
-        &refs,
-        at,
-    ))
+    Ok(join(&cast.iter().collect::<Vec<_>>(), axis, at))
+}
+
+/// The most operands one node has (the graph numbers an edge's slot in a byte).
+const MAX_OPERANDS: usize = 256;
+
+/// Parts joined by `Concat` nodes: one node up to [`MAX_OPERANDS`] parts, a tree of
+/// them beyond (an unrolled RNN stacks one part per time step).
+fn join(parts: &[&Tensor], axis: usize, at: At) -> Tensor {
+    if parts.len() <= MAX_OPERANDS {
+        return Tensor::build(
+            Op::Concat {
+                axis,
+                parts: parts.len(),
+            },
+            parts,
+            at,
+        );
+    }
+    let groups: Vec<Tensor> = parts
+        .chunks(parts.len().div_ceil(MAX_OPERANDS))
+        .map(|c| match c {
+            [one] => (*one).clone(),
+            many => join(many, axis, at),
+        })
+        .collect();
+    join(&groups.iter().collect::<Vec<_>>(), axis, at)
 }
 
 fn stack_at(parts: &[&Tensor], axis: i64, at: At) -> Result<Tensor, Tensor> {

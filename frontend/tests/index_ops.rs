@@ -714,3 +714,21 @@ fn the_gradient_of_an_embedding_lookup_adds_rows_into_the_table() {
         assert_eq!(got, want, "{backend:?}");
     }
 }
+
+/// More parts than one node holds (an unrolled RNN stacks a part per step): a tree of
+/// concats, with numpy's values.
+#[test]
+fn concat_of_many_parts() {
+    for (b, ctx) in contexts() {
+        let parts: Vec<Tensor> = (0..600)
+            .map(|i| f32s(&ctx, &[i as f32, -(i as f32)], &[1, 2]))
+            .collect();
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        let (shape, v) = ev_f32(&concat(&refs, 0));
+        assert_eq!(shape, vec![600, 2], "{b:?}");
+        let want: Vec<f32> = (0..600).flat_map(|i| [i as f32, -(i as f32)]).collect();
+        assert_eq!(v, want, "{b:?}");
+        let (shape, _) = ev_f32(&stack(&refs, 1));
+        assert_eq!(shape, vec![1, 600, 2], "{b:?}");
+    }
+}
