@@ -14,7 +14,9 @@
 //! packs the windows straight from the input is the next step (issue 36).
 
 use crate::error::Error;
+use crate::ops::SliceArg;
 use crate::tensor::Tensor;
+use ndfuse_ir::PadMode;
 use std::panic::Location;
 
 type At = &'static Location<'static>;
@@ -326,11 +328,35 @@ fn conv_at(
         ref dilation,
         ref out,
     } = g;
+    let taps: usize = kernel.iter().product();
+    let dims: Vec<i64> = [n, o].iter().chain(out).map(|&d| d as i64).collect();
+    let with_bias = |y: Tensor| match bias {
+        Some(b) => {
+            let mut shape = vec![1i64; r + 1];
+            shape[0] = o as i64;
+            y + b.reshape(&shape)
+        }
+        None => y,
+    };
+    let unit = |v: &[usize]| v.iter().all(|&s| s == 1);
+    let unpadded = pads.iter().all(|&p| p == (0, 0));
+    if taps == 1 && groups == 1 && unit(stride) && unpadded {
+        // Pointwise: the input is already the windows' matrix, [N, C, H*W]: no gather.
+        let positions: usize = out.iter().product();
+        let y = w.reshape(&[o as i64, c as i64]).matmul(&x.reshape(&[
+            n as i64,
+            c as i64,
+            positions as i64,
+        ]));
+        return with_bias(y.reshape(&dims));
+    }
+    if groups == c && groups == o && taps > 1 {
+        return with_bias(depthwise(x, w, kernel, pads, stride, dilation, out));
+    }
     let cols = match windows(x, xs, kernel, stride, dilation, pads, out, 0.0) {
         Ok((cols, _)) => cols,
         Err(e) => return Tensor::poisoned(&x.ctx, e),
     };
-    let taps: usize = kernel.iter().product();
     let positions: usize = out.iter().product();
     // [N, C, k.., out..] -> [N, G, Cg * k, out] @ by w [G, Og, Cg * k] -> [N, G, Og, out].
     let (cg, og) = (c / groups, o / groups);
@@ -354,11 +380,63 @@ fn conv_at(
         Some(b) => y + b.reshape(&[o, 1]),
         None => y,
     };
-    let dims: Vec<i64> = [n, o]
-        .into_iter()
-        .chain(out.iter().map(|&d| d as i64))
-        .collect();
     y.reshape(&dims)
+}
+
+/// A depthwise convolution (one filter per channel) as the sum over the taps of the
+/// weight times a strided view of the padded input: one element-wise kernel reading the
+/// input in place, where the windows' gather and a product of one row per channel
+/// wrote (and read back) `taps` times the input. Measured on PP-OCR's detector.
+fn depthwise(
+    x: &Tensor,
+    w: &Tensor,
+    kernel: &[usize],
+    pads: &[(usize, usize)],
+    stride: &[usize],
+    dilation: &[usize],
+    out: &[usize],
+) -> Tensor {
+    let r = kernel.len();
+    let widths: Vec<(usize, usize)> = [(0, 0), (0, 0)]
+        .into_iter()
+        .chain(pads.iter().copied())
+        .collect();
+    let padded = if widths.iter().all(|&p| p == (0, 0)) {
+        x.clone()
+    } else {
+        x.pad(&widths, PadMode::Constant, 0.0)
+    };
+    let channels = w.shape().map(|s| s[0]).unwrap_or(0) as i64;
+    let mut wshape = vec![1i64; r + 1];
+    wshape[0] = channels;
+    let taps: usize = kernel.iter().product();
+    let mut acc: Option<Tensor> = None;
+    for t in 0..taps {
+        let mut rest = t;
+        let mut tap = vec![0usize; r];
+        for a in (0..r).rev() {
+            tap[a] = rest % kernel[a];
+            rest /= kernel[a];
+        }
+        let mut view = vec![SliceArg::all(), SliceArg::all()];
+        let mut wsel = vec![SliceArg::all(), SliceArg::all()];
+        for a in 0..r {
+            let start = (tap[a] * dilation[a]) as i64;
+            let stop = start + (stride[a] * (out[a] - 1)) as i64 + 1;
+            view.push(SliceArg::new(Some(start), Some(stop), stride[a] as i64));
+            wsel.push(SliceArg::new(
+                Some(tap[a] as i64),
+                Some(tap[a] as i64 + 1),
+                1,
+            ));
+        }
+        let term = padded.slice(&view) * w.slice(&wsel).reshape(&wshape);
+        acc = Some(match acc {
+            Some(a) => a + term,
+            None => term,
+        });
+    }
+    acc.expect("a depthwise kernel has at least two taps")
 }
 
 /// The taps of every window of `x` (`xs`: `[N, C, spatial...]`) as one gather along the

@@ -27,6 +27,6 @@ mod tensor;
 
 pub use error::{OnnxError, Result};
 pub use model::{Model, Signature};
-pub use ops::supported;
+pub use ops::{support_table, supported};
 pub use support::Support;
 pub use tensor::{dtype_of, from_array, read_tensor_file, to_array};

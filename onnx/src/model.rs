@@ -20,6 +20,11 @@ const FOLD_LIMIT: usize = 1 << 22;
 /// take a shape, axes, a count or a fill value as an input (the others read the tensor).
 const KNOWN_INPUT_LIMIT: usize = 64;
 
+/// Nodes on known values that are not all constants are computed at import too (their
+/// values known to the nodes after them) when their inputs hold at most this many
+/// elements; they stay in the graph as well, computed from the inputs at run time.
+const KNOWN_FOLD_LIMIT: usize = 4096;
+
 /// A graph input or output as the file declares it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Signature {
@@ -263,63 +268,49 @@ impl Model {
     }
 }
 
-/// Lowers one node: through the interpreter when every input is known and small (the
-/// results are then known too), else into the model's graph.
+/// Lowers one node. Its outputs are computed through the interpreter when every input
+/// is known and small: they are then known too (for the nodes after it that need a
+/// shape or a count), and when every input is a constant they are constants, with no
+/// node in the model's graph.
 fn lower(node: &Node, fold: &Context) -> Result<Vec<Value>> {
-    let all_known = node.inputs.iter().flatten().all(|v| v.constant);
-    let small = node
-        .inputs
+    let given: Vec<&Value> = node.inputs.iter().flatten().collect();
+    let constant = given.iter().all(|v| v.constant);
+    let known = given.iter().all(|v| v.known.is_some());
+    let size: usize = given
         .iter()
-        .flatten()
         .filter_map(|v| v.known.as_ref())
         .map(Array::len)
-        .sum::<usize>()
-        <= FOLD_LIMIT;
-    if all_known && small && !ops::is_random(node.op()) {
-        let folded = Node {
-            proto: node.proto,
-            name: node.name.clone(),
-            opset: node.opset,
-            ctx: fold,
-            inputs: node
-                .inputs
-                .iter()
-                .map(|v| {
-                    v.as_ref().map(|v| Value {
-                        tensor: fold.from_array(v.known.as_ref().expect("constants are known")),
-                        known: v.known.clone(),
-                        constant: true,
-                    })
-                })
-                .collect(),
-        };
-        let outs = ops::map(&folded)?;
-        let refs: Vec<&Tensor> = outs.iter().collect();
-        let arrays = fold.eval(&refs).map_err(|e| OnnxError::Op {
-            node: node.name.clone(),
-            op: node.op().to_owned(),
-            source: Box::new(e),
-        })?;
+        .sum();
+    let limit = if constant {
+        FOLD_LIMIT
+    } else {
+        KNOWN_FOLD_LIMIT
+    };
+    let folded = if known && size <= limit && !ops::is_random(node.op()) {
+        Some(fold_node(node, fold)?)
+    } else {
+        None
+    };
+    if let (true, Some(arrays)) = (constant, &folded) {
         return Ok(arrays
-            .into_iter()
+            .iter()
             .map(|a| Value {
-                tensor: node.ctx.from_array(&a),
-                known: Some(a),
+                tensor: node.ctx.from_array(a),
+                known: Some(a.clone()),
                 constant: true,
             })
             .collect());
     }
     let outs = ops::map(node)?;
     let mut vals = Vec::with_capacity(outs.len());
-    for t in outs {
-        let t = node.check(t)?;
-        // A shape is known from the static shapes even when the data is not.
+    for (i, t) in outs.into_iter().enumerate() {
         vals.push(Value {
-            tensor: t,
-            known: None,
+            tensor: node.check(t)?,
+            known: folded.as_ref().and_then(|f| f.get(i).cloned()),
             constant: false,
         });
     }
+    // A shape is known from the static shapes even when the data is not.
     if let Some(k) = ops::known_without_data(node)? {
         vals[0] = Value {
             tensor: node.ctx.from_array(&k),
@@ -328,6 +319,35 @@ fn lower(node: &Node, fold: &Context) -> Result<Vec<Value>> {
         };
     }
     Ok(vals)
+}
+
+/// The node's outputs computed by the reference interpreter from its inputs' known data.
+fn fold_node(node: &Node, fold: &Context) -> Result<Vec<Array>> {
+    let folded = Node {
+        proto: node.proto,
+        name: node.name.clone(),
+        opset: node.opset,
+        ctx: fold,
+        inputs: node
+            .inputs
+            .iter()
+            .map(|v| {
+                v.as_ref().map(|v| Value {
+                    tensor: fold
+                        .from_array(v.known.as_ref().expect("only known inputs are folded")),
+                    known: v.known.clone(),
+                    constant: v.constant,
+                })
+            })
+            .collect(),
+    };
+    let outs = ops::map(&folded)?;
+    let refs: Vec<&Tensor> = outs.iter().collect();
+    fold.eval(&refs).map_err(|e| OnnxError::Op {
+        node: node.name.clone(),
+        op: node.op().to_owned(),
+        source: Box::new(e),
+    })
 }
 
 fn signature(v: &ValueInfoProto) -> Signature {

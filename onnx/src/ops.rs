@@ -10,7 +10,9 @@ mod matmul;
 mod reduce;
 mod resize;
 mod rnn;
+mod sample;
 mod shape;
+mod signal;
 
 use crate::error::Result;
 use crate::node::Node;
@@ -143,6 +145,8 @@ pub fn supported() -> impl Iterator<Item = &'static Support> {
         .chain(conv::OPS)
         .chain(resize::OPS)
         .chain(rnn::OPS)
+        .chain(signal::OPS)
+        .chain(sample::OPS)
 }
 
 /// Whether the operator draws random numbers (never folded at import time).
@@ -218,12 +222,25 @@ pub fn map(n: &Node) -> Result<Vec<Tensor>> {
             .or_else(|| conv::map(n))
             .or_else(|| resize::map(n))
             .or_else(|| rnn::map(n))
+            .or_else(|| signal::map(n))
+            .or_else(|| sample::map(n))
         {
             Some(r) => r?,
             None => return Err(n.unsupported("the operator")),
         },
     };
     outs.into_iter().map(|t| n.check(t)).collect()
+}
+
+/// The support table as Markdown rows (the crate README's, checked by a test).
+pub fn support_table() -> String {
+    let mut rows: Vec<&Support> = supported().collect();
+    rows.sort_by_key(|s| s.op);
+    let mut s = String::from("| operator | notes |\n| --- | --- |\n");
+    for r in rows {
+        s += &format!("| {} | {} |\n", r.op, r.notes);
+    }
+    s
 }
 
 #[cfg(test)]

@@ -1,23 +1,31 @@
-//! `Attention` (opset 23), written with ndfuse's primitives so that the attention
-//! pattern reaches the fusion pass like any user's.
+//! `Attention` and `RotaryEmbedding` (opset 23), written with ndfuse's primitives so that
+//! the attention pattern reaches the fusion pass like any user's.
 
 use crate::error::Result;
 use crate::node::Node;
 use crate::support::Support;
-use ndfuse::{DType, Tensor};
+use ndfuse::{DType, SliceArg, Tensor};
 
 /// The operators of this file.
-pub const OPS: &[Support] = &[Support::new(
-    "Attention",
-    "3-D and 4-D q/k/v, grouped-query heads, bool or additive masks (padded to the \
+pub const OPS: &[Support] = &[
+    Support::new(
+        "Attention",
+        "3-D and 4-D q/k/v, grouped-query heads, bool or additive masks (padded to the \
          keys), is_causal (with past keys), scale, softcap, past/present keys and values, \
          qk_matmul_output modes 0-3; not nonpad_kv_seqlen",
-)];
+    ),
+    Support::new(
+        "RotaryEmbedding",
+        "3-D (num_heads) and 4-D input, position_ids (a gather of the caches) or caches per \
+         position, interleaved, rotary_embedding_dim (the rest passed through)",
+    ),
+];
 
 /// The lowering of `n` when its operator is one of this file's.
 pub fn map(n: &Node) -> Option<Result<Vec<Tensor>>> {
     Some(match n.op() {
         "Attention" => attention(n),
+        "RotaryEmbedding" => rotary(n),
         _ => return None,
     })
 }
@@ -166,4 +174,85 @@ fn attention(n: &Node) -> Result<Vec<Tensor>> {
             .reshape(&[s[0] as i64, s[2] as i64, (s[1] * s[3]) as i64]);
     }
     Ok(vec![y, present_k, present_v, qk_out])
+}
+
+/// `RotaryEmbedding`: the rotated half (or interleaved pairs) of each head's first
+/// `rotary_embedding_dim` features, computed in [B, S, H, D].
+fn rotary(n: &Node) -> Result<Vec<Tensor>> {
+    let xs = n.shape(0)?;
+    let x = n.input(0)?;
+    let x4 = match xs.len() {
+        4 => x.permute(&[0, 2, 1, 3]),
+        3 => {
+            let h = n.int_or("num_heads", 0)?;
+            if h <= 0 || xs[2] % h as usize != 0 {
+                return Err(n.bad(format!(
+                    "3-D input {xs:?} needs num_heads dividing it, got {h}"
+                )));
+            }
+            x.reshape(&[xs[0] as i64, xs[1] as i64, h, (xs[2] / h as usize) as i64])
+        }
+        r => return Err(n.bad(format!("input of rank {r} (3 or 4)"))),
+    };
+    let s4 = x4.shape().map(<[usize]>::to_vec).unwrap_or_default();
+    let d = s4[3];
+    let rot = match n.int_or("rotary_embedding_dim", 0)? {
+        0 => d,
+        r if r > 0 && r as usize <= d && r % 2 == 0 => r as usize,
+        r => return Err(n.bad(format!("rotary_embedding_dim {r} for heads of {d}"))),
+    };
+    let half = rot / 2;
+    let (mut cos, mut sin) = (n.input(1)?.clone(), n.input(2)?.clone());
+    if let Some(p) = n.opt_input(3) {
+        cos = cos.take(p, 0);
+        sin = sin.take(p, 0);
+    }
+    for c in [&cos, &sin] {
+        let cs = n
+            .check(c.clone())?
+            .shape()
+            .map(<[usize]>::to_vec)
+            .unwrap_or_default();
+        if cs.len() != 3 || cs[2] != half || (cs[0] != s4[0] && cs[0] != 1) || cs[1] != s4[1] {
+            return Err(n.bad(format!(
+                "cos/sin cache {cs:?} for input [B, S, H, D] {s4:?} and {half} rotated pairs"
+            )));
+        }
+    }
+    let (cos, sin) = (cos.expand_dims(2), sin.expand_dims(2));
+    let all = SliceArg::all();
+    let last = |start: usize, stop: usize, step: i64| {
+        x4.slice(&[
+            all,
+            all,
+            all,
+            SliceArg::new(Some(start as i64), Some(stop as i64), step),
+        ])
+    };
+    let interleaved = n.int_or("interleaved", 0)? != 0;
+    let (x1, x2) = if interleaved {
+        (last(0, rot, 2), last(1, rot, 2))
+    } else {
+        (last(0, half, 1), last(half, rot, 1))
+    };
+    let real = cos.mul(&x1).sub(sin.mul(&x2));
+    let imag = sin.mul(&x1).add(cos.mul(&x2));
+    let mut y = if interleaved {
+        ndfuse::stack(&[&real, &imag], -1).reshape(&[
+            s4[0] as i64,
+            s4[1] as i64,
+            s4[2] as i64,
+            rot as i64,
+        ])
+    } else {
+        ndfuse::concat(&[&real, &imag], -1)
+    };
+    if rot < d {
+        y = ndfuse::concat(&[&y, &last(rot, d, 1)], -1);
+    }
+    Ok(vec![if xs.len() == 3 {
+        y.reshape(&xs.iter().map(|&v| v as i64).collect::<Vec<_>>())
+    } else {
+        y.permute(&[0, 2, 1, 3])
+    }])
 }
