@@ -110,7 +110,8 @@ impl Graph {
         let g = self.g_mut();
         let id = NodeId(g.add_node(node));
         for (slot, &o) in operands.iter().enumerate() {
-            let slot = u8::try_from(slot).expect("a node has at most 256 operands (the frontend splits longer concats)");
+            let slot = u8::try_from(slot)
+                .expect("a node has at most 256 operands (the frontend splits longer concats)");
             g.add_edge(o.0, id.0, Slot(slot));
         }
         id
