@@ -353,6 +353,23 @@ fn conv_at(
     if groups == c && groups == o && taps > 1 {
         return with_bias(depthwise(x, w, kernel, pads, stride, dilation, out));
     }
+    let positions: usize = out.iter().product();
+    if groups == 1 && positions * 4 <= n {
+        // Few positions in many batch items (a sequence of short frames): one product
+        // over every (item, position), [N * P, C * k] @ [C * k, O], not N products of
+        // P columns each (313 of 4 columns in silero-vad: the GEMM's worst shape).
+        let rows = match rows_of_windows(x, xs, kernel, stride, dilation, pads, out) {
+            Ok(r) => r,
+            Err(e) => return Tensor::poisoned(&x.ctx, e),
+        };
+        let ck = (c * taps) as i64;
+        let y = rows
+            .reshape(&[(n * positions) as i64, ck])
+            .matmul(&w.reshape(&[o as i64, ck]).transpose())
+            .reshape(&[n as i64, positions as i64, o as i64])
+            .permute(&[0, 2, 1]);
+        return with_bias(y.reshape(&dims));
+    }
     let cols = match windows(x, xs, kernel, stride, dilation, pads, out, 0.0) {
         Ok((cols, _)) => cols,
         Err(e) => return Tensor::poisoned(&x.ctx, e),
@@ -506,6 +523,66 @@ fn windows(
         (cols, Some(mask.reshape(&m)))
     } else {
         (taken.reshape(&split), None)
+    })
+}
+
+/// The windows of `x` in the transposed order, `[N, P, C * k]` (one row per output
+/// position, the taps of every channel along it), as one gather over the flattened
+/// channels and spatial axes; taps in the padding are 0. For few positions only: the
+/// index holds P * C * k entries.
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+fn rows_of_windows(
+    x: &Tensor,
+    xs: &[usize],
+    kernel: &[usize],
+    stride: &[usize],
+    dilation: &[usize],
+    pads: &[(usize, usize)],
+    out: &[usize],
+) -> Result<Tensor, Error> {
+    let r = kernel.len();
+    let (n, c) = (xs[0], xs[1]);
+    let spatial = &xs[2..];
+    let size: usize = spatial.iter().product();
+    let taps: usize = kernel.iter().product();
+    let positions: usize = out.iter().product();
+    let mut index = Vec::with_capacity(positions * c * taps);
+    let mut inside = Vec::with_capacity(positions * c * taps);
+    let (mut o, mut t) = (vec![0usize; r], vec![0usize; r]);
+    for p in 0..positions {
+        let mut rest = p;
+        for a in (0..r).rev() {
+            o[a] = rest % out[a];
+            rest /= out[a];
+        }
+        for ch in 0..c {
+            for tap in 0..taps {
+                let mut rest = tap;
+                for a in (0..r).rev() {
+                    t[a] = rest % kernel[a];
+                    rest /= kernel[a];
+                }
+                let (mut flat, mut ok) = (0i64, true);
+                for a in 0..r {
+                    let q = (o[a] * stride[a] + t[a] * dilation[a]) as i64 - pads[a].0 as i64;
+                    let extent = spatial[a] as i64;
+                    ok &= (0..extent).contains(&q);
+                    flat = flat * extent + q.clamp(0, extent - 1);
+                }
+                index.push(if ok { (ch * size) as i64 + flat } else { 0 });
+                inside.push(ok);
+            }
+        }
+    }
+    let count = index.len();
+    let idx = x.ctx.from_vec(index, &[count])?;
+    let taken = x.reshape(&[n as i64, (c * size) as i64]).take(&idx, 1);
+    Ok(if inside.contains(&false) {
+        let mask = x.ctx.from_vec(inside, &[count])?;
+        mask.where_(&taken, 0.0)
+    } else {
+        taken
     })
 }
 

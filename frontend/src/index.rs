@@ -386,13 +386,18 @@ fn concat_at(parts: &[&Tensor], axis: i64, at: At) -> Result<Tensor, Tensor> {
     Ok(join(&cast.iter().collect::<Vec<_>>(), axis, at))
 }
 
-/// The most operands one node has (the graph numbers an edge's slot in a byte).
-const MAX_OPERANDS: usize = 256;
+/// The most parts one `Concat` node joins. Its kernel reads every part at every
+/// position and keeps the one whose range holds it, so the cost per element grows with
+/// the parts: longer joins (an unrolled RNN stacks one part per time step) become a tree
+/// of joins of [`GROUP`] parts, each stored. 313 parts in one node (below the 256
+/// operands a node can have, would it not be for this) took 16 ms of silero-vad's 70.
+const MAX_PARTS: usize = 32;
+/// The parts of one inner join of a tree.
+const GROUP: usize = 16;
 
-/// Parts joined by `Concat` nodes: one node up to [`MAX_OPERANDS`] parts, a tree of
-/// them beyond (an unrolled RNN stacks one part per time step).
+/// Parts joined by `Concat` nodes: one node up to [`MAX_PARTS`], a tree beyond.
 fn join(parts: &[&Tensor], axis: usize, at: At) -> Tensor {
-    if parts.len() <= MAX_OPERANDS {
+    if parts.len() <= MAX_PARTS {
         return Tensor::build(
             Op::Concat {
                 axis,
@@ -403,7 +408,7 @@ fn join(parts: &[&Tensor], axis: usize, at: At) -> Tensor {
         );
     }
     let groups: Vec<Tensor> = parts
-        .chunks(parts.len().div_ceil(MAX_OPERANDS))
+        .chunks(GROUP)
         .map(|c| match c {
             [one] => (*one).clone(),
             many => join(many, axis, at),

@@ -3,7 +3,8 @@
 //! 512 samples plus 64 of context) and PP-OCRv4's text detector on a 640x640 page.
 //! `scripts/onnx_peer.py` times onnxruntime on the same inputs; run the two back to back.
 //!
-//! `NDFUSE_ONNX=DIR cargo run --release -p ndfuse-onnx --example bench_onnx [RUNS]`
+//! `NDFUSE_ONNX=DIR cargo run --release -p ndfuse-onnx --example bench_onnx [RUNS [NAME]]`
+//! (NAME: run only the rows whose description holds it, `silero` or `detector`)
 
 use ndfuse::{Array, Context};
 use ndfuse_onnx::Model;
@@ -45,8 +46,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             vec![("x".into(), signal(&[1, 3, 640, 640], 1.0))],
         ),
     ];
+    let only = std::env::args().nth(2);
     let ctx = Context::new();
     for (what, rel, inputs) in cases {
+        if only.as_deref().is_some_and(|o| !what.contains(o)) {
+            continue;
+        }
         let model = Model::load(dir.join(rel))?;
         let t0 = Instant::now();
         let (_, report) = model.run_report(&ctx, &inputs)?;

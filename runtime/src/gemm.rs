@@ -37,6 +37,7 @@
 use crate::error::RuntimeError;
 use crate::gemm_packed::{Elements, Packed, Source, Widened};
 use crate::gemm_tier::{self, ProductTier, TierFloat};
+use crate::gemv;
 use gemm::Parallelism;
 use ndfuse_codegen_cpu::{CodegenError, CompiledKernel};
 use ndfuse_ir::{Contraction, DType, Expr, HostArray, Kernel, Prologue, Storage, View};
@@ -523,9 +524,34 @@ fn gemm_fill<T: Accum + TierFloat>(
 
 impl Accum for f32 {
     fn fill(lhs: &Mat<'_, f32>, rhs: &Mat<'_, f32>, b: Block, dst: &mut [f32], par: Parallelism) {
-        gemm_fill(lhs, rhs, b, dst, par);
+        if !gemv_f32(lhs, rhs, b, dst) {
+            gemm_fill(lhs, rhs, b, dst, par);
+        }
     }
     base!(F32);
+}
+
+/// [`gemv::row_product`] for a product whose left-hand side is one row (the whole
+/// product, so no thread count or unit split decides which rows take this path).
+fn gemv_f32(lhs: &Mat<'_, f32>, rhs: &Mat<'_, f32>, b: Block, dst: &mut [f32]) -> bool {
+    let rows = lhs.view.shape.dims().iter().rev().nth(1).copied();
+    if rows != Some(1) || b.rows != 1 {
+        return false;
+    }
+    let (_, lcs) = lhs.strides();
+    let (rrs, rcs) = rhs.strides();
+    let (Ok(l0), Ok(r0)) = (
+        usize::try_from(lhs.batch_offset(b.batch)),
+        usize::try_from(rhs.batch_offset(b.batch)),
+    ) else {
+        return false;
+    };
+    gemv::row_product(
+        (lhs.data, l0, lcs),
+        (rhs.data, r0, rrs, rcs),
+        (b.k, b.n),
+        dst,
+    )
 }
 
 impl Accum for f64 {

@@ -35,6 +35,7 @@ mod executor;
 mod gemm;
 mod gemm_packed;
 mod gemm_tier;
+mod gemv;
 mod linalg;
 mod quant;
 mod quant_x86;

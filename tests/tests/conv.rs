@@ -431,3 +431,89 @@ fn bad_poolings_are_errors_naming_the_shape_and_the_call_site() {
         assert!(err.contains("tests/tests/conv.rs"), "the call site: {err}");
     }
 }
+
+/// The textbook sum of a 1-D or 2-D convolution (groups 1), in f64: `[N, O, out...]`.
+#[allow(clippy::too_many_arguments)]
+fn direct_conv(
+    x: &[f32],
+    xs: &[usize],
+    w: &[f32],
+    ws: &[usize],
+    b: &[f32],
+    stride: usize,
+    pad: usize,
+) -> (Vec<usize>, Vec<f64>) {
+    let r = xs.len() - 2;
+    let (n, c, o) = (xs[0], xs[1], ws[0]);
+    let sp = &xs[2..];
+    let k = &ws[2..];
+    let out: Vec<usize> = (0..r)
+        .map(|a| (sp[a] + 2 * pad - k[a]) / stride + 1)
+        .collect();
+    let (h, wd) = (if r == 2 { sp[0] } else { 1 }, sp[r - 1]);
+    let (kh, kw) = (if r == 2 { k[0] } else { 1 }, k[r - 1]);
+    let (oh, ow) = (if r == 2 { out[0] } else { 1 }, out[r - 1]);
+    let mut y = Vec::new();
+    for ni in 0..n {
+        for oi in 0..o {
+            for py in 0..oh {
+                for px in 0..ow {
+                    let mut s = f64::from(b[oi]);
+                    for ci in 0..c {
+                        for ty in 0..kh {
+                            for tx in 0..kw {
+                                let iy =
+                                    (py * stride + ty) as i64 - if r == 2 { pad as i64 } else { 0 };
+                                let ix = (px * stride + tx) as i64 - pad as i64;
+                                if iy < 0 || ix < 0 || iy >= h as i64 || ix >= wd as i64 {
+                                    continue;
+                                }
+                                let xv = x[((ni * c + ci) * h + iy as usize) * wd + ix as usize];
+                                let wv = w[((oi * c + ci) * kh + ty) * kw + tx];
+                                s += f64::from(xv) * f64::from(wv);
+                            }
+                        }
+                    }
+                    y.push(s);
+                }
+            }
+        }
+    }
+    let mut shape = vec![n, o];
+    shape.extend(out);
+    (shape, y)
+}
+
+/// Many batch items of few output positions (a sequence of short frames, as silero-vad
+/// convolves) take one product over every item and position: the values of the sum.
+#[test]
+fn many_items_of_few_positions_match_the_direct_sum() {
+    let ctx = Context::new();
+    let vals = |n: usize, s: f32| (0..n).map(|i| ((i as f32) * s).sin()).collect::<Vec<f32>>();
+    for (xs, ws, stride, pad) in [
+        (vec![12usize, 3, 5], vec![4usize, 3, 3], 2usize, 1usize),
+        (vec![70, 2, 3, 3], vec![3, 2, 2, 2], 1, 1),
+        (vec![9, 1, 16], vec![5, 1, 8], 4, 0),
+    ] {
+        let (xn, wn) = (xs.iter().product(), ws.iter().product());
+        let (xv, wv, bv) = (vals(xn, 0.37), vals(wn, 0.91), vals(ws[0], 1.3));
+        let x = ctx.from_vec(xv.clone(), &xs).unwrap();
+        let w = ctx.from_vec(wv.clone(), &ws).unwrap();
+        let b = ctx.from_vec(bv.clone(), &[ws[0]]).unwrap();
+        let conv = Conv::new().stride(stride).padding(pad);
+        let y = if xs.len() == 3 {
+            x.conv1d(&w, Some(&b), &conv)
+        } else {
+            x.conv2d(&w, Some(&b), &conv)
+        };
+        let got = y.eval().unwrap();
+        let (shape, want) = direct_conv(&xv, &xs, &wv, &ws, &bv, stride, pad);
+        assert_eq!(got.shape(), shape.as_slice());
+        for (g, w) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
+            assert!(
+                (f64::from(*g) - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                "{xs:?}: {g} vs {w}"
+            );
+        }
+    }
+}

@@ -24,10 +24,21 @@ pub fn binary(n: &Node) -> Result<Vec<Tensor>> {
         // The exponent may have another type; the result has the base's.
         "Pow" => {
             let d = n.dtype(0)?;
-            if d.is_float() {
-                a.pow(b.cast(d))
-            } else {
-                a.cast(DType::F64).pow(b.cast(DType::F64)).cast(d)
+            // A constant exponent of 1, 2 or -1 (a norm's square) is the product or the
+            // reciprocal, each correctly rounded as pow is: no pow call per element.
+            let e = match n.inputs.get(1).and_then(|v| v.as_ref()) {
+                Some(v) if v.constant && v.known.as_ref().is_some_and(|k| k.len() == 1) => {
+                    v.known.as_ref().map(|k| k.to_f64_vec()[0])
+                }
+                _ => None,
+            };
+            let same_shape = n.shape(0)? == crate::ops::broadcast_shape(&n.shape(0)?, &n.shape(1)?);
+            match e {
+                Some(e) if d.is_float() && same_shape && e == 1.0 => a.clone(),
+                Some(e) if d.is_float() && same_shape && e == 2.0 => a.mul(a),
+                Some(e) if d.is_float() && same_shape && e == -1.0 => a.recip(),
+                _ if d.is_float() => a.pow(b.cast(d)),
+                _ => a.cast(DType::F64).pow(b.cast(DType::F64)).cast(d),
             }
         }
         "Equal" => a.eq(b),
