@@ -149,26 +149,6 @@ pub fn supported() -> impl Iterator<Item = &'static Support> {
         .chain(sample::OPS)
 }
 
-/// Numpy's broadcast of two shapes (the longer rank; extents equal or 1), or `a` when
-/// they do not broadcast (the op that uses them reports that).
-pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Vec<usize> {
-    let r = a.len().max(b.len());
-    let get = |s: &[usize], i: usize| {
-        if i + s.len() < r {
-            1
-        } else {
-            s[i + s.len() - r]
-        }
-    };
-    (0..r)
-        .map(|i| match (get(a, i), get(b, i)) {
-            (x, 1) => x,
-            (1, y) => y,
-            (x, _) => x,
-        })
-        .collect()
-}
-
 /// Whether the operator draws random numbers (never folded at import time).
 pub fn is_random(op: &str) -> bool {
     matches!(

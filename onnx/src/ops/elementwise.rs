@@ -32,7 +32,7 @@ pub fn binary(n: &Node) -> Result<Vec<Tensor>> {
                 }
                 _ => None,
             };
-            let same_shape = n.shape(0)? == crate::ops::broadcast_shape(&n.shape(0)?, &n.shape(1)?);
+            let same_shape = n.shape(0)? == broadcast_shape(&n.shape(0)?, &n.shape(1)?);
             match e {
                 Some(e) if d.is_float() && same_shape && e == 1.0 => a.clone(),
                 Some(e) if d.is_float() && same_shape && e == 2.0 => a.mul(a),
@@ -259,4 +259,24 @@ pub fn dropout(n: &Node) -> Result<Vec<Tensor>> {
     }
     let mask = x.ne(x).logical_not();
     Ok(vec![x.clone(), mask])
+}
+
+/// Numpy's broadcast of two shapes (the longer rank; extents equal or 1), or `a` when
+/// they do not broadcast (the op that uses them reports that).
+fn broadcast_shape(a: &[usize], b: &[usize]) -> Vec<usize> {
+    let r = a.len().max(b.len());
+    let get = |s: &[usize], i: usize| {
+        if i + s.len() < r {
+            1
+        } else {
+            s[i + s.len() - r]
+        }
+    };
+    (0..r)
+        .map(|i| match (get(a, i), get(b, i)) {
+            (x, 1) => x,
+            (1, y) => y,
+            (x, _) => x,
+        })
+        .collect()
 }
