@@ -10,6 +10,7 @@ use ndfuse::{Array, BackendKind, Context, DType, Report, Tensor};
 use prost::Message;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// Values computed only from constants with at most this many input elements are
 /// folded at import time through the reference interpreter (shapes, axis lists, small
@@ -44,6 +45,10 @@ pub struct Model {
     proto: ModelProto,
     dir: Option<PathBuf>,
     opsets: HashMap<String, i64>,
+    /// The constants' data by value name (initializers decoded, `Constant`s and what
+    /// was folded from them), kept from the first build for the next: they do not
+    /// depend on the inputs.
+    constants: Arc<Mutex<HashMap<String, Array>>>,
 }
 
 impl Model {
@@ -91,6 +96,7 @@ impl Model {
             proto,
             dir: None,
             opsets,
+            constants: Arc::default(),
         })
     }
 
@@ -142,9 +148,19 @@ impl Model {
         let fold = Context::new();
         fold.set_backend(BackendKind::Interp);
         let mut values: HashMap<String, Value> = HashMap::new();
+        let mut constants = self.constants.lock().unwrap_or_else(|p| p.into_inner());
+        let mut fixed: std::collections::HashSet<String> = std::collections::HashSet::new();
         for t in &g.initializer {
-            let a = to_array(t, self.dir.as_deref())?;
             let name = t.name.clone().unwrap_or_default();
+            let a = match constants.get(&name) {
+                Some(a) => a.clone(),
+                None => {
+                    let a = to_array(t, self.dir.as_deref())?;
+                    constants.insert(name.clone(), a.clone());
+                    a
+                }
+            };
+            fixed.insert(name.clone());
             values.insert(
                 name,
                 Value {
@@ -229,9 +245,40 @@ impl Model {
             if !domain.is_empty() {
                 return Err(node.unsupported(format!("operator domain '{domain}'")));
             }
-            let outs = lower(&node, &fold)?;
+            // Input-independent: computed from initializers and constants only (a value
+            // from `Shape` depends on an input's shape, which the next build may change).
+            let independent = proto
+                .input
+                .iter()
+                .all(|n| n.is_empty() || fixed.contains(n.as_str()))
+                && !ops::is_random(node.op());
+            let cached: Option<Vec<Value>> = independent
+                .then(|| {
+                    proto
+                        .output
+                        .iter()
+                        .map(|n| {
+                            constants.get(n).map(|a| Value {
+                                tensor: ctx.from_array(a),
+                                known: Some(a.clone()),
+                                constant: true,
+                            })
+                        })
+                        .collect()
+                })
+                .flatten();
+            let outs = match cached {
+                Some(v) if !v.is_empty() => v,
+                _ => lower(&node, &fold)?,
+            };
             for (i, v) in outs.into_iter().enumerate() {
                 if let Some(n) = proto.output.get(i).filter(|n| !n.is_empty()) {
+                    if independent && v.constant {
+                        if let Some(a) = &v.known {
+                            constants.entry(n.clone()).or_insert_with(|| a.clone());
+                        }
+                        fixed.insert(n.clone());
+                    }
                     values.insert(n.clone(), v);
                 }
             }
