@@ -105,7 +105,10 @@ const OPS: &[Support] = &[
     Support::new("Slice", "starts, ends, axes, steps (negative steps too)"),
     Support::new("Gather", "negative indices"),
     Support::new("GatherElements", "negative indices"),
-    Support::new("Pad", "constant, edge, reflect; negative pads crop; axes"),
+    Support::new(
+        "Pad",
+        "constant, edge, reflect, wrap; negative pads crop; axes",
+    ),
     Support::new("Range", "known scalars"),
     Support::new("EyeLike", "k, dtype"),
     Support::new("Trilu", "upper, k"),

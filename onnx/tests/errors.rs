@@ -246,21 +246,24 @@ fn an_unsupported_operator_or_attribute_names_node_operator_and_opset() {
     );
     let bytes = model(
         vec![node(
-            "Pad",
-            "pad",
-            &["x", "p"],
+            "ScatterElements",
+            "scatter",
+            &["x", "i", "u"],
             &["y"],
-            vec![str_attr("mode", "wrap")],
+            vec![str_attr("reduction", "max")],
         )],
         vec![value("x", DataType::Float, &[2])],
-        vec![value("y", DataType::Float, &[4])],
-        vec![TensorProto {
-            name: Some("p".into()),
-            dims: vec![2],
-            data_type: Some(DataType::Int64 as i32),
-            int64_data: vec![1, 1],
-            ..Default::default()
-        }],
+        vec![value("y", DataType::Float, &[2])],
+        vec![
+            TensorProto {
+                name: Some("i".into()),
+                dims: vec![1],
+                data_type: Some(DataType::Int64 as i32),
+                int64_data: vec![1],
+                ..Default::default()
+            },
+            f32_init("u", &[1], &[5.0]),
+        ],
     );
     let m = Model::from_bytes(&bytes, "m").unwrap();
     let e = m
@@ -268,7 +271,7 @@ fn an_unsupported_operator_or_attribute_names_node_operator_and_opset() {
         .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "node 'pad' (Pad, opset 17): mode='wrap' is not supported"
+        "node 'scatter' (ScatterElements, opset 17): reduction='max' is not supported"
     );
 }
 

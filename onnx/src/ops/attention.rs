@@ -12,7 +12,7 @@ pub const OPS: &[Support] = &[
         "Attention",
         "3-D and 4-D q/k/v, grouped-query heads, bool or additive masks (padded to the \
          keys), is_causal (with past keys), scale, softcap, past/present keys and values, \
-         qk_matmul_output modes 0-3; not nonpad_kv_seqlen",
+         qk_matmul_output modes 0-3, nonpad_kv_seqlen (keys past each item's length masked)",
     ),
     Support::new(
         "RotaryEmbedding",
@@ -47,9 +47,6 @@ fn heads(x: &Tensor, h: usize, n: &Node, i: usize) -> Result<Tensor> {
 fn attention(n: &Node) -> Result<Vec<Tensor>> {
     let (q, k, v) = (n.input(0)?, n.input(1)?, n.input(2)?);
     let rank = n.shape(0)?.len();
-    if n.opt_input(6).is_some() {
-        return Err(n.unsupported("input nonpad_kv_seqlen"));
-    }
     let (q, k, v) = if rank == 3 {
         let hq = n
             .int("q_num_heads")?
@@ -127,6 +124,23 @@ fn attention(n: &Node) -> Result<Vec<Tensor>> {
         }
         None => None,
     };
+    if let Some(lens) = n.opt_input(6) {
+        // Keys at or past each batch item's length are masked: [B, 1, 1, L].
+        let b = qs[0] as i64;
+        let cols = n
+            .ctx
+            .arange_n(skv)
+            .cast(DType::I64)
+            .reshape(&[1, 1, 1, skv as i64]);
+        let pad = cols
+            .lt(lens.cast(DType::I64).reshape(&[b, 1, 1, 1]))
+            .where_(0.0, f64::NEG_INFINITY)
+            .cast(dtype);
+        bias = Some(match bias {
+            Some(x) => x.add(pad),
+            None => pad,
+        });
+    }
     if n.int_or("is_causal", 0)? != 0 {
         let rows = n.ctx.arange_n(sq).cast(DType::I64).reshape(&[sq as i64, 1]);
         let cols = n

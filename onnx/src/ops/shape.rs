@@ -353,8 +353,9 @@ pub fn pad(n: &Node) -> Result<Vec<Tensor>> {
     let dims = n.shape(0)?;
     let rank = dims.len();
     let mode = n.string("mode")?.unwrap_or_else(|| "constant".into());
+    let wrap = mode == "wrap";
     let mode = match mode.as_str() {
-        "constant" => PadMode::Constant,
+        "constant" | "wrap" => PadMode::Constant,
         "edge" => PadMode::Edge,
         "reflect" => PadMode::Reflect,
         other => return Err(n.unsupported(format!("mode='{other}'"))),
@@ -397,7 +398,33 @@ pub fn pad(n: &Node) -> Result<Vec<Tensor>> {
         }
     }
     let x = if cropped { x.slice(&crop) } else { x.clone() };
+    if wrap {
+        return wrap_pad(n, &x, &widths);
+    }
     Ok(vec![x.pad(&widths, mode, value)])
+}
+
+/// `Pad` with mode `wrap` (numpy's): each axis extended by its own far end, as a concat
+/// of slices (a width may exceed the extent: the axis repeats).
+fn wrap_pad(n: &Node, x: &Tensor, widths: &[(usize, usize)]) -> Result<Vec<Tensor>> {
+    let mut y = x.clone();
+    for (a, &(before, after)) in widths.iter().enumerate() {
+        if before == 0 && after == 0 {
+            continue;
+        }
+        let len = y.shape().map(|s| s[a]).unwrap_or(0);
+        if len == 0 {
+            return Err(n.bad(format!("wrap padding of the empty axis {a}")));
+        }
+        let take = |from: usize, count: usize| {
+            let idx: Vec<i64> = (0..count).map(|i| ((from + i) % len) as i64).collect();
+            n.i64s(&idx).map(|i| y.take(&i, a as i64))
+        };
+        let head = take((len - before % len) % len, before)?;
+        let tail = take(0, after)?;
+        y = ndfuse::concat(&[&head, &y, &tail], a as i64);
+    }
+    Ok(vec![y])
 }
 
 /// `Range(start, limit, delta)` with known scalars.
