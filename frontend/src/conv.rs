@@ -456,6 +456,35 @@ fn depthwise(
     acc.expect("a depthwise kernel has at least two taps")
 }
 
+/// The geometry of a convolution's or pooling's windows over the spatial axes.
+struct Taps<'a> {
+    spatial: &'a [usize],
+    kernel: &'a [usize],
+    stride: &'a [usize],
+    dilation: &'a [usize],
+    pads: &'a [(usize, usize)],
+    out: &'a [usize],
+}
+
+impl Taps<'_> {
+    /// The flat spatial position that tap `tap` of the window at output position
+    /// `position` reads (both row-major over their axes), or `None` in the padding.
+    fn read(&self, mut tap: usize, mut position: usize) -> Option<i64> {
+        let (mut flat, mut step, mut inside) = (0i64, 1i64, true);
+        for a in (0..self.kernel.len()).rev() {
+            let (t, o) = (tap % self.kernel[a], position % self.out[a]);
+            tap /= self.kernel[a];
+            position /= self.out[a];
+            let q = (o * self.stride[a] + t * self.dilation[a]) as i64 - self.pads[a].0 as i64;
+            let extent = self.spatial[a] as i64;
+            inside &= (0..extent).contains(&q);
+            flat += q * step;
+            step *= extent;
+        }
+        inside.then_some(flat)
+    }
+}
+
 /// The taps of every window of `x` (`xs`: `[N, C, spatial...]`) as one gather along the
 /// flattened spatial axes: `[N, C, k_1..k_r, o_1..o_r]` (im2col's order, so the windows'
 /// matrix per batch position is `[C * k, out]` with no transpose), and the mask of the
@@ -475,29 +504,24 @@ fn windows(
     out: &[usize],
     fill: f64,
 ) -> Result<(Tensor, Option<Tensor>), Error> {
-    let r = kernel.len();
     let spatial = &xs[2..];
     let taps: usize = kernel.iter().product();
     let positions: usize = out.iter().product();
     let mut index = Vec::with_capacity(taps * positions);
     let mut inside = Vec::with_capacity(taps * positions);
-    let mut coords = vec![0usize; 2 * r];
+    let at = Taps {
+        spatial,
+        kernel,
+        stride,
+        dilation,
+        pads,
+        out,
+    };
+    // Row-major over [k_1..k_r, o_1..o_r].
     for t in 0..taps * positions {
-        // Row-major over [k_1..k_r, o_1..o_r].
-        let (mut rest, mut flat, mut ok) = (t, 0i64, true);
-        for a in (0..2 * r).rev() {
-            let extent = if a < r { kernel[a] } else { out[a - r] };
-            coords[a] = rest % extent;
-            rest /= extent;
-        }
-        for i in 0..r {
-            let p = (coords[r + i] * stride[i] + coords[i] * dilation[i]) as i64 - pads[i].0 as i64;
-            let extent = spatial[i] as i64;
-            ok &= (0..extent).contains(&p);
-            flat = flat * extent + p.clamp(0, extent - 1);
-        }
-        index.push(if ok { flat } else { 0 });
-        inside.push(ok);
+        let read = at.read(t / positions, t % positions);
+        index.push(read.unwrap_or(0));
+        inside.push(read.is_some());
     }
     let dims: Vec<usize> = kernel.iter().chain(out.iter()).copied().collect();
     let padded = inside.contains(&false);
@@ -541,7 +565,6 @@ fn rows_of_windows(
     pads: &[(usize, usize)],
     out: &[usize],
 ) -> Result<Tensor, Error> {
-    let r = kernel.len();
     let (n, c) = (xs[0], xs[1]);
     let spatial = &xs[2..];
     let size: usize = spatial.iter().product();
@@ -549,29 +572,20 @@ fn rows_of_windows(
     let positions: usize = out.iter().product();
     let mut index = Vec::with_capacity(positions * c * taps);
     let mut inside = Vec::with_capacity(positions * c * taps);
-    let (mut o, mut t) = (vec![0usize; r], vec![0usize; r]);
+    let at = Taps {
+        spatial,
+        kernel,
+        stride,
+        dilation,
+        pads,
+        out,
+    };
     for p in 0..positions {
-        let mut rest = p;
-        for a in (0..r).rev() {
-            o[a] = rest % out[a];
-            rest /= out[a];
-        }
         for ch in 0..c {
             for tap in 0..taps {
-                let mut rest = tap;
-                for a in (0..r).rev() {
-                    t[a] = rest % kernel[a];
-                    rest /= kernel[a];
-                }
-                let (mut flat, mut ok) = (0i64, true);
-                for a in 0..r {
-                    let q = (o[a] * stride[a] + t[a] * dilation[a]) as i64 - pads[a].0 as i64;
-                    let extent = spatial[a] as i64;
-                    ok &= (0..extent).contains(&q);
-                    flat = flat * extent + q.clamp(0, extent - 1);
-                }
-                index.push(if ok { (ch * size) as i64 + flat } else { 0 });
-                inside.push(ok);
+                let read = at.read(tap, p);
+                index.push(read.map_or(0, |f| (ch * size) as i64 + f));
+                inside.push(read.is_some());
             }
         }
     }

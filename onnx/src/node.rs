@@ -258,6 +258,19 @@ impl Node<'_> {
         self.ctx.from_array(a)
     }
 
+    /// A tensor of `v` (computed in f64 on the host) with `shape`, in `dtype`.
+    pub fn host(&self, v: Vec<f64>, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let t = self
+            .ctx
+            .from_vec(v, shape)
+            .map_err(|e| self.bad(e.to_string()))?;
+        Ok(if dtype == DType::F64 {
+            t
+        } else {
+            t.cast(dtype)
+        })
+    }
+
     /// A 1-D i64 tensor in this node's context.
     pub fn i64s(&self, v: &[i64]) -> Result<Tensor> {
         let t = self.ctx.from_vec(v.to_vec(), &[v.len()]);

@@ -263,7 +263,7 @@ pub fn dropout(n: &Node) -> Result<Vec<Tensor>> {
 
 /// Numpy's broadcast of two shapes (the longer rank; extents equal or 1), or `a` when
 /// they do not broadcast (the op that uses them reports that).
-fn broadcast_shape(a: &[usize], b: &[usize]) -> Vec<usize> {
+pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Vec<usize> {
     let r = a.len().max(b.len());
     let get = |s: &[usize], i: usize| {
         if i + s.len() < r {

@@ -207,8 +207,8 @@ fn gather_nd(n: &Node) -> Result<Vec<Tensor>> {
     Ok(vec![data.reshape(&rest).take(&flat, 0)])
 }
 
-fn depth_to_space(n: &Node) -> Result<Vec<Tensor>> {
-    let x = n.input(0)?;
+/// `[N, C, H, W]` and the block size of a `DepthToSpace` / `SpaceToDepth` node.
+fn blocks(n: &Node) -> Result<([i64; 4], i64)> {
     let d = n.shape(0)?;
     if d.len() != 4 {
         return Err(n.bad(format!("input of rank {} (needs [N, C, H, W])", d.len())));
@@ -216,8 +216,16 @@ fn depth_to_space(n: &Node) -> Result<Vec<Tensor>> {
     let b = n
         .int("blocksize")?
         .ok_or_else(|| n.bad("attribute 'blocksize' is required"))?;
-    let (nb, c, h, w) = (d[0] as i64, d[1] as i64, d[2] as i64, d[3] as i64);
-    if b <= 0 || c % (b * b) != 0 {
+    if b <= 0 {
+        return Err(n.bad(format!("blocksize {b}")));
+    }
+    Ok(([d[0] as i64, d[1] as i64, d[2] as i64, d[3] as i64], b))
+}
+
+fn depth_to_space(n: &Node) -> Result<Vec<Tensor>> {
+    let x = n.input(0)?;
+    let ([nb, c, h, w], b) = blocks(n)?;
+    if c % (b * b) != 0 {
         return Err(n.bad(format!("blocksize {b} for {c} channels")));
     }
     let crd = n.string("mode")?.as_deref() == Some("CRD");
@@ -233,15 +241,8 @@ fn depth_to_space(n: &Node) -> Result<Vec<Tensor>> {
 
 fn space_to_depth(n: &Node) -> Result<Vec<Tensor>> {
     let x = n.input(0)?;
-    let d = n.shape(0)?;
-    if d.len() != 4 {
-        return Err(n.bad(format!("input of rank {} (needs [N, C, H, W])", d.len())));
-    }
-    let b = n
-        .int("blocksize")?
-        .ok_or_else(|| n.bad("attribute 'blocksize' is required"))?;
-    let (nb, c, h, w) = (d[0] as i64, d[1] as i64, d[2] as i64, d[3] as i64);
-    if b <= 0 || h % b != 0 || w % b != 0 {
+    let ([nb, c, h, w], b) = blocks(n)?;
+    if h % b != 0 || w % b != 0 {
         return Err(n.bad(format!("blocksize {b} for {h}x{w}")));
     }
     let y = x

@@ -50,16 +50,6 @@ pub fn map(n: &Node) -> Option<Result<Vec<Tensor>>> {
     })
 }
 
-/// A tensor of `v` with `shape`, in `dtype`.
-fn host(n: &Node, v: Vec<f64>, shape: &[usize], dtype: DType) -> Result<Tensor> {
-    let t = n.ctx.from_vec(v, shape).map_err(|e| n.bad(e.to_string()))?;
-    Ok(if dtype == DType::F64 {
-        t
-    } else {
-        t.cast(dtype)
-    })
-}
-
 fn i64_tensor(n: &Node, v: Vec<i64>, shape: &[usize]) -> Result<Tensor> {
     n.ctx.from_vec(v, shape).map_err(|e| n.bad(e.to_string()))
 }
@@ -337,7 +327,7 @@ fn affine_grid(n: &Node) -> Result<Vec<Tensor>> {
         }
         base.push(1.0);
     }
-    let b = host(n, base, &[p, r + 1], DType::F64)?;
+    let b = n.host(base, &[p, r + 1], DType::F64)?;
     let theta = n.input(0)?.cast(DType::F64).permute(&[0, 2, 1]);
     let mut shape = vec![ts[0] as i64];
     shape.extend(sp.iter().map(|&v| v as i64));
@@ -611,7 +601,7 @@ fn roi_align(n: &Node) -> Result<Vec<Tensor>> {
         s as i64,
         4,
     ]);
-    let wt = host(n, wts, &dims, dtype)?.expand_dims(0);
+    let wt = n.host(wts, &dims, dtype)?.expand_dims(0);
     let prod = g.mul(wt);
     let y = if max_mode {
         let m = n
@@ -621,7 +611,7 @@ fn roi_align(n: &Node) -> Result<Vec<Tensor>> {
         m.where_(prod.max(&[4i64][..]), f64::NEG_INFINITY)
             .max(&[3i64][..])
     } else {
-        let cnt = host(n, counts, &[1, nr, 1], dtype)?;
+        let cnt = n.host(counts, &[1, nr, 1], dtype)?;
         prod.sum(&[3i64, 4][..]).div(cnt)
     };
     Ok(vec![y

@@ -157,23 +157,18 @@ pub fn unsqueeze(n: &Node) -> Result<Vec<Tensor>> {
 
 /// Numpy's broadcast of two shapes.
 fn broadcast(n: &Node, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
-    let r = a.len().max(b.len());
-    let get = |s: &[usize], i: usize| {
-        if i + s.len() < r {
-            1
-        } else {
-            s[i + s.len() - r]
-        }
+    let out = super::elementwise::broadcast_shape(a, b);
+    let fits = |s: &[usize]| {
+        s.iter()
+            .rev()
+            .zip(out.iter().rev())
+            .all(|(&x, &o)| x == o || x == 1)
     };
-    (0..r)
-        .map(|i| match (get(a, i), get(b, i)) {
-            (x, y) if x == y || y == 1 => Ok(x),
-            (1, y) => Ok(y),
-            (x, y) => Err(n.bad(format!(
-                "shapes {a:?} and {b:?} do not broadcast ({x} vs {y})"
-            ))),
-        })
-        .collect()
+    if fits(a) && fits(b) {
+        Ok(out)
+    } else {
+        Err(n.bad(format!("shapes {a:?} and {b:?} do not broadcast")))
+    }
 }
 
 /// `Expand`: broadcast to the shape given (itself broadcast with the input's).

@@ -44,16 +44,6 @@ pub fn map(n: &Node) -> Option<Result<Vec<Tensor>>> {
     })
 }
 
-/// A tensor of `v` (computed in f64) with `shape`, in `dtype`.
-fn host(n: &Node, v: Vec<f64>, shape: &[usize], dtype: DType) -> Result<Tensor> {
-    let t = n.ctx.from_vec(v, shape).map_err(|e| n.bad(e.to_string()))?;
-    Ok(if dtype == DType::F64 {
-        t
-    } else {
-        t.cast(dtype)
-    })
-}
-
 /// The dtype of attribute `output_datatype` (default float).
 fn output_dtype(n: &Node) -> Result<DType> {
     let code = n.int_or("output_datatype", 1)?;
@@ -92,7 +82,7 @@ fn window(n: &Node) -> Result<Vec<Tensor>> {
             }
         })
         .collect();
-    Ok(vec![host(n, v, &[size as usize], dtype)?])
+    Ok(vec![n.host(v, &[size as usize], dtype)?])
 }
 
 /// The real and imaginary parts of `x` (`[..., 1]` or `[..., 2]`), without that axis.
@@ -166,8 +156,8 @@ fn transform(
     }
     // In f64 as the reference (numpy's FFT of the f32 data's exact values).
     let wide = DType::F64;
-    let cm = host(n, c, &[taps, bins], wide)?;
-    let sm = host(n, s, &[taps, bins], wide)?;
+    let cm = n.host(c, &[taps, bins], wide)?;
+    let sm = n.host(s, &[taps, bins], wide)?;
     let prep = |t: &Tensor| prep(t).cast(wide);
     let xr = prep(re);
     // Forward: e^{-i theta}; inverse: e^{+i theta}.
@@ -343,5 +333,5 @@ fn mel(n: &Node) -> Result<Vec<Tensor>> {
             }
         }
     }
-    Ok(vec![host(n, out, &[spec_bins, mels], dtype)?])
+    Ok(vec![n.host(out, &[spec_bins, mels], dtype)?])
 }
