@@ -358,7 +358,7 @@ fn conv_at(
         // Few positions in many batch items (a sequence of short frames): one product
         // over every (item, position), [N * P, C * k] @ [C * k, O], not N products of
         // P columns each (313 of 4 columns in silero-vad: the GEMM's worst shape).
-        let rows = match rows_of_windows(x, xs, kernel, stride, dilation, pads, out) {
+        let rows = match rows_of_windows(x, xs, &taps_of(xs, kernel, stride, dilation, pads, out)) {
             Ok(r) => r,
             Err(e) => return Tensor::poisoned(&x.ctx, e),
         };
@@ -370,7 +370,12 @@ fn conv_at(
             .permute(&[0, 2, 1]);
         return with_bias(y.reshape(&dims));
     }
-    let cols = match windows(x, xs, kernel, stride, dilation, pads, out, 0.0) {
+    let cols = match windows(
+        x,
+        xs,
+        &taps_of(xs, kernel, stride, dilation, pads, out),
+        0.0,
+    ) {
         Ok((cols, _)) => cols,
         Err(e) => return Tensor::poisoned(&x.ctx, e),
     };
@@ -457,6 +462,7 @@ fn depthwise(
 }
 
 /// The geometry of a convolution's or pooling's windows over the spatial axes.
+#[derive(Clone, Copy)]
 struct Taps<'a> {
     spatial: &'a [usize],
     kernel: &'a [usize],
@@ -464,6 +470,25 @@ struct Taps<'a> {
     dilation: &'a [usize],
     pads: &'a [(usize, usize)],
     out: &'a [usize],
+}
+
+/// The windows' geometry of an input of shape `xs` (`[N, C, spatial...]`).
+fn taps_of<'a>(
+    xs: &'a [usize],
+    kernel: &'a [usize],
+    stride: &'a [usize],
+    dilation: &'a [usize],
+    pads: &'a [(usize, usize)],
+    out: &'a [usize],
+) -> Taps<'a> {
+    Taps {
+        spatial: &xs[2..],
+        kernel,
+        stride,
+        dilation,
+        pads,
+        out,
+    }
 }
 
 impl Taps<'_> {
@@ -492,31 +517,19 @@ impl Taps<'_> {
 /// position 0 and is replaced by `fill` (a select, so an inf or NaN there does not
 /// leak into it, as padding does not). One kernel: padded slices stacked instead took
 /// 3.4x as long (the stack's copy of nine parts is slower than the gather).
-#[allow(clippy::too_many_arguments)]
 #[track_caller]
 fn windows(
     x: &Tensor,
     xs: &[usize],
-    kernel: &[usize],
-    stride: &[usize],
-    dilation: &[usize],
-    pads: &[(usize, usize)],
-    out: &[usize],
+    at: &Taps<'_>,
     fill: f64,
 ) -> Result<(Tensor, Option<Tensor>), Error> {
+    let Taps { kernel, out, .. } = *at;
     let spatial = &xs[2..];
     let taps: usize = kernel.iter().product();
     let positions: usize = out.iter().product();
     let mut index = Vec::with_capacity(taps * positions);
     let mut inside = Vec::with_capacity(taps * positions);
-    let at = Taps {
-        spatial,
-        kernel,
-        stride,
-        dilation,
-        pads,
-        out,
-    };
     // Row-major over [k_1..k_r, o_1..o_r].
     for t in 0..taps * positions {
         let read = at.read(t / positions, t % positions);
@@ -554,17 +567,9 @@ fn windows(
 /// position, the taps of every channel along it), as one gather over the flattened
 /// channels and spatial axes; taps in the padding are 0. For few positions only: the
 /// index holds P * C * k entries.
-#[allow(clippy::too_many_arguments)]
 #[track_caller]
-fn rows_of_windows(
-    x: &Tensor,
-    xs: &[usize],
-    kernel: &[usize],
-    stride: &[usize],
-    dilation: &[usize],
-    pads: &[(usize, usize)],
-    out: &[usize],
-) -> Result<Tensor, Error> {
+fn rows_of_windows(x: &Tensor, xs: &[usize], at: &Taps<'_>) -> Result<Tensor, Error> {
+    let Taps { kernel, out, .. } = *at;
     let (n, c) = (xs[0], xs[1]);
     let spatial = &xs[2..];
     let size: usize = spatial.iter().product();
@@ -572,14 +577,6 @@ fn rows_of_windows(
     let positions: usize = out.iter().product();
     let mut index = Vec::with_capacity(positions * c * taps);
     let mut inside = Vec::with_capacity(positions * c * taps);
-    let at = Taps {
-        spatial,
-        kernel,
-        stride,
-        dilation,
-        pads,
-        out,
-    };
     for p in 0..positions {
         for ch in 0..c {
             for tap in 0..taps {
@@ -754,7 +751,12 @@ fn pool_at(what: &'static str, kind: PoolKind, x: &Tensor, pool: &Pool, at: At) 
         PoolKind::Max => f64::NEG_INFINITY,
         PoolKind::Avg => 0.0,
     };
-    let (cols, mask) = match windows(x, xs, &kernel, &stride, &dilation, &pads, &out, fill) {
+    let (cols, mask) = match windows(
+        x,
+        xs,
+        &taps_of(xs, &kernel, &stride, &dilation, &pads, &out),
+        fill,
+    ) {
         Ok(w) => w,
         Err(e) => return Tensor::poisoned(&x.ctx, e),
     };
