@@ -15,7 +15,7 @@ use cranelift_module::{default_libcall_names, Linkage, Module, ModuleError};
 use ndfuse_ir::{Buffer, HostArray, Kernel};
 use rayon::prelude::*;
 use std::fmt;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The machine-level type of every kernel (see the crate docs for the ABI). `unsafe`
@@ -27,9 +27,21 @@ type KernelFn = blocks::SegmentFn;
 pub(crate) enum Entry {
     Jit(KernelFn),
     Blocks {
-        plan: Box<BlockPlan>,
+        plan: Arc<BlockPlan>,
         segments: Vec<KernelFn>,
     },
+}
+
+impl Clone for Entry {
+    fn clone(&self) -> Entry {
+        match self {
+            Entry::Jit(f) => Entry::Jit(*f),
+            Entry::Blocks { plan, segments } => Entry::Blocks {
+                plan: Arc::clone(plan),
+                segments: segments.clone(),
+            },
+        }
+    }
 }
 
 impl fmt::Debug for Entry {
@@ -105,10 +117,10 @@ pub struct CompiledKernel {
     /// The Cranelift IR of each function before optimisation, with its legend of
     /// imports; rendered as text on first [`CompiledKernel::clif`] (formatting a large
     /// function costs about as much as a quarter of compiling it).
-    clif_parts: Vec<(String, cranelift_codegen::ir::Function)>,
+    clif_parts: Arc<ClifParts>,
     /// Comment lines before the functions: the steps of a kernel on the wide path.
     preface: String,
-    clif: OnceLock<String>,
+    clif: Arc<OnceLock<String>>,
     compile_time: Duration,
     pub(crate) inputs: Vec<Buffer>,
     pub(crate) outputs: Vec<Buffer>,
@@ -127,12 +139,17 @@ pub struct CompiledKernel {
     /// (the contiguous view of the domain): what [`Self::run_units_in_place`] needs.
     pub(crate) read_in_place: Vec<bool>,
     /// Instructions of the element loops per element ([`Self::ops_per_element`]).
-    cost: Cost,
+    cost: Arc<Cost>,
     /// Executable memory the module maps ([`Self::code_bytes`]).
     code_bytes: usize,
+    /// The wide path's tier the code was compiled for.
+    tier: Option<Tier>,
+    /// Whether the code is another kernel's ([`Self::rebind`]).
+    shares_code: bool,
     /// Behind a mutex only to make the kernel `Sync` (`JITModule` is not); it is never
-    /// locked, only freed when the kernel is dropped.
-    _code: Mutex<CodeMemory>,
+    /// locked, only freed when the last kernel running it is dropped ([`Self::rebind`]
+    /// shares it).
+    _code: Arc<Mutex<CodeMemory>>,
 }
 
 impl fmt::Debug for CompiledKernel {
@@ -172,7 +189,7 @@ impl Unit {
 }
 
 /// One compiled function of a kernel and how its runs are cut.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Stage {
     pub(crate) entry: Entry,
     /// Units per row of the kernel (1, or `splits` for `RowChunks`).
@@ -227,91 +244,29 @@ pub fn compile(kernel: &Kernel) -> Result<CompiledKernel, CodegenError> {
 /// fixed order (`wide::sum`); tests and benchmarks compare them.
 pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKernel, CodegenError> {
     let started = Instant::now();
-    let unsupported = |reason: String| CodegenError::Unsupported {
-        kernel: kernel.name.clone(),
-        reason,
-    };
-    supports(kernel).map_err(unsupported)?;
+    let prepared = Prepared::of(kernel, tier)?;
     let cranelift = |message: String| CodegenError::Cranelift {
         kernel: kernel.name.clone(),
         message,
     };
-    let isa = host_isa().map_err(cranelift)?;
-    // The wide routines give the 128-bit code's bits with fused multiply-adds only:
-    // without them (`NDFUSE_CPU_FMA=0`) there is no wide path, as `wide::tier` says.
-    let tier = tier.filter(|t| t.available() && crate::vmath::builder::use_fma());
-    let block_plan = tier.and_then(|t| blocks::plan(kernel, t));
-
-    let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
-    builder.symbols(libcalls::symbols());
-    // Small kernels call the shared copies of the inline math (see `shared_math`).
-    let shared_math = block_plan.is_none() && crate::shared_math::applies(kernel);
-    if shared_math {
-        for (name, addr) in crate::shared_math::symbols_for(kernel).map_err(cranelift)? {
-            builder.symbol(name, addr as *const u8);
-        }
-    }
-    // Row programs may call the wide routines on rows held in their row cache.
-    if let Some(t) = tier {
-        for (name, addr) in wide::symbols(t) {
-            builder.symbol(name, addr as *const u8);
-        }
-    }
     let mut code = CodeMemory {
-        module: Some(JITModule::new(builder)),
+        module: Some(prepared.module(kernel)?),
     };
     let module = code.module();
-
-    let mut ctx = module.make_context();
-    let mut fctx = FunctionBuilderContext::new();
-    let sig = kernel_signature(module);
-    let layout = SplitLayout::of(kernel);
-    let band = ColumnBand::of(kernel).is_some();
-    let phases = layout.as_ref().map_or(vec![Phase::Whole], |l| l.phases());
-    // The functions to compile: the kernel's phases, or the segments of its blocks.
-    let functions: Vec<(&Kernel, Phase)> = match &block_plan {
-        Some(plan) => plan.segments.iter().map(|k| (k, Phase::Whole)).collect(),
-        None => phases.iter().map(|&p| (kernel, p)).collect(),
-    };
-    let mut clif_parts: Vec<(String, cranelift_codegen::ir::Function)> = Vec::new();
-    let mut ids = Vec::with_capacity(functions.len());
     let mut cost = Cost::default();
     let mut code_bytes = 0;
-    for &(k, phase) in &functions {
-        let name = format!("{}{}", k.name, phase.suffix());
-        let id = module
-            .declare_function(&name, Linkage::Export, &sig)
-            .map_err(|e| cranelift(e.to_string()))?;
-        module.clear_context(&mut ctx);
-        let imports = lower::lower(
-            k,
-            phase,
-            shared_math,
-            tier,
-            module,
-            &mut ctx.func,
-            &mut fctx,
-        )
-        .map_err(cranelift)?;
-        // The text names imports only by id; a comment legend says which function each is.
-        let mut legend = String::new();
-        let names: std::collections::HashMap<u32, &'static str> = imports
-            .iter()
-            .map(|&(name, id)| (id.as_u32(), name))
-            .collect();
-        for (name, id) in imports {
-            legend.push_str(&format!("; u0:{} = {name}\n", id.as_u32()));
-        }
-        clif_parts.push((legend, ctx.func.clone()));
-        module.define_function(id, &mut ctx).map_err(|e| match e {
-            ModuleError::Compilation(err) => cranelift(
-                cranelift_codegen::print_errors::pretty_error(&ctx.func, err),
-            ),
+    let mut ids = Vec::new();
+    let clif_parts = prepared.lower_functions(kernel, module, |module, ctx, id, names| {
+        module.define_function(id, ctx).map_err(|e| match e {
+            ModuleError::Compilation(err) => {
+                cranelift(cranelift_codegen::print_errors::pretty_error(&ctx.func, err))
+            }
             other => cranelift(other.to_string()),
         })?;
         // `ctx.func` is now the optimised function. A split kernel's combine phases
         // loop over partials, not elements.
-        if layout.is_none() || phase.per_chunk() {
+        let phase = prepared.phases.get(ids.len()).copied().unwrap_or(Phase::Whole);
+        if prepared.layout.is_none() || phase.per_chunk() {
             if let Some(c) = crate::cost::ops_per_element(&ctx.func) {
                 cost.ops = Some(cost.ops.unwrap_or(0.0) + c.ops);
                 cost.calls.extend(
@@ -327,8 +282,9 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
             code_bytes += code.code_buffer().len().next_multiple_of(CODE_PAGE);
         }
         ids.push(id);
-    }
-    if let Some(plan) = &block_plan {
+        Ok(())
+    })?;
+    if let Some(plan) = &prepared.block_plan {
         // A plan of wide steps alone (gelu from an input to an output) has no segment.
         cost.ops.get_or_insert(0.0);
         cost.narrow = plan
@@ -347,30 +303,184 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
     module
         .finalize_definitions()
         .map_err(|e| cranelift(e.to_string()))?;
-    let (unit, extent) = if kernel.reduce_axes.is_empty() {
-        (Unit::Positions, kernel.domain.numel())
-    } else {
-        (Unit::Rows, kernel.rows())
-    };
-    let entries: Vec<KernelFn> = ids
+    let functions: Vec<KernelFn> = ids
         .iter()
         .map(|&id| entry_point(module.get_finalized_function(id)))
         .collect();
-    let preface = block_plan.as_ref().map_or(String::new(), |p| p.describe());
-    let stages = match block_plan {
-        Some(plan) => vec![Stage {
-            entry: Entry::Blocks {
-                plan: Box::new(plan),
-                segments: entries,
-            },
-            per_row: 1,
-            extent,
-            chunk: chunk_units(Unit::Positions, 1),
+    let preface = prepared.preface();
+    let tier = prepared.tier;
+    let entries = match prepared.block_plan {
+        Some(plan) => vec![Entry::Blocks {
+            plan: Arc::new(plan),
+            segments: functions,
         }],
-        None => phases
-            .iter()
-            .zip(entries)
-            .map(|(&phase, entry)| {
+        None => functions.into_iter().map(Entry::Jit).collect(),
+    };
+    Ok(CompiledKernel {
+        clif_parts: Arc::new(clif_parts),
+        preface,
+        clif: Arc::new(OnceLock::new()),
+        compile_time: started.elapsed(),
+        cost: Arc::new(cost),
+        code_bytes,
+        tier,
+        shares_code: false,
+        _code: Arc::new(Mutex::new(code)),
+        ..CompiledKernel::bound(kernel, entries)
+    })
+}
+
+/// The functions of a kernel before optimisation, with each one's legend of imports.
+type ClifParts = Vec<(String, cranelift_codegen::ir::Function)>;
+
+/// What a kernel compiles to, decided before any code is written: the wide path's
+/// plan, the phases of a split kernel, whether small-kernel math is shared. The same
+/// for [`compile_with`] and for [`CompiledKernel::rebind`]'s check.
+struct Prepared {
+    tier: Option<Tier>,
+    block_plan: Option<BlockPlan>,
+    shared_math: bool,
+    layout: Option<SplitLayout>,
+    phases: Vec<Phase>,
+}
+
+impl Prepared {
+    fn of(kernel: &Kernel, tier: Option<Tier>) -> Result<Prepared, CodegenError> {
+        let unsupported = |reason: String| CodegenError::Unsupported {
+            kernel: kernel.name.clone(),
+            reason,
+        };
+        supports(kernel).map_err(unsupported)?;
+        // The wide routines give the 128-bit code's bits with fused multiply-adds only:
+        // without them (`NDFUSE_CPU_FMA=0`) there is no wide path, as `wide::tier` says.
+        let tier = tier.filter(|t| t.available() && crate::vmath::builder::use_fma());
+        let block_plan = tier.and_then(|t| blocks::plan(kernel, t));
+        // Small kernels call the shared copies of the inline math (see `shared_math`).
+        let shared_math = block_plan.is_none() && crate::shared_math::applies(kernel);
+        let layout = SplitLayout::of(kernel);
+        let phases = layout.as_ref().map_or(vec![Phase::Whole], |l| l.phases());
+        Ok(Prepared {
+            tier,
+            block_plan,
+            shared_math,
+            layout,
+            phases,
+        })
+    }
+
+    /// A JIT module with the symbols the kernel's code may import.
+    fn module(&self, kernel: &Kernel) -> Result<JITModule, CodegenError> {
+        let cranelift = |message: String| CodegenError::Cranelift {
+            kernel: kernel.name.clone(),
+            message,
+        };
+        let isa = host_isa().map_err(cranelift)?;
+        let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
+        builder.symbols(libcalls::symbols());
+        if self.shared_math {
+            for (name, addr) in crate::shared_math::symbols_for(kernel).map_err(cranelift)? {
+                builder.symbol(name, addr as *const u8);
+            }
+        }
+        // Row programs may call the wide routines on rows held in their row cache.
+        if let Some(t) = self.tier {
+            for (name, addr) in wide::symbols(t) {
+                builder.symbol(name, addr as *const u8);
+            }
+        }
+        Ok(JITModule::new(builder))
+    }
+
+    /// Comment lines before the functions: the steps of a kernel on the wide path.
+    fn preface(&self) -> String {
+        self.block_plan.as_ref().map_or(String::new(), |p| p.describe())
+    }
+
+    /// Lowers every function of `kernel` (its phases, or the segments of its blocks)
+    /// into `module`, calling `define` on each as it stands in `ctx` (with its id and
+    /// the names of its imports by id); returns them as generated.
+    fn lower_functions(
+        &self,
+        kernel: &Kernel,
+        module: &mut JITModule,
+        mut define: impl FnMut(
+            &mut JITModule,
+            &mut cranelift_codegen::Context,
+            cranelift_module::FuncId,
+            &std::collections::HashMap<u32, &'static str>,
+        ) -> Result<(), CodegenError>,
+    ) -> Result<ClifParts, CodegenError> {
+        let cranelift = |message: String| CodegenError::Cranelift {
+            kernel: kernel.name.clone(),
+            message,
+        };
+        let functions: Vec<(&Kernel, Phase)> = match &self.block_plan {
+            Some(plan) => plan.segments.iter().map(|k| (k, Phase::Whole)).collect(),
+            None => self.phases.iter().map(|&p| (kernel, p)).collect(),
+        };
+        let mut ctx = module.make_context();
+        let mut fctx = FunctionBuilderContext::new();
+        let sig = kernel_signature(module);
+        let mut parts = Vec::with_capacity(functions.len());
+        for &(k, phase) in &functions {
+            let name = format!("{}{}", k.name, phase.suffix());
+            let id = module
+                .declare_function(&name, Linkage::Export, &sig)
+                .map_err(|e| cranelift(e.to_string()))?;
+            module.clear_context(&mut ctx);
+            let imports = lower::lower(
+                k,
+                phase,
+                self.shared_math,
+                self.tier,
+                module,
+                &mut ctx.func,
+                &mut fctx,
+            )
+            .map_err(cranelift)?;
+            // The text names imports only by id; a comment legend says which function
+            // each is.
+            let mut legend = String::new();
+            let names: std::collections::HashMap<u32, &'static str> = imports
+                .iter()
+                .map(|&(name, id)| (id.as_u32(), name))
+                .collect();
+            for (name, id) in imports {
+                legend.push_str(&format!("; u0:{} = {name}\n", id.as_u32()));
+            }
+            parts.push((legend, ctx.func.clone()));
+            define(module, &mut ctx, id, &names)?;
+        }
+        Ok(parts)
+    }
+}
+
+impl CompiledKernel {
+    /// The run-time description of `kernel` around functions `entries` (its phases in
+    /// order, or one wide-path entry): units, extents, chunks, scratch; what a run
+    /// needs of the kernel besides its code. Code, text and cost are left empty.
+    fn bound(kernel: &Kernel, entries: Vec<Entry>) -> CompiledKernel {
+        let layout = SplitLayout::of(kernel);
+        let band = ColumnBand::of(kernel).is_some();
+        let (unit, extent) = if kernel.reduce_axes.is_empty() {
+            (Unit::Positions, kernel.domain.numel())
+        } else {
+            (Unit::Rows, kernel.rows())
+        };
+        let phases = layout.as_ref().map_or(vec![Phase::Whole], |l| l.phases());
+        let stages = entries
+            .into_iter()
+            .enumerate()
+            .map(|(k, entry)| {
+                if matches!(entry, Entry::Blocks { .. }) {
+                    return Stage {
+                        entry,
+                        per_row: 1,
+                        extent,
+                        chunk: chunk_units(Unit::Positions, 1),
+                    };
+                }
+                let phase = phases.get(k).copied().unwrap_or(Phase::Whole);
                 let (unit, per_row, unit_len) = match (&layout, phase) {
                     (Some(l), p) if p.per_chunk() => (Unit::RowChunks, l.splits, l.chunk_len),
                     (Some(l), _) => (Unit::Rows, 1, l.splits),
@@ -382,35 +492,76 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
                     chunk = chunk.next_multiple_of(BAND);
                 }
                 Stage {
-                    entry: Entry::Jit(entry),
+                    entry,
                     per_row,
                     extent: extent * per_row,
                     chunk,
                 }
             })
-            .collect(),
-    };
-    let scratch_slots = layout.as_ref().map_or(0, |l| l.scratch_slots());
+            .collect();
+        CompiledKernel {
+            name: kernel.name.clone(),
+            clif_parts: Arc::default(),
+            preface: String::new(),
+            clif: Arc::default(),
+            compile_time: Duration::ZERO,
+            inputs: kernel.inputs.clone(),
+            outputs: kernel.outputs.clone(),
+            unit,
+            extent,
+            stages,
+            scratch_slots: layout.as_ref().map_or(0, |l| l.scratch_slots()),
+            read_in_place: (0..kernel.inputs.len())
+                .map(|k| kernel.reads_in_place(k))
+                .collect(),
+            cost: Arc::default(),
+            code_bytes: 0,
+            tier: None,
+            shares_code: false,
+            _code: Arc::new(Mutex::new(CodeMemory { module: None })),
+        }
+    }
 
-    Ok(CompiledKernel {
-        name: kernel.name.clone(),
-        clif_parts,
-        preface,
-        clif: OnceLock::new(),
-        compile_time: started.elapsed(),
-        inputs: kernel.inputs.clone(),
-        outputs: kernel.outputs.clone(),
-        unit,
-        extent,
-        stages,
-        scratch_slots,
-        read_in_place: (0..kernel.inputs.len())
-            .map(|k| kernel.reads_in_place(k))
-            .collect(),
-        cost,
-        code_bytes,
-        _code: Mutex::new(code),
-    })
+    /// This kernel's machine code, run over `kernel`'s buffers and extents, when
+    /// `kernel` compiles to exactly the same code: the same Cranelift functions before
+    /// optimisation, imports and wide-path steps, which it checks by lowering `kernel`
+    /// (no Cranelift compile: a fraction of its cost). `None` when the code differs.
+    ///
+    /// This is how one compile serves a family of shapes: kernels that differ only in
+    /// their leading extent (a batch, a sequence length) usually lower to the same
+    /// functions, because the extent reaches the code only as the `start..end` of each
+    /// call. Where it does reach it (a size class of the wide path, a split kernel's
+    /// scratch layout, an axis of extent 1 dropped from the index plan), the functions
+    /// differ and `kernel` needs a compile of its own.
+    pub fn rebind(&self, kernel: &Kernel) -> Result<Option<CompiledKernel>, CodegenError> {
+        let prepared = Prepared::of(kernel, self.tier)?;
+        if prepared.tier != self.tier || prepared.preface() != self.preface {
+            return Ok(None);
+        }
+        let mut module = prepared.module(kernel)?;
+        let parts = prepared.lower_functions(kernel, &mut module, |_, _, _, _| Ok(()))?;
+        if *self.clif_parts != parts {
+            return Ok(None);
+        }
+        let entries = self.stages.iter().map(|s| s.entry.clone()).collect();
+        Ok(Some(CompiledKernel {
+            clif_parts: Arc::clone(&self.clif_parts),
+            preface: self.preface.clone(),
+            clif: Arc::clone(&self.clif),
+            cost: Arc::clone(&self.cost),
+            code_bytes: self.code_bytes,
+            tier: self.tier,
+            shares_code: true,
+            _code: Arc::clone(&self._code),
+            ..CompiledKernel::bound(kernel, entries)
+        }))
+    }
+
+    /// Whether this kernel runs another kernel's machine code ([`Self::rebind`]): its
+    /// [`Self::code_bytes`] are that kernel's, counted once with it.
+    pub fn shares_code(&self) -> bool {
+        self.shares_code
+    }
 }
 
 /// What a kernel executes per element, as [`CompiledKernel::ops_per_element`] reports

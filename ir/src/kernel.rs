@@ -640,6 +640,108 @@ impl Kernel {
         out
     }
 
+    /// The kernel's shape family: the kernel with its leading extent (a batch, a
+    /// sequence length) erased, from the domain, every view over the domain, the
+    /// product's operands and the plan, with the buffers' lengths erased too (an
+    /// output's as "one per position" or "one per row") and no plan reason. Kernels of
+    /// one family differ only in that extent, and usually lower to the same code, which
+    /// takes the extent as the `start..end` of its calls: a backend may look for a
+    /// compiled member's code under this key and run it, after checking that the code
+    /// is the same. `None` for a kernel without a kept leading axis to erase (a rank-0
+    /// domain, or one that reduces axis 0).
+    pub fn family_key(&self) -> Option<Kernel> {
+        if self.domain.rank() == 0 || self.reduce_axes.contains(&0) {
+            return None;
+        }
+        let erase = |shape: &Shape| {
+            let mut dims = shape.dims().to_vec();
+            dims[0] = 0;
+            Shape::new(dims)
+        };
+        let erase_view = |view: &View| View {
+            shape: erase(&view.shape),
+            ..view.clone()
+        };
+        let numel = self.domain.numel();
+        let body = self
+            .body
+            .iter()
+            .map(|ins| Instr {
+                dtype: ins.dtype,
+                expr: match &ins.expr {
+                    Expr::Load { input, view } => Expr::Load {
+                        input: *input,
+                        view: erase_view(view),
+                    },
+                    Expr::Random { key, view } => Expr::Random {
+                        key: *key,
+                        view: erase_view(view),
+                    },
+                    Expr::Position { view } => Expr::Position {
+                        view: erase_view(view),
+                    },
+                    Expr::Gather { input, view, axes } => Expr::Gather {
+                        input: *input,
+                        view: erase_view(view),
+                        axes: axes.clone(),
+                    },
+                    other => other.clone(),
+                },
+            })
+            .collect();
+        let contraction = self.contraction.as_ref().map(|c| Contraction {
+            lhs_view: erase_view(&c.lhs_view),
+            // `[batch..., K, N]`: its leading axis is the domain's only with a batch.
+            rhs_view: if self.domain.rank() > 2 {
+                erase_view(&c.rhs_view)
+            } else {
+                c.rhs_view.clone()
+            },
+            // Blocks of M are the runtime's business, read from the kernel itself.
+            block_rows: 0,
+            ..c.clone()
+        });
+        let plan = match &self.plan {
+            Plan::Elementwise => Plan::Elementwise,
+            Plan::Rows {
+                row_len,
+                contiguous,
+                ..
+            } => Plan::Rows {
+                rows: 0,
+                row_len: *row_len,
+                contiguous: *contiguous,
+            },
+            Plan::Columns { col_len, .. } => Plan::Columns {
+                cols: 0,
+                col_len: *col_len,
+            },
+            Plan::Split {
+                row_len, splits, ..
+            } => Plan::Split {
+                rows: 0,
+                row_len: *row_len,
+                splits: *splits,
+            },
+        };
+        let erase_len = |b: &Buffer, per_position: usize| Buffer {
+            dtype: b.dtype,
+            len: usize::from(b.len != per_position),
+        };
+        Some(Kernel {
+            name: self.name.clone(),
+            domain: erase(&self.domain),
+            reduce_axes: self.reduce_axes.clone(),
+            inputs: self.inputs.iter().map(|b| erase_len(b, b.len)).collect(),
+            outputs: self.outputs.iter().map(|b| erase_len(b, numel)).collect(),
+            body,
+            stores: self.stores.clone(),
+            plan,
+            plan_reason: String::new(),
+            contraction,
+        })
+    }
+
     /// Whether the body loads input `input` only at each position's own offset (the
     /// contiguous view of the domain), so that the code of a position could read it
     /// from the very element it writes.

@@ -79,6 +79,10 @@ pub struct CodeCacheStats {
     pub hits: u64,
     /// Look-ups that did not (each is followed by a compile).
     pub misses: u64,
+    /// Look-ups that did not find the entry but ran the code of a compiled member of
+    /// its shape family instead of compiling (CPU kernels: `kernel_families`); not
+    /// counted in `misses`.
+    pub rebound: u64,
     /// Entries dropped to stay within the limits (their code is freed once the last
     /// evaluation using them finishes).
     pub evictions: u64,
@@ -100,9 +104,14 @@ impl fmt::Display for CodeCacheStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} hits, {} misses, {} evictions; {} entr{} held (high-water {})",
+            "{} hits, {} misses, {}{} evictions; {} entr{} held (high-water {})",
             self.hits,
             self.misses,
+            if self.rebound > 0 {
+                format!("{} rebound to a family's code, ", self.rebound)
+            } else {
+                String::new()
+            },
             self.evictions,
             self.entries,
             if self.entries == 1 { "y" } else { "ies" },
@@ -227,6 +236,13 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
         } else {
             self.stats.misses += 1;
         }
+    }
+
+    /// Counts the last miss as a look-up served by another entry's code instead
+    /// ([`CodeCacheStats::rebound`]).
+    pub(crate) fn count_rebound(&mut self) {
+        self.stats.misses = self.stats.misses.saturating_sub(1);
+        self.stats.rebound += 1;
     }
 
     /// Inserts `value` of `bytes` bytes under `key` unless an entry is already there

@@ -41,6 +41,7 @@
 //! | `max_kernel_cache_entries` | integer | 1024 | compiled kernels kept in memory (CPU; CUDA modules per device); the least recently used go beyond |
 //! | `max_kernel_cache` | bytes | 64 MiB | their machine code (CPU) or images (CUDA) |
 //! | `max_graph_cache_entries` | integer | 256 | compiled graphs (passes, fusion, schedule) kept in memory |
+//! | `kernel_families` | bool | true | a CPU kernel that differs from a compiled one only in its extents runs that one's code when it lowers to the same functions (no compile) |
 //! | `kernel_cache_dir` | path | none | where compiled kernels are kept on disk; none = memory only |
 //! | `debug` | 0..4 | 0 | 1: a line per kernel, 2: + fusion report, 3: + IR after each pass, 4: + generated code |
 //! | `dump_dir` | path | none | IR before and after each pass written here |
@@ -186,6 +187,12 @@ pub const KEYS: &[KeyInfo] = &[
         "a positive integer",
         "256",
         "compiled graphs kept in memory",
+    ),
+    key(
+        "kernel_families",
+        "true or false",
+        "true",
+        "kernels of one shape family share a compile",
     ),
     key(
         "kernel_cache_dir",
@@ -353,6 +360,7 @@ pub struct Config {
     max_kernel_cache_entries: u32,
     max_kernel_cache: u64,
     max_graph_cache_entries: u32,
+    kernel_families: bool,
     kernel_cache_dir: Option<PathBuf>,
     debug: u8,
     dump_dir: Option<PathBuf>,
@@ -385,6 +393,7 @@ impl Default for Config {
             max_kernel_cache_entries: 1024,
             max_kernel_cache: 64 << 20,
             max_graph_cache_entries: 256,
+            kernel_families: true,
             kernel_cache_dir: None,
             debug: 0,
             dump_dir: None,
@@ -453,6 +462,11 @@ impl Config {
     pub fn allow_multi_gpu(&self) -> bool {
         self.allow_multi_gpu
     }
+    /// Whether a CPU kernel may run the code of a compiled kernel of its shape family
+    /// (`kernel_families`).
+    pub fn kernel_families(&self) -> bool {
+        self.kernel_families
+    }
     /// Compiled kernels kept in memory: CPU kernels, and CUDA modules per device
     /// (`max_kernel_cache_entries`).
     pub fn max_kernel_cache_entries(&self) -> u32 {
@@ -513,6 +527,7 @@ impl Config {
             "max_kernel_cache_entries" => self.max_kernel_cache_entries.to_string(),
             "max_kernel_cache" => self.max_kernel_cache.to_string(),
             "max_graph_cache_entries" => self.max_graph_cache_entries.to_string(),
+            "kernel_families" => self.kernel_families.to_string(),
             "kernel_cache_dir" => path(&self.kernel_cache_dir),
             "debug" => self.debug.to_string(),
             "dump_dir" => path(&self.dump_dir),
@@ -560,6 +575,17 @@ impl Config {
                 .filter(|&v| v > 0)
                 .ok_or_else(bad)
         };
+        let boolean = || -> Result<bool, ConfigError> {
+            match raw {
+                Raw::Bool(b) => Ok(*b),
+                Raw::Str(s) => match s.trim().to_ascii_lowercase().as_str() {
+                    "true" | "1" | "yes" | "on" => Ok(true),
+                    "false" | "0" | "no" | "off" => Ok(false),
+                    _ => Err(bad()),
+                },
+                _ => Err(bad()),
+            }
+        };
         let text = || -> Result<String, ConfigError> {
             match raw {
                 Raw::Str(s) => Ok(s.trim().to_string()),
@@ -599,17 +625,8 @@ impl Config {
             "max_device_cache" => self.max_device_cache = unsigned()?,
             "max_grid_size" => self.max_grid_size = positive_u32()?,
             "max_block_size" => self.max_block_size = positive_u32()?,
-            "allow_multi_gpu" => {
-                self.allow_multi_gpu = match raw {
-                    Raw::Bool(b) => *b,
-                    Raw::Str(s) => match s.trim().to_ascii_lowercase().as_str() {
-                        "true" | "1" | "yes" | "on" => true,
-                        "false" | "0" | "no" | "off" => false,
-                        _ => return Err(bad()),
-                    },
-                    _ => return Err(bad()),
-                }
-            }
+            "allow_multi_gpu" => self.allow_multi_gpu = boolean()?,
+            "kernel_families" => self.kernel_families = boolean()?,
             "max_kernel_cache_entries" => self.max_kernel_cache_entries = positive_u32()?,
             "max_kernel_cache" => self.max_kernel_cache = unsigned()?,
             "max_graph_cache_entries" => self.max_graph_cache_entries = positive_u32()?,
@@ -763,6 +780,10 @@ impl ConfigBuilder {
     /// `allow_multi_gpu`.
     pub fn allow_multi_gpu(self, on: bool) -> ConfigBuilder {
         self.raw("allow_multi_gpu", Raw::Bool(on))
+    }
+    /// `kernel_families`.
+    pub fn kernel_families(self, on: bool) -> ConfigBuilder {
+        self.raw("kernel_families", Raw::Bool(on))
     }
     /// `debug`.
     pub fn debug(self, level: u8) -> ConfigBuilder {

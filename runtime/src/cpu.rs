@@ -23,7 +23,7 @@ use ndfuse_ir::interp;
 use ndfuse_ir::{Graph, HostArray, Kernel, NodeId, Storage};
 use ndfuse_passes::Step;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// Compiled kernels by description: a hit skips Cranelift entirely. Descriptions carry
@@ -40,6 +40,34 @@ fn kernel_cache() -> &'static KernelCache {
 
 fn lock_kernels() -> std::sync::MutexGuard<'static, Lru<Kernel, Arc<CompiledKernel>>> {
     kernel_cache()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Compiled kernels by shape family ([`Kernel::family_key`]): up to
+/// [`FAMILY_VARIANTS`] members of each family whose code a new member may run
+/// ([`CompiledKernel::rebind`], which checks that the code is the same), held weakly,
+/// so the kernel cache alone decides how long code lives. Bounded like the kernel
+/// cache by entries. `enabled` follows `kernel_families` of the latest eval.
+struct Families {
+    enabled: bool,
+    map: Lru<Kernel, Vec<Weak<CompiledKernel>>>,
+}
+
+/// Compiled members kept per family: the size classes whose code differs (a wide
+/// path from `blocks::BLOCKS_FROM` positions on, an extent of 1 dropped from the
+/// index plan) need one each; more than a few means the extent reaches the code.
+const FAMILY_VARIANTS: usize = 4;
+
+fn lock_families() -> std::sync::MutexGuard<'static, Families> {
+    static CACHE: OnceLock<Mutex<Families>> = OnceLock::new();
+    CACHE
+        .get_or_init(|| {
+            Mutex::new(Families {
+                enabled: true,
+                map: Lru::new(CodeCacheLimits::kernels(&Config::default())),
+            })
+        })
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -99,6 +127,14 @@ pub(crate) fn run_cpu(
     let cache = host_cache();
     cache.set_limits(Limits::host(cfg));
     lock_kernels().set_limits(CodeCacheLimits::kernels(cfg));
+    {
+        let mut families = lock_families();
+        families.enabled = cfg.kernel_families();
+        families.map.set_limits(CodeCacheLimits {
+            bytes: u64::MAX,
+            ..CodeCacheLimits::kernels(cfg)
+        });
+    }
     let (compiled_graph, compile_cached) =
         compile(g, false, cfg, &ndfuse_passes::TargetDesc::cpu())?;
     let Compiled {
@@ -297,17 +333,57 @@ fn compiled_ref(kernel: &Kernel) -> Result<(Option<Held>, StepPath, Duration), R
         (Arc::clone(c), r)
     };
     let cached = lock_kernels().get(kernel).map(held);
-    Ok(match cached {
-        Some(c) => (Some(c), StepPath::Jit { cached: true }, Duration::ZERO),
-        None => {
-            // Compiled outside the lock: other threads' look-ups go on meanwhile.
-            let c = Arc::new(ndfuse_codegen_cpu::compile(kernel)?);
-            let took = c.compile_time();
-            let bytes = c.code_bytes() as u64;
-            let c = held(lock_kernels().insert(kernel.clone(), c, bytes));
-            (Some(c), StepPath::Jit { cached: false }, took)
+    if let Some(c) = cached {
+        return Ok((Some(c), StepPath::Jit { cached: true }, Duration::ZERO));
+    }
+    // A member of a known shape family runs that member's code when it lowers to the
+    // same functions: a lowering instead of a compile. Outside the locks, as compiles.
+    let started = Instant::now();
+    let family = {
+        let families = lock_families();
+        families.enabled.then(|| kernel.family_key()).flatten()
+    };
+    let members: Vec<Arc<CompiledKernel>> = family
+        .as_ref()
+        .and_then(|key| {
+            let mut families = lock_families();
+            let members = families.map.get_mut(key)?;
+            members.retain(|m| m.strong_count() > 0);
+            Some(members.iter().filter_map(Weak::upgrade).collect())
+        })
+        .unwrap_or_default();
+    for member in members {
+        if let Some(rebound) = member.rebind(kernel)? {
+            // Its bytes are the member's: counted again, so the byte limit still
+            // bounds the code alive (an evicted member's code lives on in these).
+            let bytes = rebound.code_bytes() as u64;
+            let mut cache = lock_kernels();
+            cache.count_rebound();
+            let c = held(cache.insert(kernel.clone(), Arc::new(rebound), bytes));
+            return Ok((Some(c), StepPath::Jit { cached: true }, started.elapsed()));
         }
-    })
+    }
+    // Compiled outside the lock: other threads' look-ups go on meanwhile.
+    let c = Arc::new(ndfuse_codegen_cpu::compile(kernel)?);
+    let took = started.elapsed();
+    let bytes = c.code_bytes() as u64;
+    if let Some(key) = family {
+        let mut families = lock_families();
+        let weak = Arc::downgrade(&c);
+        match families.map.get_mut(&key) {
+            Some(members) => {
+                if members.len() >= FAMILY_VARIANTS {
+                    members.remove(0);
+                }
+                members.push(weak);
+            }
+            None => {
+                families.map.insert(key, vec![weak], 0);
+            }
+        }
+    }
+    let c = held(lock_kernels().insert(kernel.clone(), c, bytes));
+    Ok((Some(c), StepPath::Jit { cached: false }, took))
 }
 
 /// What [`run_kernel`] returns: the outputs, the path, the compile time, and the
