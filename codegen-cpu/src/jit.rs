@@ -258,14 +258,18 @@ pub fn compile_with(kernel: &Kernel, tier: Option<Tier>) -> Result<CompiledKerne
     let mut ids = Vec::new();
     let clif_parts = prepared.lower_functions(kernel, module, |module, ctx, id, names| {
         module.define_function(id, ctx).map_err(|e| match e {
-            ModuleError::Compilation(err) => {
-                cranelift(cranelift_codegen::print_errors::pretty_error(&ctx.func, err))
-            }
+            ModuleError::Compilation(err) => cranelift(
+                cranelift_codegen::print_errors::pretty_error(&ctx.func, err),
+            ),
             other => cranelift(other.to_string()),
         })?;
         // `ctx.func` is now the optimised function. A split kernel's combine phases
         // loop over partials, not elements.
-        let phase = prepared.phases.get(ids.len()).copied().unwrap_or(Phase::Whole);
+        let phase = prepared
+            .phases
+            .get(ids.len())
+            .copied()
+            .unwrap_or(Phase::Whole);
         if prepared.layout.is_none() || phase.per_chunk() {
             if let Some(c) = crate::cost::ops_per_element(&ctx.func) {
                 cost.ops = Some(cost.ops.unwrap_or(0.0) + c.ops);
@@ -393,7 +397,9 @@ impl Prepared {
 
     /// Comment lines before the functions: the steps of a kernel on the wide path.
     fn preface(&self) -> String {
-        self.block_plan.as_ref().map_or(String::new(), |p| p.describe())
+        self.block_plan
+            .as_ref()
+            .map_or(String::new(), |p| p.describe())
     }
 
     /// Lowers every function of `kernel` (its phases, or the segments of its blocks)

@@ -689,13 +689,24 @@ impl Kernel {
                 },
             })
             .collect();
+        // The product's operands, `[batch..., M, K]` and `[batch..., K, N]`: the
+        // domain's leading axis (M, or a batch), and K too, which only the runtime's
+        // GEMM call reads (a weight's gradient `x^T @ dy` sums over the batch).
+        let erase_axes = |view: &View, axes: &[usize]| {
+            let mut dims = view.shape.dims().to_vec();
+            for &a in axes {
+                dims[a] = 0;
+            }
+            View {
+                shape: Shape::new(dims),
+                ..view.clone()
+            }
+        };
         let contraction = self.contraction.as_ref().map(|c| Contraction {
-            lhs_view: erase_view(&c.lhs_view),
-            // `[batch..., K, N]`: its leading axis is the domain's only with a batch.
-            rhs_view: if self.domain.rank() > 2 {
-                erase_view(&c.rhs_view)
-            } else {
-                c.rhs_view.clone()
+            lhs_view: erase_axes(&c.lhs_view, &[0, c.lhs_view.shape.rank() - 1]),
+            rhs_view: match c.rhs_view.shape.rank() {
+                2 => erase_axes(&c.rhs_view, &[0]),
+                r => erase_axes(&c.rhs_view, &[0, r - 2]),
             },
             // Blocks of M are the runtime's business, read from the kernel itself.
             block_rows: 0,

@@ -80,9 +80,15 @@ fn a_stream_of_leading_extents_compiles_each_kernel_once_per_size_class() {
     let partial = delta(&ctx, || {
         layer(23, 5);
     });
-    println!("gelu(x @ w + b): full batches {full:?}, partial batch {partial:?} (compiles, rebound)");
+    println!(
+        "gelu(x @ w + b): full batches {full:?}, partial batch {partial:?} (compiles, rebound)"
+    );
     assert!(full.0 >= 1, "the first batch compiles");
-    assert_eq!(partial.0, 0, "the partial batch compiled {} kernels", partial.0);
+    assert_eq!(
+        partial.0, 0,
+        "the partial batch compiled {} kernels",
+        partial.0
+    );
     assert!(partial.1 >= 1);
 
     // The rebound kernel computes what the interpreter does.
@@ -99,6 +105,129 @@ fn a_stream_of_leading_extents_compiles_each_kernel_once_per_size_class() {
     let yi = (xi.matmul(&wi) + &bi).gelu();
     let want = interp.eval(&[&yi]).expect("eval")[0].to_f64_vec();
     for (k, (a, e)) in jit.iter().zip(&want).enumerate() {
-        assert!((a - e).abs() <= 1e-5 * (1.0 + e.abs()), "element {k}: {a} vs {e}");
+        assert!(
+            (a - e).abs() <= 1e-5 * (1.0 + e.abs()),
+            "element {k}: {a} vs {e}"
+        );
     }
+}
+
+/// Inputs for `kernel`'s buffers: values in [-2, 2) (0 and 1 for bool), from `seed`.
+fn kernel_inputs(kernel: &ndfuse_ir::Kernel, seed: u64) -> Vec<ndfuse_ir::HostArray> {
+    kernel
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(k, b)| {
+            let vals: Vec<f64> = values(b.len, seed + k as u64)
+                .iter()
+                .map(|&v| match b.dtype {
+                    ndfuse::DType::Bool => f64::from(u8::from(v > 0.0)),
+                    d if !d.is_float() => f64::from(v.round()),
+                    _ => f64::from(v),
+                })
+                .collect();
+            ndfuse_ir::HostArray::from_f64s(b.dtype, ndfuse_ir::Shape::new([b.len]), &vals)
+        })
+        .collect()
+}
+
+/// Runs compiled `code` over `kernel`'s buffers and returns the outputs' bits.
+fn run_code(
+    code: &ndfuse_codegen_cpu::CompiledKernel,
+    kernel: &ndfuse_ir::Kernel,
+    inputs: &[ndfuse_ir::HostArray],
+) -> Vec<Vec<u64>> {
+    let mut outs: Vec<ndfuse_ir::HostArray> = kernel
+        .outputs
+        .iter()
+        .map(|b| ndfuse_ir::HostArray::zeros(b.dtype, ndfuse_ir::Shape::new([b.len])))
+        .collect();
+    let ins: Vec<&ndfuse_ir::HostArray> = inputs.iter().collect();
+    let mut refs: Vec<&mut ndfuse_ir::HostArray> = outs.iter_mut().collect();
+    code.run(&ins, &mut refs).expect("the arguments fit");
+    outs.iter()
+        .map(|o| o.to_f64s().iter().map(|v| v.to_bits()).collect())
+        .collect()
+}
+
+/// The differential check of issue 31: graphs built at many leading extents, each
+/// kernel compiled for the first extent of its family and rebound for the others;
+/// wherever a rebind is accepted, the rebound code gives the same bits as a kernel
+/// compiled for that very shape, on the same inputs.
+#[test]
+fn rebound_kernels_give_the_bits_of_kernels_compiled_for_their_shape() {
+    use ndfuse::DType;
+    type Build = fn(&Context, usize) -> Vec<Tensor>;
+    let cases: &[(&str, Build)] = &[
+        ("softmax rows of 96", |ctx, l| {
+            vec![ctx.rand_uniform(&[l, 96], -2.0, 2.0, 1).softmax(-1)]
+        }),
+        ("sum over the last two axes", |ctx, l| {
+            vec![ctx.rand_uniform(&[l, 8, 16], -2.0, 2.0, 2).sum(2).sum(1)]
+        }),
+        ("gelu with a broadcast bias, 4096 wide", |ctx, l| {
+            let x = ctx.rand_uniform(&[l, 4096], -2.0, 2.0, 3);
+            let b = ctx.rand_uniform(&[4096], -1.0, 1.0, 4);
+            vec![(x + &b).gelu()]
+        }),
+        ("exp times a per-row scale", |ctx, l| {
+            let x = ctx.rand_uniform(&[l, 3, 40], -2.0, 2.0, 5);
+            let s = ctx.rand_uniform(&[l, 3, 1], 0.5, 1.5, 6);
+            vec![x.exp() * &s]
+        }),
+        (
+            "an f16 cast, an argmax and a layernorm over rows",
+            |ctx, l| {
+                let x = ctx.rand_uniform(&[l, 50], -2.0, 2.0, 7);
+                vec![x.cast(DType::F16) * 2.0, x.argmax(1), x.layernorm(-1, 1e-5)]
+            },
+        ),
+        ("integer arithmetic", |ctx, l| {
+            let x = ctx.rand_uniform(&[l, 33], -20.0, 20.0, 8).cast(DType::I32);
+            vec![x.clone() * &x + 3]
+        }),
+    ];
+    let extents = [2, 1, 3, 5, 16, 17, 100, 333];
+    let (mut rebound, mut members) = (0, 0);
+    for &(name, build) in cases {
+        let ctx = Context::new();
+        // Compiled members by family key, and each kernel's compile for the check.
+        let mut families: Vec<(ndfuse_ir::Kernel, ndfuse_codegen_cpu::CompiledKernel)> = Vec::new();
+        for l in extents {
+            let outs = build(&ctx, l);
+            let refs: Vec<&Tensor> = outs.iter().collect();
+            let g = ctx.graph(&refs).expect("builds");
+            let schedule = ndfuse_passes::schedule(&g);
+            for kernel in schedule.kernels() {
+                let Some(key) = kernel.family_key() else {
+                    continue;
+                };
+                let compiled = ndfuse_codegen_cpu::compile(kernel).expect("compiles");
+                let Some((_, first)) = families.iter().find(|(k, _)| *k == key) else {
+                    families.push((key, compiled));
+                    continue;
+                };
+                members += 1;
+                let Some(code) = first.rebind(kernel).expect("lowers") else {
+                    continue;
+                };
+                rebound += 1;
+                assert!(code.shares_code());
+                let inputs = kernel_inputs(kernel, l as u64);
+                assert_eq!(
+                    run_code(&code, kernel, &inputs),
+                    run_code(&compiled, kernel, &inputs),
+                    "{name}, leading extent {l}: {} rebound gives other bits than compiled\n{kernel}",
+                    kernel.name
+                );
+            }
+        }
+    }
+    println!("{rebound} of {members} later members rebound");
+    // Most members share code: only extent 1 and the wide path's size class differ.
+    assert!(
+        rebound * 3 >= members * 2,
+        "only {rebound} of {members} rebound"
+    );
 }
