@@ -67,6 +67,7 @@ mod isa;
 mod jit;
 mod libcalls;
 mod lower;
+mod prepared;
 mod shared_math;
 mod support;
 mod units;
