@@ -402,6 +402,11 @@ impl Prologue {
     }
 }
 
+/// Whether `view` reads one element wherever it is (every stride 0).
+fn is_fixed(view: &View) -> bool {
+    view.strides.iter().all(|&s| s == 0)
+}
+
 /// Whether `body` (over `domain`) loads input `input` only at each position's own
 /// offset: every load of it is the contiguous view of `domain`.
 fn loads_in_place(domain: &Shape, body: &[Instr], input: usize) -> bool {
@@ -642,25 +647,45 @@ impl Kernel {
 
     /// The kernel's shape family: the kernel with its leading extent (a batch, a
     /// sequence length) erased, from the domain, every view over the domain, the
-    /// product's operands and the plan, with the buffers' lengths erased too (an
-    /// output's as "one per position" or "one per row") and no plan reason. Kernels of
-    /// one family differ only in that extent, and usually lower to the same code, which
-    /// takes the extent as the `start..end` of its calls: a backend may look for a
-    /// compiled member's code under this key and run it, after checking that the code
-    /// is the same. `None` for a kernel without a kept leading axis to erase (a rank-0
-    /// domain, or one that reduces axis 0).
+    /// product's operands (and their summed extent K, which only the GEMM call reads)
+    /// and the plan, with the buffers' lengths erased too (an output's as "one per
+    /// position" or "one per row") and no plan reason. An element-wise kernel that
+    /// loads only contiguous buffers and single elements has every extent erased: it
+    /// is a flat loop whatever its shape. Kernels of one family usually lower to the
+    /// same code, which takes the extent as the `start..end` of its calls: a backend
+    /// may look for a compiled member's code under this key and run it, after checking
+    /// that the code is the same. `None` for a kernel without a kept leading axis to
+    /// erase (a rank-0 domain, or one that reduces axis 0).
     pub fn family_key(&self) -> Option<Kernel> {
         if self.domain.rank() == 0 || self.reduce_axes.contains(&0) {
             return None;
         }
+        // An element-wise kernel that loads only whole contiguous buffers or single
+        // elements is a flat loop over positions whatever its shape: every extent is
+        // erased (the copies of a growing cache, a product's plain epilogue).
+        let flat = self.plan == Plan::Elementwise
+            && self.body.iter().all(|ins| match &ins.expr {
+                Expr::Load { view, .. } => view.is_contiguous() || is_fixed(view),
+                Expr::Random { .. } | Expr::Position { .. } | Expr::Gather { .. } => false,
+                _ => true,
+            });
         let erase = |shape: &Shape| {
             let mut dims = shape.dims().to_vec();
-            dims[0] = 0;
+            let n = if flat { dims.len() } else { 1 };
+            dims[..n].fill(0);
             Shape::new(dims)
         };
-        let erase_view = |view: &View| View {
-            shape: erase(&view.shape),
-            ..view.clone()
+        let erase_view = |view: &View| match () {
+            _ if flat && is_fixed(view) => View {
+                shape: Shape::new([0]),
+                strides: vec![0],
+                offset: view.offset,
+            },
+            _ if flat => View::contiguous(Shape::new([0])),
+            _ => View {
+                shape: erase(&view.shape),
+                ..view.clone()
+            },
         };
         let numel = self.domain.numel();
         let body = self
@@ -696,6 +721,9 @@ impl Kernel {
             let mut dims = view.shape.dims().to_vec();
             for &a in axes {
                 dims[a] = 0;
+            }
+            if flat {
+                dims.fill(0);
             }
             View {
                 shape: Shape::new(dims),
@@ -741,7 +769,11 @@ impl Kernel {
         };
         Some(Kernel {
             name: self.name.clone(),
-            domain: erase(&self.domain),
+            domain: if flat {
+                Shape::new([0])
+            } else {
+                erase(&self.domain)
+            },
             reduce_axes: self.reduce_axes.clone(),
             inputs: self.inputs.iter().map(|b| erase_len(b, b.len)).collect(),
             outputs: self.outputs.iter().map(|b| erase_len(b, numel)).collect(),

@@ -167,7 +167,7 @@ fn matched(g: &Graph, o: NodeId) -> Option<Match> {
     let (qn, kn, vn) = (g.node(q), g.node(k), g.node(v));
     let (qd, kd, vd) = (qn.shape.dims(), kn.shape.dims(), vn.shape.dims());
     let fits = swap
-        && r >= 3
+        && r >= 2
         && qd.len() == r
         && kd.len() == r
         && vd.len() == r

@@ -91,6 +91,40 @@ fn a_stream_of_leading_extents_compiles_each_kernel_once_per_size_class() {
     );
     assert!(partial.1 >= 1);
 
+    // A decode loop: `softmax(q @ k[:T].T) @ v[:T]` for T = 1..=256, the shape of a
+    // language model's step with a growing cache. Attention runs as a routine (no
+    // compile); the three copies around it are flat loops, compiled for T = 1 (whose
+    // one-row slices schedule differently) and once more for every other T.
+    let (qv, kv, vv) = (values(64, 11), values(256 * 64, 12), values(256 * 64, 13));
+    let q = ctx.from_vec(qv.clone(), &[1, 64]).unwrap();
+    let k = ctx.from_vec(kv.clone(), &[256, 64]).unwrap();
+    let v = ctx.from_vec(vv.clone(), &[256, 64]).unwrap();
+    let decode = delta(&ctx, || {
+        for t in 1..=256usize {
+            let rows = [ndfuse::SliceArg::new(None, Some(t as i64), 1)];
+            let scores = q.matmul(&k.slice(&rows).transpose());
+            let y = scores.softmax(-1).matmul(&v.slice(&rows));
+            let got = ctx.eval(&[&y]).expect("eval")[0].to_f64_vec();
+            // The step in f64: scores, their softmax, the weighted rows of v.
+            let s: Vec<f64> = (0..t)
+                .map(|j| (0..64).map(|d| f64::from(qv[d] * kv[j * 64 + d])).sum())
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for d in 0..64 {
+                let want: f64 = (0..t).map(|j| e[j] / z * f64::from(vv[j * 64 + d])).sum();
+                assert!(
+                    (got[d] - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "T = {t}, element {d}: {} vs {want}",
+                    got[d]
+                );
+            }
+        }
+    });
+    println!("decode loop, T = 1..=256: {} compiles, {} rebound", decode.0, decode.1);
+    assert!(decode.0 <= 6, "{} compiles over 256 decode steps", decode.0);
+
     // The rebound kernel computes what the interpreter does.
     let x = input(&[23, 48], 5);
     let y = (x.matmul(&w) + &b).gelu();
