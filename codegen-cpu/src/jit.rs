@@ -213,11 +213,13 @@ impl CodeMemory {
 impl Drop for CodeMemory {
     fn drop(&mut self) {
         if let Some(module) = self.module.take() {
-            // SAFETY: the only function pointer obtained from this module is the
-            // `entry` of the `CompiledKernel` that owns this `CodeMemory` (or none, when
-            // compilation failed). It is private, never handed out, and only called
-            // through `&CompiledKernel`; dropping needs exclusive ownership, so no call
-            // is running and none can follow.
+            // SAFETY: the only function pointers obtained from this module are the
+            // stage entries of the `CompiledKernel` that compiled it and of the kernels
+            // `rebind` made from it (or none, when compilation failed); each of them
+            // holds this `CodeMemory` through the same `Arc`. The pointers are private,
+            // never handed out, and only called through `&CompiledKernel`; this drop
+            // runs when the last `Arc` goes, i.e. when every kernel holding a pointer
+            // is gone, so no call is running and none can follow.
             unsafe { module.free_memory() };
         }
     }

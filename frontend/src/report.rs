@@ -54,6 +54,18 @@ impl Report {
         self.ev.passes.as_ref().map(ToString::to_string)
     }
 
+    /// Time spent compiling kernels (and checking that a kernel of a known shape
+    /// family lowers to its code: `kernel_families`); zero when every kernel came
+    /// from the cache.
+    pub fn compile_time(&self) -> std::time::Duration {
+        self.ev.compile_time
+    }
+
+    /// Time spent running the steps.
+    pub fn run_time(&self) -> std::time::Duration {
+        self.ev.run_time
+    }
+
     /// Number of kernels launched (interpreter-only steps excluded).
     pub fn kernel_count(&self) -> usize {
         self.ev.schedule.as_ref().map_or(0, |s| s.kernel_count())

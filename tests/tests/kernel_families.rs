@@ -122,7 +122,10 @@ fn a_stream_of_leading_extents_compiles_each_kernel_once_per_size_class() {
             }
         }
     });
-    println!("decode loop, T = 1..=256: {} compiles, {} rebound", decode.0, decode.1);
+    println!(
+        "decode loop, T = 1..=256: {} compiles, {} rebound",
+        decode.0, decode.1
+    );
     assert!(decode.0 <= 6, "{} compiles over 256 decode steps", decode.0);
 
     // The rebound kernel computes what the interpreter does.
