@@ -19,7 +19,7 @@ use crate::tensor::Tensor;
 use ndfuse_ir::PadMode;
 use std::panic::Location;
 
-type At = &'static Location<'static>;
+pub(crate) type At = &'static Location<'static>;
 
 /// How a convolution pads its input's spatial axes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,10 +90,11 @@ impl From<&[usize]> for Spatial {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conv {
-    stride: Spatial,
-    padding: Padding,
-    dilation: Spatial,
-    groups: usize,
+    pub(crate) stride: Spatial,
+    pub(crate) padding: Padding,
+    pub(crate) dilation: Spatial,
+    pub(crate) groups: usize,
+    pub(crate) output_padding: Spatial,
 }
 
 impl Default for Conv {
@@ -103,6 +104,7 @@ impl Default for Conv {
             padding: Padding::Explicit(vec![(0, 0)]),
             dilation: Spatial(vec![1]),
             groups: 1,
+            output_padding: Spatial(vec![0]),
         }
     }
 }
@@ -136,6 +138,15 @@ impl Conv {
     /// `groups == channels` is a depthwise convolution.
     pub fn groups(mut self, g: usize) -> Self {
         self.groups = g;
+        self
+    }
+
+    /// Zeros added after the output of a transposed convolution on each spatial axis
+    /// (PyTorch's `output_padding`: which of the `stride` input sizes that give one
+    /// output size to invert); less than the stride or the dilation. A convolution
+    /// refuses a non-zero one.
+    pub fn output_padding(mut self, p: impl Into<Spatial>) -> Self {
+        self.output_padding = p.into();
         self
     }
 
@@ -190,7 +201,7 @@ struct Geometry {
 }
 
 /// `setting` for `r` spatial axes: one value for all, or one each.
-fn per_axis(what: &str, s: &Spatial, r: usize) -> Result<Vec<usize>, String> {
+pub(crate) fn per_axis(what: &str, s: &Spatial, r: usize) -> Result<Vec<usize>, String> {
     match s.0.len() {
         1 => Ok(vec![s.0[0]; r]),
         l if l == r => Ok(s.0.clone()),
@@ -241,6 +252,15 @@ fn geometry(
     }
     let stride = per_axis("stride", &conv.stride, r)?;
     let dilation = per_axis("dilation", &conv.dilation, r)?;
+    if per_axis("output_padding", &conv.output_padding, r)?
+        .iter()
+        .any(|&p| p != 0)
+    {
+        return Err(format!(
+            "output_padding {:?} is for transposed convolutions only",
+            conv.output_padding.0
+        ));
+    }
     if stride.contains(&0) || dilation.contains(&0) {
         return Err(format!(
             "stride {stride:?} and dilation {dilation:?} must be at least 1"
@@ -299,7 +319,7 @@ fn geometry(
 }
 
 #[track_caller]
-fn conv_at(
+pub(crate) fn conv_at(
     what: &'static str,
     r: usize,
     x: &Tensor,

@@ -22,6 +22,7 @@
 //! to signatures, literal arguments) < `lower` (AST -> tensors), and this face on top.
 
 mod call;
+mod conv;
 mod linalg;
 mod lower;
 mod parse;

@@ -29,6 +29,7 @@ mod constructors;
 mod context;
 mod contract;
 mod conv;
+mod conv_transpose;
 mod error;
 mod eval;
 pub mod expr;

@@ -1,6 +1,7 @@
 //! The layers of convolutional networks: [`Conv2d`] (learned weights `[O, I / groups,
-//! kh, kw]` and bias `[O]`), [`MaxPool2d`], [`AvgPool2d`], [`GlobalAvgPool`] and
-//! [`Flatten`], over NCHW tensors with PyTorch's semantics (`ndfuse::Tensor::conv2d`,
+//! kh, kw]` and bias `[O]`), [`ConvTranspose2d`] (weights `[I, O / groups, kh, kw]`),
+//! [`MaxPool2d`], [`AvgPool2d`], [`GlobalAvgPool`] and [`Flatten`], over NCHW tensors
+//! with PyTorch's semantics (`ndfuse::Tensor::conv2d`, `conv_transpose2d`,
 //! `max_pool2d`, `avg_pool2d`, `global_avg_pool2d`).
 
 use crate::error::{Error, Result};
@@ -43,26 +44,7 @@ impl Conv2d {
         init: Init,
         seed: u64,
     ) -> Result<Conv2d> {
-        let k = kernel.into().0;
-        let (kh, kw) = match k[..] {
-            [k] => (k, k),
-            [h, w] => (h, w),
-            _ => {
-                return Err(Error::Argument {
-                    what: "Conv2d::new",
-                    why: format!("kernel {k:?}: give one extent or (kh, kw)"),
-                })
-            }
-        };
-        let groups = conv.groups_count();
-        if groups == 0 || !inputs.is_multiple_of(groups) || !outputs.is_multiple_of(groups) {
-            return Err(Error::Argument {
-                what: "Conv2d::new",
-                why: format!(
-                    "groups = {groups} must divide the {inputs} input and {outputs} output channels"
-                ),
-            });
-        }
+        let (kh, kw, groups) = checked("Conv2d::new", kernel, &conv, inputs, outputs)?;
         let per_group = inputs / groups;
         let w = init.tensor(
             ctx,
@@ -95,6 +77,128 @@ impl Conv2d {
     /// The bias, `[O]`, if the layer has one.
     pub fn bias(&self) -> Option<&Parameter> {
         self.bias.as_ref()
+    }
+}
+
+/// The kernel's `(kh, kw)` and the groups of a layer's settings, checked.
+fn checked(
+    what: &'static str,
+    kernel: impl Into<ndfuse::Spatial>,
+    conv: &Conv,
+    inputs: usize,
+    outputs: usize,
+) -> Result<(usize, usize, usize)> {
+    let k = kernel.into().0;
+    let (kh, kw) = match k[..] {
+        [k] => (k, k),
+        [h, w] => (h, w),
+        _ => {
+            return Err(Error::Argument {
+                what,
+                why: format!("kernel {k:?}: give one extent or (kh, kw)"),
+            })
+        }
+    };
+    let groups = conv.groups_count();
+    if groups == 0 || !inputs.is_multiple_of(groups) || !outputs.is_multiple_of(groups) {
+        return Err(Error::Argument {
+            what,
+            why: format!(
+                "groups = {groups} must divide the {inputs} input and {outputs} output channels"
+            ),
+        });
+    }
+    Ok((kh, kw, groups))
+}
+
+/// A 2-D transposed convolution (`conv_transpose2d(x, weight, bias)` with the settings
+/// of `conv`, its output padding included): the layer that upsamples in decoders and
+/// generators.
+#[derive(Debug, Clone)]
+pub struct ConvTranspose2d {
+    weight: Parameter,
+    bias: Option<Parameter>,
+    conv: Conv,
+}
+
+impl ConvTranspose2d {
+    /// A layer from `inputs` to `outputs` channels with a `kernel` window, named `name`,
+    /// weights `[inputs, outputs / groups, kh, kw]` drawn by `init` from `seed` (fans
+    /// as PyTorch counts them for this layout: `outputs / groups * kh * kw` in,
+    /// `inputs / groups * kh * kw` out), bias zero.
+    ///
+    /// ```
+    /// use ndfuse::Conv;
+    /// use ndfuse_nn::{ConvTranspose2d, Init, Layer, Mode};
+    /// let ctx = ndfuse::Context::new();
+    /// let up = Conv::new().stride(2).padding(1).output_padding(1);
+    /// let c = ConvTranspose2d::new(&ctx, "up", 8, 4, 3, up, Init::HeUniform, 1)?;
+    /// let y = c.forward(&ctx.ones(&[2, 8, 5, 5]), &Mode::eval());
+    /// assert_eq!(y.shape()?, &[2, 4, 10, 10]);
+    /// # Ok::<(), ndfuse_nn::Error>(())
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: &Context,
+        name: &str,
+        inputs: usize,
+        outputs: usize,
+        kernel: impl Into<ndfuse::Spatial>,
+        conv: Conv,
+        init: Init,
+        seed: u64,
+    ) -> Result<ConvTranspose2d> {
+        let (kh, kw, groups) = checked("ConvTranspose2d::new", kernel, &conv, inputs, outputs)?;
+        let per_group = outputs / groups;
+        let w = init.tensor(
+            ctx,
+            &[inputs, per_group, kh, kw],
+            per_group * kh * kw,
+            inputs / groups * kh * kw,
+            seed,
+        );
+        Ok(ConvTranspose2d {
+            weight: Parameter::new(format!("{name}.weight"), &w)?,
+            bias: Some(Parameter::new(
+                format!("{name}.bias"),
+                &ctx.zeros(&[outputs]),
+            )?),
+            conv,
+        })
+    }
+
+    /// The same layer without a bias.
+    pub fn without_bias(mut self) -> ConvTranspose2d {
+        self.bias = None;
+        self
+    }
+
+    /// The weight, `[I, O / groups, kh, kw]`.
+    pub fn weight(&self) -> &Parameter {
+        &self.weight
+    }
+}
+
+impl Layer for ConvTranspose2d {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
+        let x = autocast(x);
+        let b = self.bias.as_ref().map(|b| b.value_like(&x));
+        x.conv_transpose2d(&self.weight.value_like(&x), b.as_ref(), &self.conv)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        std::iter::once(self.weight.clone())
+            .chain(self.bias.clone())
+            .collect()
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(ConvTranspose2d {
+            weight: self.weight.duplicate(),
+            bias: self.bias.as_ref().map(Parameter::duplicate),
+            conv: self.conv.clone(),
+        })
     }
 }
 

@@ -28,7 +28,8 @@ pub const FUNCTIONS: &[&str] = &[
     // positions
     "arange", "one_hot", "tril", "triu",
     // convolutions and pooling
-    "conv1d", "conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool2d",
+    "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
+    "global_avg_pool2d",
     // attention
     "attention",
     // the LAPACK level

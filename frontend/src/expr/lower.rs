@@ -8,9 +8,9 @@
 //! tensor of the context's default dtype (floats), i64 (integers) or bool.
 
 use super::call::{
-    axes_literal, axis_literal, bind, bool_literal, causal_literal, conv_padding, dtype_literal,
-    float_literal, int_list, int_literal, is_linalg, is_none, opt, pad_mode, pad_widths, req,
-    spatial_literal, unknown_function, FUNCTIONS, LINALG_TUPLES,
+    axes_literal, axis_literal, bind, bool_literal, causal_literal, dtype_literal, float_literal,
+    int_list, int_literal, is_linalg, is_none, opt, pad_mode, pad_widths, req, unknown_function,
+    FUNCTIONS, LINALG_TUPLES,
 };
 use super::parse::{BinOp, ExprError, IndexItem, Kind, Kwarg, Lit, Node};
 use crate::context::Context;
@@ -548,9 +548,8 @@ impl<'a> Lowerer<'a> {
             "take" | "take_along_axis" | "index_add" | "concat" | "concatenate" | "stack"
             | "pad" | "cumsum" | "cumprod" | "sort" | "argsort" | "top_k" | "arange"
             | "one_hot" | "tril" | "triu" => self.index_call(name, args, kwargs, pos)?,
-            "conv1d" | "conv2d" | "max_pool2d" | "avg_pool2d" | "global_avg_pool2d" => {
-                self.conv_call(name, args, kwargs, pos)?
-            }
+            "conv1d" | "conv2d" | "conv_transpose1d" | "conv_transpose2d" | "max_pool2d"
+            | "avg_pool2d" | "global_avg_pool2d" => self.conv_call(name, args, kwargs, pos)?,
             "attention" => self.attention_call(args, kwargs, pos)?,
             n if is_linalg(n) => self.linalg_call(n, args, kwargs, pos)?,
             "grad" => {
@@ -778,95 +777,6 @@ impl<'a> Lowerer<'a> {
         Ok(q.attention_with(&k, &v, &opts))
     }
 
-    /// PyTorch's `conv1d` / `conv2d(input, weight, bias, stride=1, padding=0,
-    /// dilation=1, groups=1)`, `max_pool2d(input, kernel_size, stride=None, padding=0,
-    /// dilation=1)`, `avg_pool2d(input, kernel_size, stride=None, padding=0,
-    /// count_include_pad=True)` and `global_avg_pool2d(input)`; out of
-    /// [`Lowerer::call`] and never inlined, as [`Lowerer::index_call`].
-    #[inline(never)]
-    fn conv_call(
-        &mut self,
-        name: &str,
-        args: &[Node],
-        kwargs: &[Kwarg],
-        pos: usize,
-    ) -> Result<Tensor, ExprError> {
-        if name == "global_avg_pool2d" {
-            let a = bind(name, pos, args, kwargs, &["input"])?;
-            return Ok(self.tensor_arg(req(&a, 0))?.global_avg_pool2d());
-        }
-        if name != "conv1d" && name != "conv2d" {
-            let last = if name == "max_pool2d" {
-                "dilation=1"
-            } else {
-                "count_include_pad=True"
-            };
-            let a = bind(
-                name,
-                pos,
-                args,
-                kwargs,
-                &["input", "kernel_size", "stride=None", "padding=0", last],
-            )?;
-            let x = self.tensor_arg(req(&a, 0))?;
-            let kernel = spatial_literal(req(&a, 1), "kernel_size", 1)?;
-            let mut pool = crate::conv::Pool::new(crate::conv::Spatial(kernel));
-            if let Some(n) = opt(&a, 2) {
-                pool = pool.stride(crate::conv::Spatial(spatial_literal(n, "stride", 1)?));
-            }
-            if let Some(n) = opt(&a, 3) {
-                pool = pool.padding(crate::conv::Spatial(spatial_literal(n, "padding", 0)?));
-            }
-            return Ok(if name == "max_pool2d" {
-                if let Some(n) = opt(&a, 4) {
-                    pool = pool.dilation(crate::conv::Spatial(spatial_literal(n, "dilation", 1)?));
-                }
-                x.max_pool2d(&pool)
-            } else {
-                if let Some(n) = opt(&a, 4) {
-                    pool = pool.count_include_pad(bool_literal(n)?);
-                }
-                x.avg_pool2d(&pool)
-            });
-        }
-        let a = bind(
-            name,
-            pos,
-            args,
-            kwargs,
-            &[
-                "input",
-                "weight",
-                "bias=None",
-                "stride=1",
-                "padding=0",
-                "dilation=1",
-                "groups=1",
-            ],
-        )?;
-        let x = self.tensor_arg(req(&a, 0))?;
-        let w = self.tensor_arg(req(&a, 1))?;
-        let b = opt(&a, 2).map(|n| self.tensor_arg(n)).transpose()?;
-        let mut conv = crate::conv::Conv::new();
-        if let Some(n) = opt(&a, 3) {
-            conv = conv.stride(crate::conv::Spatial(spatial_literal(n, "stride", 1)?));
-        }
-        if let Some(n) = opt(&a, 4) {
-            conv = conv.padding(conv_padding(n)?);
-        }
-        if let Some(n) = opt(&a, 5) {
-            conv = conv.dilation(crate::conv::Spatial(spatial_literal(n, "dilation", 1)?));
-        }
-        if let Some(n) = opt(&a, 6) {
-            conv = conv.groups(count_literal(n, "groups")?);
-        }
-        Ok(if name == "conv1d" {
-            x.conv1d(&w, b.as_ref(), &conv)
-        } else {
-            x.conv2d(&w, b.as_ref(), &conv)
-        })
-    }
-
     /// The axis in slot `i`, or `default` when it is not given.
     fn axis_or(&self, slots: &[Option<&Node>], i: usize, default: i64) -> Result<i64, ExprError> {
         Ok(opt(slots, i)
@@ -900,7 +810,7 @@ impl<'a> Lowerer<'a> {
 }
 
 /// A non-negative integer literal (a count such as `k` or `n`).
-fn count_literal(n: &Node, what: &str) -> Result<usize, ExprError> {
+pub(super) fn count_literal(n: &Node, what: &str) -> Result<usize, ExprError> {
     let v = int_literal(n, what)?;
     usize::try_from(v).map_err(|_| ExprError::new(n.pos, format!("{what} = {v} is negative")))
 }
