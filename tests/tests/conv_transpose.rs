@@ -126,8 +126,10 @@ fn dot(ctx: &Context, a: &Tensor, b: &Tensor) -> f64 {
     ctx.eval(&[&s]).unwrap()[0].to_f64_vec()[0]
 }
 
-/// (input spatial, kernel, stride, padding, dilation, groups) of each 2-d case.
-const CASES: &[([usize; 2], [usize; 2], [usize; 2], usize, [usize; 2], usize)] = &[
+/// (input spatial, kernel, stride, padding, dilation, groups).
+type Case2d = ([usize; 2], [usize; 2], [usize; 2], usize, [usize; 2], usize);
+
+const CASES: &[Case2d] = &[
     ([5, 5], [3, 3], [1, 1], 0, [1, 1], 1),
     ([6, 7], [3, 2], [2, 2], 1, [1, 1], 1),
     ([7, 6], [3, 3], [2, 3], 2, [1, 2], 2),
