@@ -23,6 +23,7 @@
 
 mod array;
 mod attention;
+mod batch_norm;
 mod compiled;
 mod composite;
 mod constructors;
@@ -49,6 +50,7 @@ mod tensor;
 
 pub use array::Array;
 pub use attention::{attention, Attention, Causal};
+pub use batch_norm::BatchNorm;
 pub use compiled::Compiled;
 pub use composite::{one_hot, tril, triu};
 pub use context::{Context, ContextBuilder};

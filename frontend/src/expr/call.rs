@@ -29,7 +29,7 @@ pub const FUNCTIONS: &[&str] = &[
     "arange", "one_hot", "tril", "triu",
     // convolutions and pooling
     "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
-    "global_avg_pool2d",
+    "global_avg_pool2d", "batch_norm",
     // attention
     "attention",
     // the LAPACK level

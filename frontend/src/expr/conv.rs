@@ -1,8 +1,8 @@
-//! Convolutions and pooling in expressions, PyTorch's spellings and argument orders:
-//! `conv1d`, `conv2d`, `conv_transpose1d`, `conv_transpose2d`, `max_pool2d`,
-//! `avg_pool2d` and `global_avg_pool2d`.
+//! Convolutions, pooling and batch normalisation in expressions, PyTorch's spellings
+//! and argument orders: `conv1d`, `conv2d`, `conv_transpose1d`, `conv_transpose2d`,
+//! `max_pool2d`, `avg_pool2d`, `global_avg_pool2d` and `batch_norm`.
 
-use super::call::{bind, bool_literal, conv_padding, opt, req, spatial_literal};
+use super::call::{bind, bool_literal, conv_padding, float_literal, opt, req, spatial_literal};
 use super::lower::count_literal;
 use super::parse::{ExprError, Kwarg, Node};
 use crate::tensor::Tensor;
@@ -22,6 +22,46 @@ impl super::lower::Lowerer<'_> {
         kwargs: &[Kwarg],
         pos: usize,
     ) -> Result<Tensor, ExprError> {
+        if name == "batch_norm" {
+            // batch_norm(input, running_mean=None, running_var=None, weight=None,
+            // bias=None, training=False, momentum=0.1, eps=1e-05): the output (the
+            // running statistics' update is `Tensor::batch_norm_running`).
+            let a = bind(
+                name,
+                pos,
+                args,
+                kwargs,
+                &[
+                    "input",
+                    "running_mean=None",
+                    "running_var=None",
+                    "weight=None",
+                    "bias=None",
+                    "training=False",
+                    "momentum=0.1",
+                    "eps=1e-05",
+                ],
+            )?;
+            let x = self.tensor_arg(req(&a, 0))?;
+            let mut per_channel = Vec::with_capacity(4);
+            for i in 1..5 {
+                per_channel.push(opt(&a, i).map(|n| self.tensor_arg(n)).transpose()?);
+            }
+            let mut bn = crate::batch_norm::BatchNorm::new();
+            if let Some(n) = opt(&a, 5) {
+                bn = bn.training(bool_literal(n)?);
+            }
+            if let Some(n) = opt(&a, 6) {
+                bn = bn.momentum(float_literal(n, "momentum")?);
+            }
+            if let Some(n) = opt(&a, 7) {
+                bn = bn.eps(float_literal(n, "eps")?);
+            }
+            let [m, v, w, b] = &per_channel[..] else {
+                unreachable!("four per-channel slots")
+            };
+            return Ok(x.batch_norm(m.as_ref(), v.as_ref(), w.as_ref(), b.as_ref(), &bn));
+        }
         if name == "global_avg_pool2d" {
             let a = bind(name, pos, args, kwargs, &["input"])?;
             return Ok(self.tensor_arg(req(&a, 0))?.global_avg_pool2d());

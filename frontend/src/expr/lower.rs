@@ -549,7 +549,9 @@ impl<'a> Lowerer<'a> {
             | "pad" | "cumsum" | "cumprod" | "sort" | "argsort" | "top_k" | "arange"
             | "one_hot" | "tril" | "triu" => self.index_call(name, args, kwargs, pos)?,
             "conv1d" | "conv2d" | "conv_transpose1d" | "conv_transpose2d" | "max_pool2d"
-            | "avg_pool2d" | "global_avg_pool2d" => self.conv_call(name, args, kwargs, pos)?,
+            | "avg_pool2d" | "global_avg_pool2d" | "batch_norm" => {
+                self.conv_call(name, args, kwargs, pos)?
+            }
             "attention" => self.attention_call(args, kwargs, pos)?,
             n if is_linalg(n) => self.linalg_call(n, args, kwargs, pos)?,
             "grad" => {
