@@ -225,6 +225,101 @@ impl Layer for Conv2d {
     }
 }
 
+/// Batch normalisation over the channels of `[N, C, ...]` (PyTorch's `BatchNorm2d`,
+/// and `BatchNorm1d` over `[N, C]` or `[N, C, L]`): in training, each batch is
+/// normalised by its own statistics and the running mean and variance move towards
+/// them by `momentum` (the variance unbiased), recorded through [`Mode::record`] and
+/// stored by the trainer with the step; in evaluation, the running statistics are
+/// used. Learned scale `weight` (ones) and shift `bias` (zeros); the running
+/// statistics are the layer's buffers (`name.running_mean`, zeros, and
+/// `name.running_var`, ones), saved in checkpoints.
+#[derive(Debug, Clone)]
+pub struct BatchNorm2d {
+    weight: Parameter,
+    bias: Parameter,
+    running_mean: Parameter,
+    running_var: Parameter,
+    settings: ndfuse::BatchNorm,
+}
+
+impl BatchNorm2d {
+    /// A layer over `features` channels named `name`, with PyTorch's momentum 0.1 and
+    /// eps 1e-5 unless `settings` says otherwise (its training flag is ignored: the
+    /// pass's [`Mode`] decides).
+    ///
+    /// ```
+    /// use ndfuse_nn::{BatchNorm2d, Layer, Mode};
+    /// let ctx = ndfuse::Context::new();
+    /// let bn = BatchNorm2d::new(&ctx, "bn1", 3, ndfuse::BatchNorm::new())?;
+    /// // Running statistics of zero mean and unit variance: evaluation passes x through.
+    /// let x = ctx.ones(&[2, 3, 4, 4]);
+    /// let y = bn.forward(&x, &Mode::eval()).eval()?;
+    /// assert!(y.to_f64_vec().iter().all(|&v| (v - 1.0).abs() < 1e-4));
+    /// assert_eq!(bn.buffers().len(), 2);
+    /// # Ok::<(), ndfuse_nn::Error>(())
+    /// ```
+    pub fn new(
+        ctx: &Context,
+        name: &str,
+        features: usize,
+        settings: ndfuse::BatchNorm,
+    ) -> Result<BatchNorm2d> {
+        let vector = |what: &str, one: bool| {
+            let v = if one {
+                ctx.ones(&[features])
+            } else {
+                ctx.zeros(&[features])
+            };
+            Parameter::new(format!("{name}.{what}"), &v)
+        };
+        Ok(BatchNorm2d {
+            weight: vector("weight", true)?,
+            bias: vector("bias", false)?,
+            running_mean: vector("running_mean", false)?,
+            running_var: vector("running_var", true)?,
+            settings,
+        })
+    }
+}
+
+impl Layer for BatchNorm2d {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, mode: &Mode) -> Tensor {
+        let x = autocast(x);
+        let (w, b) = (self.weight.value_like(&x), self.bias.value_like(&x));
+        let (rm, rv) = (
+            self.running_mean.value_like(&x),
+            self.running_var.value_like(&x),
+        );
+        let training = mode.is_train();
+        let bn = self.settings.clone().training(training);
+        if training {
+            let (m, v) = x.batch_norm_running(&rm, &rv, &bn);
+            mode.record(&self.running_mean, m.cast(self.running_mean.dtype()));
+            mode.record(&self.running_var, v.cast(self.running_var.dtype()));
+        }
+        x.batch_norm(Some(&rm), Some(&rv), Some(&w), Some(&b), &bn)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        vec![self.weight.clone(), self.bias.clone()]
+    }
+
+    fn buffers(&self) -> Vec<Parameter> {
+        vec![self.running_mean.clone(), self.running_var.clone()]
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(BatchNorm2d {
+            weight: self.weight.duplicate(),
+            bias: self.bias.duplicate(),
+            running_mean: self.running_mean.duplicate(),
+            running_var: self.running_var.duplicate(),
+            settings: self.settings.clone(),
+        })
+    }
+}
+
 /// Max pooling over NCHW windows (`Tensor::max_pool2d`).
 #[derive(Debug, Clone)]
 pub struct MaxPool2d(pub Pool);

@@ -12,6 +12,7 @@ use crate::init::Init;
 use crate::param::Parameter;
 use ndfuse::{Context, DType, Tensor};
 use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
 
 /// `x` in the dtype layers compute in: the default dtype of `x`'s context when that is
 /// f16 or bf16 and `x` is a float tensor of another dtype (autocast: a half-precision
@@ -51,12 +52,22 @@ pub struct Mode {
     /// This layer's offset from the step's key (each container gives each of its
     /// layers its own): a constant of the graph, so the graph stays the same.
     salt: i64,
+    /// The new values of buffers the pass computed ([`Mode::record`]), shared by the
+    /// modes of every layer of one training pass.
+    updates: Option<Updates>,
 }
+
+/// The buffer values a training pass recorded, shared by its layers' modes.
+type Updates = Arc<Mutex<Vec<(Parameter, Tensor)>>>;
 
 impl Mode {
     /// Evaluation: no randomness.
     pub fn eval() -> Mode {
-        Mode { key: None, salt: 0 }
+        Mode {
+            key: None,
+            salt: 0,
+            updates: None,
+        }
     }
 
     /// Training with the step's `key`, a 0-d i64 data tensor ([`Context::key`]) that
@@ -65,6 +76,7 @@ impl Mode {
         Mode {
             key: Some(key),
             salt: 0,
+            updates: Some(Arc::default()),
         }
     }
 
@@ -79,7 +91,29 @@ impl Mode {
         Mode {
             key: self.key.clone(),
             salt: hash64(self.salt as u64 ^ hash64(i as u64 + 1)) as i64,
+            updates: self.updates.clone(),
         }
+    }
+
+    /// Records `value` as the new value of `buffer` (a layer's state that is not
+    /// trained by gradients: batch norm's running statistics) when this pass trains;
+    /// the trainer evaluates it with the step and stores it. Nothing when evaluating.
+    pub fn record(&self, buffer: &Parameter, value: Tensor) {
+        if let Some(updates) = &self.updates {
+            updates
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((buffer.clone(), value));
+        }
+    }
+
+    /// The buffer values recorded by the layers of this pass so far, in order.
+    pub fn recorded(&self) -> Vec<(Parameter, Tensor)> {
+        self.updates.as_ref().map_or_else(Vec::new, |u| {
+            u.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        })
     }
 
     /// This layer's random key (the step's key plus the layer's offset, wrapping), when
@@ -100,6 +134,13 @@ pub trait Layer: Debug + Send + Sync {
         Vec::new()
     }
 
+    /// The state that is not trained by gradients but saved and restored with the
+    /// parameters (batch norm's running statistics), in a fixed order; a training pass
+    /// gives their new values through [`Mode::record`].
+    fn buffers(&self) -> Vec<Parameter> {
+        Vec::new()
+    }
+
     /// A replica: the same layer with parameters of its own that start at this layer's
     /// current values (shared data, no copy: a step replaces a parameter's value, never
     /// writes into it). Data-parallel training keeps one replica per worker.
@@ -113,6 +154,10 @@ impl Layer for Box<dyn Layer> {
 
     fn parameters(&self) -> Vec<Parameter> {
         (**self).parameters()
+    }
+
+    fn buffers(&self) -> Vec<Parameter> {
+        (**self).buffers()
     }
 
     fn duplicate(&self) -> Box<dyn Layer> {
@@ -423,6 +468,10 @@ impl Layer for Sequential {
 
     fn parameters(&self) -> Vec<Parameter> {
         self.layers.iter().flat_map(|l| l.parameters()).collect()
+    }
+
+    fn buffers(&self) -> Vec<Parameter> {
+        self.layers.iter().flat_map(|l| l.buffers()).collect()
     }
 
     fn duplicate(&self) -> Box<dyn Layer> {

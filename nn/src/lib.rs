@@ -32,7 +32,9 @@ mod train;
 mod transformer;
 
 pub use checkpoint::{load as load_checkpoint, save as save_checkpoint, Checkpoint};
-pub use conv_layers::{AvgPool2d, Conv2d, ConvTranspose2d, Flatten, GlobalAvgPool, MaxPool2d};
+pub use conv_layers::{
+    AvgPool2d, BatchNorm2d, Conv2d, ConvTranspose2d, Flatten, GlobalAvgPool, MaxPool2d,
+};
 pub use data::{Batch, Batches, Dataset, Prefetch};
 pub use error::{Error, Result};
 pub use fit::{epoch_line, Epoch, FitOptions, History};

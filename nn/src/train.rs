@@ -82,8 +82,8 @@ pub struct Trainer<M: Layer> {
 type BatchType = [(ndfuse::DType, Vec<usize>); 2];
 
 /// One training step lowered once: its slots are the batch, the step key, the
-/// parameters, the optimiser state and the step scalars, in that order; a step with a
-/// batch of the same dtypes and shapes only binds new data to them.
+/// parameters, the optimiser state, the step scalars and the model's buffers, in that
+/// order; a step with a batch of the same dtypes and shapes only binds new data to them.
 #[derive(Debug, Clone)]
 struct StepCache {
     /// The batch type it was compiled for (`None`: it reads no batch).
@@ -192,6 +192,7 @@ impl<M: Layer> Trainer<M> {
         let batch = self.batch_type(x, y)?;
         let key = self.step_key();
         let params = self.param_values();
+        let buffers = self.buffer_values();
         let scaled = self.optimizer.loss_scaler().is_some();
         let hit = self
             .grads_cache
@@ -204,6 +205,7 @@ impl<M: Layer> Trainer<M> {
                     .into_iter()
                     .chain(&params)
                     .chain(&scalars)
+                    .chain(&buffers)
                     .collect();
                 c.step.run(&inputs)?
             }
@@ -212,13 +214,18 @@ impl<M: Layer> Trainer<M> {
                 let loss = self.loss.of(&self.model.forward(x, &mode), y);
                 let wrt: Vec<&Tensor> = params.iter().collect();
                 let Gradients { grads, scalars } = self.optimizer.gradients(&loss, &wrt)?;
-                let outputs: Vec<&Tensor> = std::iter::once(&loss).chain(&grads).collect();
+                let new_buffers = self.recorded_buffers(&mode, &buffers);
+                let outputs: Vec<&Tensor> = std::iter::once(&loss)
+                    .chain(&grads)
+                    .chain(&new_buffers)
+                    .collect();
                 match batch {
                     Some(batch) => {
                         let inputs: Vec<&Tensor> = [x, y, &key]
                             .into_iter()
                             .chain(&params)
                             .chain(scalars.iter().map(|s| &s.2))
+                            .chain(&buffers)
                             .collect();
                         let step = self.ctx.compile(&outputs, &inputs)?;
                         let out = step.run(&inputs)?;
@@ -234,6 +241,7 @@ impl<M: Layer> Trainer<M> {
                 }
             }
         };
+        self.store_buffers(&mut out)?;
         let grads = out.split_off(1);
         Ok((out[0].to_f64_vec()[0], grads))
     }
@@ -297,6 +305,39 @@ impl<M: Layer> Trainer<M> {
             return true;
         }
         out.pop().is_some_and(|f| flag(&f))
+    }
+
+    /// The model's buffers' current values, in order ([`Layer::buffers`]).
+    fn buffer_values(&self) -> Vec<Tensor> {
+        self.model.buffers().iter().map(Parameter::value).collect()
+    }
+
+    /// Each buffer's new value as the training pass `mode` recorded it (the last
+    /// record), or its value `now` when the pass recorded none.
+    fn recorded_buffers(&self, mode: &Mode, now: &[Tensor]) -> Vec<Tensor> {
+        let recorded = mode.recorded();
+        self.model
+            .buffers()
+            .iter()
+            .zip(now)
+            .map(|(b, now)| {
+                recorded
+                    .iter()
+                    .rev()
+                    .find(|(r, _)| r.same(b))
+                    .map_or_else(|| now.clone(), |(_, t)| t.clone())
+            })
+            .collect()
+    }
+
+    /// Takes the buffers' new values off the end of a step's outputs and stores them.
+    fn store_buffers(&self, out: &mut Vec<Array>) -> Result<()> {
+        let buffers = self.model.buffers();
+        let values = out.split_off(out.len() - buffers.len());
+        for (b, v) in buffers.iter().zip(values) {
+            b.replace(v)?;
+        }
+        Ok(())
     }
 
     /// The parameters' current values, in order.
@@ -414,6 +455,7 @@ impl<M: Layer> Trainer<M> {
         let key = self.step_key();
         let params = self.param_values();
         let state = self.state_values();
+        let buffers = self.buffer_values();
         let scaled = self.optimizer.loss_scaler().is_some();
         let hit = self.cache.as_ref().filter(|c| c.serves(&batch, scaled));
         let (out, report) = match hit {
@@ -424,15 +466,18 @@ impl<M: Layer> Trainer<M> {
                     .chain(&params)
                     .chain(&state)
                     .chain(&scalars)
+                    .chain(&buffers)
                     .collect();
                 c.step.run_report(&data)?
             }
             None => {
                 let mode = Mode::train(key.clone());
                 let (loss, update) = self.step_graph_with(x, y, &mode)?;
+                let new_buffers = self.recorded_buffers(&mode, &buffers);
                 let outputs: Vec<&Tensor> = std::iter::once(&loss)
                     .chain(&update.params)
                     .chain(&update.state)
+                    .chain(&new_buffers)
                     .chain(&update.finite)
                     .collect();
                 let Some(batch) = batch else {
@@ -444,6 +489,7 @@ impl<M: Layer> Trainer<M> {
                     .chain(&params)
                     .chain(&state)
                     .chain(update.scalars.iter().map(|s| &s.2))
+                    .chain(&buffers)
                     .collect();
                 let step = self.ctx.compile(&outputs, &inputs)?;
                 let result = step.run_report(&inputs)?;
@@ -468,6 +514,9 @@ impl<M: Layer> Trainer<M> {
         scaled: bool,
     ) -> Result<(f64, Report)> {
         let finite = self.take_flag(&mut out, scaled);
+        // Stored whether or not the gradients were finite: the forward pass ran either
+        // way (as PyTorch's running statistics move in every training forward).
+        self.store_buffers(&mut out)?;
         let n = self.optimizer.parameters().len();
         let state = out.split_off(1 + n);
         let params = out.split_off(1);
@@ -517,12 +566,15 @@ const FORMAT: &str = "ndfuse-nn/1";
 const STATE: &str = "optimizer.";
 
 impl<M: Layer> Trainer<M> {
-    /// Saves the parameters (by name), the optimiser's state (`optimizer.<name>.<slot>`),
-    /// its step count and the seed to a safetensors file at `path`, atomically; with
-    /// loss scaling also the scale and its counters (metadata `loss_scale`,
-    /// `loss_scale_good_steps`, `skipped_steps`).
+    /// Saves the parameters and the model's buffers (by name), the optimiser's state
+    /// (`optimizer.<name>.<slot>`), its step count and the seed to a safetensors file at
+    /// `path`, atomically; with loss scaling also the scale and its counters (metadata
+    /// `loss_scale`, `loss_scale_good_steps`, `skipped_steps`).
     pub fn save(&self, path: &Path) -> Result<()> {
-        let params = self.optimizer.parameters();
+        // The parameters, then the model's buffers (batch norm's running statistics),
+        // by name; then the optimiser's state.
+        let mut params = self.optimizer.parameters().to_vec();
+        params.extend(self.model.buffers());
         let state = self.optimizer.state();
         let values: Vec<Tensor> = params
             .iter()
@@ -599,7 +651,8 @@ impl<M: Layer> Trainer<M> {
             _ => None,
         };
         let params = self.optimizer.parameters().to_vec();
-        for p in &params {
+        let buffers = self.model.buffers();
+        for p in params.iter().chain(&buffers) {
             ck.expect_shape(p.name(), &p.shape(), p.dtype())?;
         }
         let state = self.optimizer.state();
@@ -614,10 +667,11 @@ impl<M: Layer> Trainer<M> {
             .collect::<Result<_>>()?;
         let values: Vec<Array> = params
             .iter()
+            .chain(&buffers)
             .map(|p| ck.take(p.name()))
             .collect::<Result<_>>()?;
         self.optimizer.load_state(state, steps)?;
-        for (p, a) in params.iter().zip(values) {
+        for (p, a) in params.iter().chain(&buffers).zip(values) {
             p.replace(a)?;
         }
         self.seed = seed;

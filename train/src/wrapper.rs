@@ -253,6 +253,10 @@ impl<M: Layer> Builder<M> {
             (w.frequency == 0, "averaging_frequency must be at least 1"),
             (w.batch_size == 0, "batch_size must be at least 1"),
             (
+                !w.trainer.model().buffers().is_empty(),
+                "the model has buffers (batch norm's running statistics), which the workers do not average yet: train it with a Trainer",
+            ),
+            (
                 ranked && w.on_failure == OnFailure::Continue,
                 "with ranks a failed worker stops the run (OnFailure::Stop): the ranks' shares of the data must stay in step",
             ),
