@@ -211,6 +211,28 @@ pub(crate) fn per_axis(what: &str, s: &Spatial, r: usize) -> Result<Vec<usize>, 
     }
 }
 
+/// Checks that the bias, if any, is `[o]`; `shapes` names the operands for the message.
+pub(crate) fn check_bias(bias: Option<&[usize]>, o: usize, shapes: &str) -> Result<(), String> {
+    match bias {
+        Some(b) if b != [o] => Err(format!(
+            "{shapes}: bias {b:?} must be [{o}], one per output channel"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The stride and dilation of `conv` for `r` spatial axes, each at least 1.
+pub(crate) fn steps(conv: &Conv, r: usize) -> Result<(Vec<usize>, Vec<usize>), String> {
+    let stride = per_axis("stride", &conv.stride, r)?;
+    let dilation = per_axis("dilation", &conv.dilation, r)?;
+    if stride.contains(&0) || dilation.contains(&0) {
+        return Err(format!(
+            "stride {stride:?} and dilation {dilation:?} must be at least 1"
+        ));
+    }
+    Ok((stride, dilation))
+}
+
 fn geometry(
     r: usize,
     x: &[usize],
@@ -242,16 +264,8 @@ fn geometry(
             c / groups
         ));
     }
-    if let Some(b) = bias {
-        if b != [o] {
-            return Err(format!(
-                "{}: bias {b:?} must be [{o}], one per output channel",
-                shapes()
-            ));
-        }
-    }
-    let stride = per_axis("stride", &conv.stride, r)?;
-    let dilation = per_axis("dilation", &conv.dilation, r)?;
+    check_bias(bias, o, &shapes())?;
+    let (stride, dilation) = steps(conv, r)?;
     if per_axis("output_padding", &conv.output_padding, r)?
         .iter()
         .any(|&p| p != 0)
@@ -259,11 +273,6 @@ fn geometry(
         return Err(format!(
             "output_padding {:?} is for transposed convolutions only",
             conv.output_padding.0
-        ));
-    }
-    if stride.contains(&0) || dilation.contains(&0) {
-        return Err(format!(
-            "stride {stride:?} and dilation {dilation:?} must be at least 1"
         ));
     }
     let kernel = w[2..].to_vec();

@@ -10,7 +10,7 @@
 //! channels swapped within each group, padded by `dilation * (k - 1) - padding`
 //! (cropped where that is negative) plus the output padding after.
 
-use crate::conv::{conv_at, per_axis, At, Conv, Padding, Spatial};
+use crate::conv::{check_bias, conv_at, per_axis, steps, At, Conv, Padding, Spatial};
 use crate::error::Error;
 use crate::ops::SliceArg;
 use crate::tensor::Tensor;
@@ -107,22 +107,9 @@ fn settings(
         ));
     }
     let out_channels = w[1] * groups;
-    if let Some(b) = bias {
-        if b != [out_channels] {
-            return Err(format!(
-                "{}: bias {b:?} must be [{out_channels}], one per output channel",
-                shapes()
-            ));
-        }
-    }
-    let stride = per_axis("stride", &conv.stride, r)?;
-    let dilation = per_axis("dilation", &conv.dilation, r)?;
+    check_bias(bias, out_channels, &shapes())?;
+    let (stride, dilation) = steps(conv, r)?;
     let output_padding = per_axis("output_padding", &conv.output_padding, r)?;
-    if stride.contains(&0) || dilation.contains(&0) {
-        return Err(format!(
-            "stride {stride:?} and dilation {dilation:?} must be at least 1"
-        ));
-    }
     for i in 0..r {
         if output_padding[i] >= stride[i].max(dilation[i]) {
             return Err(format!(

@@ -10,13 +10,63 @@ use crate::layers::{autocast, Layer, Mode};
 use crate::param::Parameter;
 use ndfuse::{Context, Conv, Pool, Tensor};
 
-/// A 2-D convolution: `conv2d(x, weight, bias)` with the settings of `conv`.
+/// What a convolution layer learns and how it convolves: the weight, the bias (zeros
+/// at first) and the settings.
 #[derive(Debug, Clone)]
-pub struct Conv2d {
+struct Learned {
     weight: Parameter,
     bias: Option<Parameter>,
     conv: Conv,
 }
+
+impl Learned {
+    /// Weights of `shape` drawn by `init` from `seed` with fans `fans`, a bias of
+    /// `outputs` zeros, named `name.weight` and `name.bias`.
+    fn new(
+        ctx: &Context,
+        name: &str,
+        (shape, fans): (&[usize], (usize, usize)),
+        outputs: usize,
+        conv: Conv,
+        (init, seed): (Init, u64),
+    ) -> Result<Learned> {
+        let w = init.tensor(ctx, shape, fans.0, fans.1, seed);
+        Ok(Learned {
+            weight: Parameter::new(format!("{name}.weight"), &w)?,
+            bias: Some(Parameter::new(
+                format!("{name}.bias"),
+                &ctx.zeros(&[outputs]),
+            )?),
+            conv,
+        })
+    }
+
+    /// The input cast as the model computes, the weight and the bias in its dtype.
+    fn operands(&self, x: &Tensor) -> (Tensor, Tensor, Option<Tensor>) {
+        let x = autocast(x);
+        let w = self.weight.value_like(&x);
+        let b = self.bias.as_ref().map(|b| b.value_like(&x));
+        (x, w, b)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        std::iter::once(self.weight.clone())
+            .chain(self.bias.clone())
+            .collect()
+    }
+
+    fn duplicate(&self) -> Learned {
+        Learned {
+            weight: self.weight.duplicate(),
+            bias: self.bias.as_ref().map(Parameter::duplicate),
+            conv: self.conv.clone(),
+        }
+    }
+}
+
+/// A 2-D convolution: `conv2d(x, weight, bias)` with the settings of `conv`.
+#[derive(Debug, Clone)]
+pub struct Conv2d(Learned);
 
 impl Conv2d {
     /// A layer from `inputs` to `outputs` channels with a `kernel` window (one extent,
@@ -46,37 +96,26 @@ impl Conv2d {
     ) -> Result<Conv2d> {
         let (kh, kw, groups) = checked("Conv2d::new", kernel, &conv, inputs, outputs)?;
         let per_group = inputs / groups;
-        let w = init.tensor(
-            ctx,
-            &[outputs, per_group, kh, kw],
-            per_group * kh * kw,
-            outputs / groups * kh * kw,
-            seed,
-        );
-        Ok(Conv2d {
-            weight: Parameter::new(format!("{name}.weight"), &w)?,
-            bias: Some(Parameter::new(
-                format!("{name}.bias"),
-                &ctx.zeros(&[outputs]),
-            )?),
-            conv,
-        })
+        let shape = [outputs, per_group, kh, kw];
+        let fans = (per_group * kh * kw, outputs / groups * kh * kw);
+        let learned = Learned::new(ctx, name, (&shape, fans), outputs, conv, (init, seed))?;
+        Ok(Conv2d(learned))
     }
 
     /// The same layer without a bias.
     pub fn without_bias(mut self) -> Conv2d {
-        self.bias = None;
+        self.0.bias = None;
         self
     }
 
     /// The weight, `[O, I / groups, kh, kw]`.
     pub fn weight(&self) -> &Parameter {
-        &self.weight
+        &self.0.weight
     }
 
     /// The bias, `[O]`, if the layer has one.
     pub fn bias(&self) -> Option<&Parameter> {
-        self.bias.as_ref()
+        self.0.bias.as_ref()
     }
 }
 
@@ -115,11 +154,7 @@ fn checked(
 /// of `conv`, its output padding included): the layer that upsamples in decoders and
 /// generators.
 #[derive(Debug, Clone)]
-pub struct ConvTranspose2d {
-    weight: Parameter,
-    bias: Option<Parameter>,
-    conv: Conv,
-}
+pub struct ConvTranspose2d(Learned);
 
 impl ConvTranspose2d {
     /// A layer from `inputs` to `outputs` channels with a `kernel` window, named `name`,
@@ -150,78 +185,53 @@ impl ConvTranspose2d {
     ) -> Result<ConvTranspose2d> {
         let (kh, kw, groups) = checked("ConvTranspose2d::new", kernel, &conv, inputs, outputs)?;
         let per_group = outputs / groups;
-        let w = init.tensor(
-            ctx,
-            &[inputs, per_group, kh, kw],
-            per_group * kh * kw,
-            inputs / groups * kh * kw,
-            seed,
-        );
-        Ok(ConvTranspose2d {
-            weight: Parameter::new(format!("{name}.weight"), &w)?,
-            bias: Some(Parameter::new(
-                format!("{name}.bias"),
-                &ctx.zeros(&[outputs]),
-            )?),
-            conv,
-        })
+        let shape = [inputs, per_group, kh, kw];
+        let fans = (per_group * kh * kw, inputs / groups * kh * kw);
+        let learned = Learned::new(ctx, name, (&shape, fans), outputs, conv, (init, seed))?;
+        Ok(ConvTranspose2d(learned))
     }
 
     /// The same layer without a bias.
     pub fn without_bias(mut self) -> ConvTranspose2d {
-        self.bias = None;
+        self.0.bias = None;
         self
     }
 
     /// The weight, `[I, O / groups, kh, kw]`.
     pub fn weight(&self) -> &Parameter {
-        &self.weight
+        &self.0.weight
     }
 }
 
 impl Layer for ConvTranspose2d {
     #[track_caller]
     fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
-        let x = autocast(x);
-        let b = self.bias.as_ref().map(|b| b.value_like(&x));
-        x.conv_transpose2d(&self.weight.value_like(&x), b.as_ref(), &self.conv)
+        let (x, w, b) = self.0.operands(x);
+        x.conv_transpose2d(&w, b.as_ref(), &self.0.conv)
     }
 
     fn parameters(&self) -> Vec<Parameter> {
-        std::iter::once(self.weight.clone())
-            .chain(self.bias.clone())
-            .collect()
+        self.0.parameters()
     }
 
     fn duplicate(&self) -> Box<dyn Layer> {
-        Box::new(ConvTranspose2d {
-            weight: self.weight.duplicate(),
-            bias: self.bias.as_ref().map(Parameter::duplicate),
-            conv: self.conv.clone(),
-        })
+        Box::new(ConvTranspose2d(self.0.duplicate()))
     }
 }
 
 impl Layer for Conv2d {
     #[track_caller]
     fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
-        let x = autocast(x);
-        let b = self.bias.as_ref().map(|b| b.value_like(&x));
-        x.conv2d(&self.weight.value_like(&x), b.as_ref(), &self.conv)
+        let (x, w, b) = self.0.operands(x);
+        x.conv2d(&w, b.as_ref(), &self.0.conv)
     }
 
     fn parameters(&self) -> Vec<Parameter> {
-        std::iter::once(self.weight.clone())
-            .chain(self.bias.clone())
-            .collect()
+        self.0.parameters()
     }
 
     fn duplicate(&self) -> Box<dyn Layer> {
-        Box::new(Conv2d {
-            weight: self.weight.duplicate(),
-            bias: self.bias.as_ref().map(Parameter::duplicate),
-            conv: self.conv.clone(),
-        })
+        Box::new(Conv2d(self.0.duplicate()))
     }
 }
 

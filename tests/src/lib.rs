@@ -100,6 +100,19 @@ pub fn assert_close(got: &Array, want: &Array, rtol: f64, atol: f64, what: &str)
     }
 }
 
+/// Panics unless `got` has `want`'s shape and every element is within `atol + rtol *
+/// |want|` of it, whatever the two dtypes (a reference computed in f64, such as
+/// PyTorch's fixtures, against a result in f32).
+pub fn assert_near(what: &str, got: &Array, want: &Array, rtol: f64, atol: f64) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+        assert!(
+            (a - b).abs() <= atol + rtol * b.abs(),
+            "{what}: element {i} is {a} against the reference's {b} (rtol {rtol:e}, atol {atol:e})"
+        );
+    }
+}
+
 /// [`assert_close`]'s check as a result, for a test that gathers every failure before
 /// it fails: the first element out of tolerance (or the shape or dtype that differs).
 pub fn check_close(

@@ -5,6 +5,7 @@
 //! fusing with what follows it; expressions; bad arguments as errors naming the call site.
 
 use ndfuse::{Array, BackendKind, BatchNorm, Context, Tensor};
+use ndfuse_tests::assert_near;
 use std::path::Path;
 
 fn fixture(case: &str, key: &str) -> Array {
@@ -23,15 +24,8 @@ fn fixture(case: &str, key: &str) -> Array {
 /// CPU (f32 throughout) and on the interpreter (each node rounded to f32).
 const RTOL: f64 = 1e-4;
 
-fn close(what: &str, got: &Array, want: &Array) -> f64 {
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    let mut worst = 0.0f64;
-    for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
-        let d = (a - b).abs() / (1.0 + b.abs());
-        assert!(d <= RTOL, "{what}: element {i} is {a} against torch's {b}");
-        worst = worst.max(d);
-    }
-    worst
+fn close(what: &str, got: &Array, want: &Array) {
+    assert_near(what, got, want, RTOL, RTOL);
 }
 
 #[test]
@@ -48,7 +42,6 @@ fn batch_norm_matches_pytorch_forward_backward_and_running_statistics() {
         4,
         "every case of scripts/batch_norm_fixtures.py"
     );
-    let mut worst = 0.0f64;
     for f in &lines {
         let (name, training, affine) = (f[0], f[1] == "train", f[2] == "affine");
         let bn = BatchNorm::new()
@@ -64,11 +57,11 @@ fn batch_norm_matches_pytorch_forward_backward_and_running_statistics() {
             let (wo, bo) = (affine_of(&w), affine_of(&b));
             let y = x.batch_norm(Some(&rm), Some(&rv), wo.as_ref(), bo.as_ref(), &bn);
             let what = format!("{name} on {backend:?}");
-            worst = worst.max(close(
+            close(
                 &format!("{what}: y"),
                 &y.eval().unwrap(),
                 &fixture(name, "y"),
-            ));
+            );
             let loss = (&y * &r).sum(..);
             let mut wrt = vec![&x];
             if affine {
@@ -77,24 +70,23 @@ fn batch_norm_matches_pytorch_forward_backward_and_running_statistics() {
             let grads = ndfuse::grad(&loss, &wrt).expect("gradients");
             for (g, key) in grads.iter().zip(["gx", "gw", "gb"]) {
                 let got = g.eval().unwrap();
-                worst = worst.max(close(&format!("{what}: {key}"), &got, &fixture(name, key)));
+                close(&format!("{what}: {key}"), &got, &fixture(name, key));
             }
             if training {
                 let (m, v) = x.batch_norm_running(&rm, &rv, &bn);
-                worst = worst.max(close(
+                close(
                     &format!("{what}: running mean"),
                     &m.eval().unwrap(),
                     &fixture(name, "rm_out"),
-                ));
-                worst = worst.max(close(
+                );
+                close(
                     &format!("{what}: running var"),
                     &v.eval().unwrap(),
                     &fixture(name, "rv_out"),
-                ));
+                );
             }
         }
     }
-    println!("worst difference from torch: {worst:e} of 1 + |value|");
 }
 
 #[test]

@@ -1,12 +1,18 @@
 //! Issue 36: `conv_transpose1d` / `conv_transpose2d` with PyTorch's semantics, checked
 //! against torch's outputs and gradients (`tests/fixtures/conv_transpose`, from
-//! `scripts/conv_transpose_fixtures.py`: strides, padding wider than the kernel's reach,
+//! `scripts/conv_fixtures.py`: strides, padding wider than the kernel's reach,
 //! output padding, dilation, groups, depthwise, one and two spatial axes), as the
 //! adjoint of the convolution with the same settings (<conv(x), y> = <x, conv_t(y)>,
 //! in f64 on the interpreter), the CPU against the interpreter, in expressions, and bad
 //! settings as errors naming the call site.
 
 use ndfuse::{Array, BackendKind, Context, Conv, DType, Padding, Tensor};
+use ndfuse_tests::assert_near;
+
+/// Within an absolute `bound` of torch's value.
+fn near(what: &str, got: &Array, want: &Array, bound: f64) {
+    assert_near(what, got, want, 0.0, bound);
+}
 use std::path::Path;
 
 /// f32's unit roundoff.
@@ -25,18 +31,6 @@ fn spatial(s: &str) -> ndfuse::Spatial {
     ndfuse::Spatial(s.split(',').map(|v| v.parse().expect("a number")).collect())
 }
 
-/// Checks `got` against `want` element by element: `|got - want| <= bound`.
-fn close(what: &str, got: &Array, want: &Array, bound: f64) {
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        assert!(
-            (a - b).abs() <= bound,
-            "{what}: element {i} is {a} against torch's {b} (bound {bound:e})"
-        );
-    }
-}
-
 #[test]
 fn conv_transpose_matches_pytorch_forward_and_backward() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/conv_transpose");
@@ -46,11 +40,7 @@ fn conv_transpose_matches_pytorch_forward_and_backward() {
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .map(|l| l.split_whitespace().collect())
         .collect();
-    assert_eq!(
-        lines.len(),
-        8,
-        "every case of scripts/conv_transpose_fixtures.py"
-    );
+    assert_eq!(lines.len(), 8, "every case of scripts/conv_fixtures.py");
     for f in &lines {
         let (name, rank, bias) = (f[0], f[1].parse::<usize>().unwrap(), f[7] == "bias");
         let pads: Vec<(usize, usize)> = spatial(f[3]).0.iter().map(|&p| (p, p)).collect();
@@ -85,7 +75,7 @@ fn conv_transpose_matches_pytorch_forward_and_backward() {
                 _ => (terms as f64 + 2.0) * U * (terms as f64 + 1.0),
             };
             let what = format!("{name} on {backend:?}");
-            close(
+            near(
                 &format!("{what}: y"),
                 &y.eval().unwrap(),
                 &fixture(name, "y"),
@@ -98,7 +88,7 @@ fn conv_transpose_matches_pytorch_forward_and_backward() {
             }
             let grads = ndfuse::grad(&loss, &wrt).expect("gradients");
             for (g, key) in grads.iter().zip(["gx", "gw", "gb"]) {
-                close(
+                near(
                     &format!("{what}: {key}"),
                     &g.eval().unwrap(),
                     &fixture(name, key),
