@@ -357,9 +357,21 @@ fn compiled_ref(kernel: &Kernel) -> Result<(Option<Held>, StepPath, Duration), R
             // Its bytes are the member's: counted again, so the byte limit still
             // bounds the code alive (an evicted member's code lives on in these).
             let bytes = rebound.code_bytes() as u64;
+            let rebound = Arc::new(rebound);
+            // The family holds the newest kernel running this code, so the code stays
+            // findable while any kernel of the cache still runs it.
+            if let Some(key) = &family {
+                let mut families = lock_families();
+                if let Some(slot) = families.map.get_mut(key).and_then(|m| {
+                    m.iter_mut()
+                        .find(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&member)))
+                }) {
+                    *slot = Arc::downgrade(&rebound);
+                }
+            }
             let mut cache = lock_kernels();
             cache.count_rebound();
-            let c = held(cache.insert(kernel.clone(), Arc::new(rebound), bytes));
+            let c = held(cache.insert(kernel.clone(), rebound, bytes));
             return Ok((Some(c), StepPath::Jit { cached: true }, started.elapsed()));
         }
     }
