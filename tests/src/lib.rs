@@ -100,6 +100,31 @@ pub fn assert_close(got: &Array, want: &Array, rtol: f64, atol: f64, what: &str)
     }
 }
 
+/// The case lines of fixture set `set` (`tests/fixtures/<set>/cases.txt`, written by a
+/// script under `scripts/`), each split into its fields; comments and blanks left out.
+pub fn fixture_cases(set: &str) -> Vec<Vec<String>> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(set)
+        .join("cases.txt");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect()
+}
+
+/// Array `key` of case `case` of fixture set `set`
+/// (`tests/fixtures/<set>/<case>/<key>.npy`).
+pub fn fixture(set: &str, case: &str, key: &str) -> Array {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(set)
+        .join(case)
+        .join(format!("{key}.npy"));
+    ndfuse::npy::read_npy(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"))
+}
+
 /// Panics unless `got` has `want`'s shape and every element is within `atol + rtol *
 /// |want|` of it, whatever the two dtypes (a reference computed in f64, such as
 /// PyTorch's fixtures, against a result in f32).

@@ -6,14 +6,9 @@
 
 use ndfuse::{Array, BackendKind, BatchNorm, Context, Tensor};
 use ndfuse_tests::assert_near;
-use std::path::Path;
 
 fn fixture(case: &str, key: &str) -> Array {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/batch_norm")
-        .join(case)
-        .join(format!("{key}.npy"));
-    ndfuse::npy::read_npy(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"))
+    ndfuse_tests::fixture("batch_norm", case, key)
 }
 
 /// The tolerance of every comparison: relative to 1 + |torch's value|. The inputs are at
@@ -30,19 +25,14 @@ fn close(what: &str, got: &Array, want: &Array) {
 
 #[test]
 fn batch_norm_matches_pytorch_forward_backward_and_running_statistics() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/batch_norm");
-    let text = std::fs::read_to_string(dir.join("cases.txt")).expect("cases.txt");
-    let lines: Vec<Vec<&str>> = text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| l.split_whitespace().collect())
-        .collect();
+    let lines = ndfuse_tests::fixture_cases("batch_norm");
     assert_eq!(
         lines.len(),
         4,
         "every case of scripts/batch_norm_fixtures.py"
     );
     for f in &lines {
+        let f: Vec<&str> = f.iter().map(String::as_str).collect();
         let (name, training, affine) = (f[0], f[1] == "train", f[2] == "affine");
         let bn = BatchNorm::new()
             .training(training)

@@ -13,17 +13,12 @@ use ndfuse_tests::assert_near;
 fn near(what: &str, got: &Array, want: &Array, bound: f64) {
     assert_near(what, got, want, 0.0, bound);
 }
-use std::path::Path;
 
 /// f32's unit roundoff.
 const U: f64 = 5.960_464_477_539_063e-8;
 
 fn fixture(case: &str, key: &str) -> Array {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/conv_transpose")
-        .join(case)
-        .join(format!("{key}.npy"));
-    ndfuse::npy::read_npy(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"))
+    ndfuse_tests::fixture("conv_transpose", case, key)
 }
 
 /// `2,1` as a `Spatial`.
@@ -33,15 +28,10 @@ fn spatial(s: &str) -> ndfuse::Spatial {
 
 #[test]
 fn conv_transpose_matches_pytorch_forward_and_backward() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/conv_transpose");
-    let text = std::fs::read_to_string(dir.join("cases.txt")).expect("cases.txt");
-    let lines: Vec<Vec<&str>> = text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|l| l.split_whitespace().collect())
-        .collect();
+    let lines = ndfuse_tests::fixture_cases("conv_transpose");
     assert_eq!(lines.len(), 8, "every case of scripts/conv_fixtures.py");
     for f in &lines {
+        let f: Vec<&str> = f.iter().map(String::as_str).collect();
         let (name, rank, bias) = (f[0], f[1].parse::<usize>().unwrap(), f[7] == "bias");
         let pads: Vec<(usize, usize)> = spatial(f[3]).0.iter().map(|&p| (p, p)).collect();
         let conv = Conv::new()
