@@ -1,8 +1,9 @@
 //! The layers of convolutional networks: [`Conv2d`] (learned weights `[O, I / groups,
-//! kh, kw]` and bias `[O]`), [`ConvTranspose2d`] (weights `[I, O / groups, kh, kw]`),
-//! [`MaxPool2d`], [`AvgPool2d`], [`GlobalAvgPool`] and [`Flatten`], over NCHW tensors
-//! with PyTorch's semantics (`ndfuse::Tensor::conv2d`, `conv_transpose2d`,
-//! `max_pool2d`, `avg_pool2d`, `global_avg_pool2d`).
+//! kh, kw]` and bias `[O]`), [`Conv1d`] (weights `[O, I / groups, k]` over NCL
+//! sequences), [`ConvTranspose2d`] (weights `[I, O / groups, kh, kw]`), [`MaxPool2d`],
+//! [`AvgPool2d`], [`GlobalAvgPool`] and [`Flatten`], over NCHW tensors with PyTorch's
+//! semantics (`ndfuse::Tensor::conv2d`, `conv1d`, `conv_transpose2d`, `max_pool2d`,
+//! `avg_pool2d`, `global_avg_pool2d`).
 
 use crate::error::{Error, Result};
 use crate::init::Init;
@@ -94,7 +95,8 @@ impl Conv2d {
         init: Init,
         seed: u64,
     ) -> Result<Conv2d> {
-        let (kh, kw, groups) = checked("Conv2d::new", kernel, &conv, inputs, outputs)?;
+        let (k, groups) = checked("Conv2d::new", kernel, 2, &conv, inputs, outputs)?;
+        let (kh, kw) = (k[0], k[1]);
         let per_group = inputs / groups;
         let shape = [outputs, per_group, kh, kw];
         let fans = (per_group * kh * kw, outputs / groups * kh * kw);
@@ -119,23 +121,26 @@ impl Conv2d {
     }
 }
 
-/// The kernel's `(kh, kw)` and the groups of a layer's settings, checked.
+/// The kernel's extent on each of `rank` spatial axes (one extent is every axis's) and
+/// the groups of a layer's settings, checked.
 fn checked(
     what: &'static str,
     kernel: impl Into<ndfuse::Spatial>,
+    rank: usize,
     conv: &Conv,
     inputs: usize,
     outputs: usize,
-) -> Result<(usize, usize, usize)> {
+) -> Result<(Vec<usize>, usize)> {
     let k = kernel.into().0;
-    let (kh, kw) = match k[..] {
-        [k] => (k, k),
-        [h, w] => (h, w),
+    let k = match k[..] {
+        [e] => vec![e; rank],
+        _ if k.len() == rank => k,
         _ => {
+            let per_axis = if rank == 2 { " or (kh, kw)" } else { "" };
             return Err(Error::Argument {
                 what,
-                why: format!("kernel {k:?}: give one extent or (kh, kw)"),
-            })
+                why: format!("kernel {k:?}: give one extent{per_axis}"),
+            });
         }
     };
     let groups = conv.groups_count();
@@ -147,7 +152,79 @@ fn checked(
             ),
         });
     }
-    Ok((kh, kw, groups))
+    Ok((k, groups))
+}
+
+/// A 1-D convolution over sequences `[N, C, L]`: `conv1d(x, weight, bias)` with the
+/// settings of `conv` (PyTorch's `Conv1d`).
+#[derive(Debug, Clone)]
+pub struct Conv1d(Learned);
+
+impl Conv1d {
+    /// A layer from `inputs` to `outputs` channels with a window of `kernel` taps, named
+    /// `name` (`name.weight`, `name.bias`), weights `[outputs, inputs / groups, kernel]`
+    /// drawn by `init` from `seed` (fans as PyTorch counts them: `inputs / groups *
+    /// kernel` in, `outputs / groups * kernel` out), bias zero.
+    ///
+    /// ```
+    /// use ndfuse::Conv;
+    /// use ndfuse_nn::{Conv1d, Init, Layer, Mode};
+    /// let ctx = ndfuse::Context::new();
+    /// let c = Conv1d::new(&ctx, "c1", 4, 8, 5, Conv::new().padding("same"), Init::HeUniform, 1)?;
+    /// let y = c.forward(&ctx.ones(&[2, 4, 30]), &Mode::eval());
+    /// assert_eq!(y.shape()?, &[2, 8, 30]);
+    /// # Ok::<(), ndfuse_nn::Error>(())
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: &Context,
+        name: &str,
+        inputs: usize,
+        outputs: usize,
+        kernel: usize,
+        conv: Conv,
+        init: Init,
+        seed: u64,
+    ) -> Result<Conv1d> {
+        let (_, groups) = checked("Conv1d::new", kernel, 1, &conv, inputs, outputs)?;
+        let per_group = inputs / groups;
+        let shape = [outputs, per_group, kernel];
+        let fans = (per_group * kernel, outputs / groups * kernel);
+        let learned = Learned::new(ctx, name, (&shape, fans), outputs, conv, (init, seed))?;
+        Ok(Conv1d(learned))
+    }
+
+    /// The same layer without a bias.
+    pub fn without_bias(mut self) -> Conv1d {
+        self.0.bias = None;
+        self
+    }
+
+    /// The weight, `[O, I / groups, k]`.
+    pub fn weight(&self) -> &Parameter {
+        &self.0.weight
+    }
+
+    /// The bias, `[O]`, if the layer has one.
+    pub fn bias(&self) -> Option<&Parameter> {
+        self.0.bias.as_ref()
+    }
+}
+
+impl Layer for Conv1d {
+    #[track_caller]
+    fn forward(&self, x: &Tensor, _: &Mode) -> Tensor {
+        let (x, w, b) = self.0.operands(x);
+        x.conv1d(&w, b.as_ref(), &self.0.conv)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        self.0.parameters()
+    }
+
+    fn duplicate(&self) -> Box<dyn Layer> {
+        Box::new(Conv1d(self.0.duplicate()))
+    }
 }
 
 /// A 2-D transposed convolution (`conv_transpose2d(x, weight, bias)` with the settings
@@ -183,7 +260,8 @@ impl ConvTranspose2d {
         init: Init,
         seed: u64,
     ) -> Result<ConvTranspose2d> {
-        let (kh, kw, groups) = checked("ConvTranspose2d::new", kernel, &conv, inputs, outputs)?;
+        let (k, groups) = checked("ConvTranspose2d::new", kernel, 2, &conv, inputs, outputs)?;
+        let (kh, kw) = (k[0], k[1]);
         let per_group = outputs / groups;
         let shape = [inputs, per_group, kh, kw];
         let fans = (per_group * kh * kw, inputs / groups * kh * kw);

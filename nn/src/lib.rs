@@ -33,7 +33,7 @@ mod transformer;
 
 pub use checkpoint::{load as load_checkpoint, save as save_checkpoint, Checkpoint};
 pub use conv_layers::{
-    AvgPool2d, BatchNorm2d, Conv2d, ConvTranspose2d, Flatten, GlobalAvgPool, MaxPool2d,
+    AvgPool2d, BatchNorm2d, Conv1d, Conv2d, ConvTranspose2d, Flatten, GlobalAvgPool, MaxPool2d,
 };
 pub use data::{Batch, Batches, Dataset, Prefetch};
 pub use error::{Error, Result};

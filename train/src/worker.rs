@@ -19,10 +19,11 @@ pub(crate) enum Job {
     Gradients(Batch),
     /// Whole steps (forward, backward, the replica's own optimiser) on each batch.
     Steps(Vec<Batch>),
-    /// Adopt these values: parameters, optimiser state, the step count (which also
-    /// draws the step's random key).
+    /// Adopt these values: parameters, buffers (batch norm's running statistics),
+    /// optimiser state, the step count (which also draws the step's random key).
     Adopt {
         params: Vec<Tensor>,
+        buffers: Vec<Tensor>,
         state: Option<Vec<Tensor>>,
         steps: u64,
     },
@@ -34,12 +35,15 @@ pub(crate) enum Reply {
         loss: f64,
         samples: usize,
         grads: Vec<Array>,
+        /// The replica's buffers after the batch's training pass.
+        buffers: Vec<Tensor>,
     },
     Stepped {
         /// Each step's loss and batch size.
         losses: Vec<(f64, usize)>,
-        /// The replica's parameters and optimiser state after the steps.
+        /// The replica's parameters, buffers and optimiser state after the steps.
         params: Vec<Tensor>,
+        buffers: Vec<Tensor>,
         state: Vec<Tensor>,
         steps: u64,
     },
@@ -158,6 +162,7 @@ fn work(replica: &mut Replica, job: Job) -> Result<Reply> {
                 loss,
                 samples,
                 grads,
+                buffers: values(&replica.model().buffers()),
             })
         }
         Job::Steps(batches) => {
@@ -166,28 +171,30 @@ fn work(replica: &mut Replica, job: Job) -> Result<Reply> {
                 let n = b.indices.len();
                 losses.push((replica.step_batch(b)?, n));
             }
-            let params = replica
-                .model()
-                .parameters()
-                .iter()
-                .map(Parameter::value)
-                .collect();
+            let model = replica.model();
+            let (params, buffers) = (values(&model.parameters()), values(&model.buffers()));
             let opt = replica.optimizer();
             let state = opt.state().into_iter().map(|(_, t)| t).collect();
             Ok(Reply::Stepped {
                 losses,
                 params,
+                buffers,
                 state,
                 steps: opt.steps(),
             })
         }
         Job::Adopt {
             params,
+            buffers,
             state,
             steps,
         } => {
-            for (p, v) in replica.model().parameters().iter().zip(&params) {
+            let model = replica.model();
+            for (p, v) in model.parameters().iter().zip(&params) {
                 p.share(v)?;
+            }
+            for (b, v) in model.buffers().iter().zip(&buffers) {
+                b.share(v)?;
             }
             let opt = replica.optimizer_mut();
             if let Some(state) = state {
@@ -197,4 +204,9 @@ fn work(replica: &mut Replica, job: Job) -> Result<Reply> {
             Ok(Reply::Adopted)
         }
     }
+}
+
+/// The current values of `params` (parameters or buffers), in order.
+pub(crate) fn values(params: &[Parameter]) -> Vec<Tensor> {
+    params.iter().map(Parameter::value).collect()
 }

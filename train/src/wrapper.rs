@@ -10,6 +10,14 @@
 //!   whole steps with its own optimiser, then parameters (and, by default, optimiser
 //!   state) are replaced by their mean over the workers.
 //!
+//! - Buffers (batch norm's running statistics, [`Layer::buffers`]) are averaged like
+//!   parameters: each replica updates its own from its batches, and after every round
+//!   their mean (weighted by batch size at frequency 1, equal at frequency k, and
+//!   across ranks) becomes the model's and every replica's. At frequency 1 the running
+//!   mean is then exactly the update by the mean of the round's batch means; the
+//!   running variance is the mean of the batches' variances (as PyTorch's
+//!   `BatchNorm2d` under DDP without `SyncBatchNorm`, whose statistics are per batch).
+//!
 //! The averaging is one evaluated graph: one fused kernel per parameter tensor. Workers
 //! are given batches in a fixed order (batch j of a round to the j-th live worker) and
 //! sums run in worker order, so given the seed and the worker count the trained
@@ -24,9 +32,9 @@
 use crate::epoch::EpochTrainer;
 use crate::error::{Error, Result};
 use crate::ranks::{hash_arrays, Ranks};
-use crate::worker::{Job, Reply, Worker};
+use crate::worker::{values, Job, Reply, Worker};
 use ndfuse::{Array, Context, DeviceId, DeviceSet, Tensor};
-use ndfuse_nn::{Batch, Dataset, Layer, Parameter, Progress, Scores, Trainer};
+use ndfuse_nn::{Batch, Dataset, Layer, Progress, Scores, Trainer};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -70,6 +78,9 @@ pub struct Failure {
     /// What the device reported.
     pub message: String,
 }
+
+/// A worker's answer to a gradients job: its loss, batch size, gradients and buffers.
+type Done = (f64, usize, Vec<Array>, Vec<Tensor>);
 
 /// One epoch of a parallel run.
 #[derive(Debug, Clone, PartialEq)]
@@ -252,10 +263,6 @@ impl<M: Layer> Builder<M> {
         for (bad, why) in [
             (w.frequency == 0, "averaging_frequency must be at least 1"),
             (w.batch_size == 0, "batch_size must be at least 1"),
-            (
-                !w.trainer.model().buffers().is_empty(),
-                "the model has buffers (batch norm's running statistics), which the workers do not average yet: train it with a Trainer",
-            ),
             (
                 ranked && w.on_failure == OnFailure::Continue,
                 "with ranks a failed worker stops the run (OnFailure::Stop): the ranks' shares of the data must stay in step",
@@ -484,7 +491,7 @@ impl<M: Layer> ParallelWrapper<M> {
             sent.push(b.indices.clone());
             w.send(Job::Gradients(b))?;
         }
-        let mut done: Vec<(f64, usize, Vec<Array>)> = Vec::new();
+        let mut done: Vec<Done> = Vec::new();
         let mut failed = Vec::new();
         for (i, backup) in sent.into_iter().enumerate() {
             match workers[i].receive() {
@@ -492,10 +499,11 @@ impl<M: Layer> ParallelWrapper<M> {
                     loss,
                     samples,
                     grads,
+                    buffers,
                 }) => {
                     workers[i].samples += samples;
                     workers[i].steps += 1;
-                    done.push((loss, samples, grads));
+                    done.push((loss, samples, grads, buffers));
                 }
                 Ok(_) => unreachable!("a gradients job is answered with gradients"),
                 Err(e) => failed.push((i, e, vec![backup])),
@@ -521,8 +529,10 @@ impl<M: Layer> ParallelWrapper<M> {
                     .collect()
             })
             .collect();
+        let buffers: Vec<Vec<Tensor>> = done.iter_mut().map(|d| std::mem::take(&mut d.3)).collect();
         let grads = mean(&ctx, &sets, &weights)?;
         self.trainer.apply_gradients(grads)?;
+        self.store_buffers(mean(&ctx, &buffers, &weights)?)?;
         self.share(data, workers, None, queue, step, run)?;
         run.report.averaging += averaging.elapsed();
         run.batches_done += done.len() as u64;
@@ -542,7 +552,7 @@ impl<M: Layer> ParallelWrapper<M> {
     fn sync_across(
         &mut self,
         ranks: &dyn Ranks,
-        mut done: Vec<(f64, usize, Vec<Array>)>,
+        mut done: Vec<Done>,
         data: &Dataset,
         workers: &mut Vec<Worker>,
         queue: &mut VecDeque<Batch>,
@@ -552,12 +562,15 @@ impl<M: Layer> ParallelWrapper<M> {
         let averaging = Instant::now();
         let ctx = self.trainer.context().clone();
         let local: usize = done.iter().map(|d| d.1).sum();
+        // The gradients' sums, then the buffers' (batch norm's running statistics,
+        // weighted by batch size like the gradients).
+        let model = self.trainer.model();
+        let params = model.parameters().len();
         let mut sums: Vec<Array> = if done.is_empty() {
-            let zeros: Vec<Tensor> = self
-                .trainer
-                .model()
+            let zeros: Vec<Tensor> = model
                 .parameters()
                 .iter()
+                .chain(&model.buffers())
                 .map(|p| ctx.full_dtype(&p.shape(), 0.0, p.dtype()))
                 .collect();
             ctx.eval(&zeros.iter().collect::<Vec<_>>())?
@@ -569,6 +582,7 @@ impl<M: Layer> ParallelWrapper<M> {
                     std::mem::take(&mut d.2)
                         .into_iter()
                         .map(|g| ctx.tensor(g))
+                        .chain(std::mem::take(&mut d.3))
                         .collect()
                 })
                 .collect();
@@ -586,8 +600,10 @@ impl<M: Layer> ParallelWrapper<M> {
             .into_iter()
             .map(|a| ctx.tensor(a) / totals[0])
             .collect();
-        let grads = ctx.eval(&scaled.iter().collect::<Vec<_>>())?;
+        let mut grads = ctx.eval(&scaled.iter().collect::<Vec<_>>())?;
+        let buffers = grads.split_off(params);
         self.trainer.apply_gradients(grads)?;
+        self.store_buffers(buffers)?;
         self.share(data, workers, None, queue, step, run)?;
         run.report.averaging += averaging.elapsed();
         run.batches_done += done.len() as u64;
@@ -621,7 +637,8 @@ impl<M: Layer> ParallelWrapper<M> {
             }
         }
         let mut losses: Vec<(f64, usize)> = Vec::new();
-        let (mut params, mut states, mut steps) = (Vec::new(), Vec::new(), 0);
+        let (mut params, mut buffers, mut states, mut steps) =
+            (Vec::new(), Vec::new(), Vec::new(), 0);
         let mut failed = Vec::new();
         for (i, share) in sent.into_iter().enumerate() {
             if share.is_empty() {
@@ -631,6 +648,7 @@ impl<M: Layer> ParallelWrapper<M> {
                 Ok(Reply::Stepped {
                     losses: l,
                     params: p,
+                    buffers: b,
                     state: s,
                     steps: n,
                 }) => {
@@ -638,6 +656,7 @@ impl<M: Layer> ParallelWrapper<M> {
                     workers[i].steps += l.len() as u64;
                     losses.extend(l);
                     params.push(p);
+                    buffers.push(b);
                     states.push(s);
                     steps = steps.max(n);
                 }
@@ -652,14 +671,9 @@ impl<M: Layer> ParallelWrapper<M> {
                 // No batch here this round: this rank's replicas hold the trainer's
                 // values, and it takes part in the averaging with them.
                 Some(_) => {
-                    params.push(
-                        self.trainer
-                            .model()
-                            .parameters()
-                            .iter()
-                            .map(Parameter::value)
-                            .collect(),
-                    );
+                    let model = self.trainer.model();
+                    params.push(values(&model.parameters()));
+                    buffers.push(values(&model.buffers()));
                     states.push(
                         self.trainer
                             .optimizer()
@@ -686,6 +700,11 @@ impl<M: Layer> ParallelWrapper<M> {
         for (p, a) in self.trainer.model().parameters().iter().zip(avg) {
             p.replace(a)?;
         }
+        let mut avg = mean(&ctx, &buffers, &equal)?;
+        if let Some(r) = &ranks {
+            avg = across(&**r, &ctx, avg)?;
+        }
+        self.store_buffers(avg)?;
         let state = if self.average_state && !states[0].is_empty() {
             let mut avg = mean(&ctx, &states, &equal)?;
             if let Some(r) = &ranks {
@@ -715,13 +734,8 @@ impl<M: Layer> ParallelWrapper<M> {
         step: u64,
         run: &mut Run,
     ) -> Result<()> {
-        let params: Vec<Tensor> = self
-            .trainer
-            .model()
-            .parameters()
-            .iter()
-            .map(Parameter::value)
-            .collect();
+        let params = values(&self.trainer.model().parameters());
+        let buffers = values(&self.trainer.model().buffers());
         let steps = self.trainer.optimizer().steps();
         if cfg!(debug_assertions) {
             if let Some(r) = &self.ranks {
@@ -742,6 +756,7 @@ impl<M: Layer> ParallelWrapper<M> {
         for w in workers.iter() {
             w.send(Job::Adopt {
                 params: params.clone(),
+                buffers: buffers.clone(),
                 state: state.clone(),
                 steps,
             })?;
@@ -753,6 +768,15 @@ impl<M: Layer> ParallelWrapper<M> {
             }
         }
         self.handle_failures(data, failed, workers, queue, step, run)
+    }
+
+    /// Stores averaged values of the model's buffers (batch norm's running statistics)
+    /// in the trainer's model, from which `share` hands them to every replica.
+    fn store_buffers(&self, averaged: Vec<Array>) -> Result<()> {
+        for (b, v) in self.trainer.model().buffers().iter().zip(averaged) {
+            b.replace(v)?;
+        }
+        Ok(())
     }
 
     /// The round's score: the batch-weighted mean of the losses, or the first one's.
@@ -853,6 +877,9 @@ struct Run {
 fn mean(ctx: &Context, sets: &[Vec<Tensor>], weights: &[f64]) -> Result<Vec<Array>> {
     let equal = weights.windows(2).all(|w| w[0] == w[1]);
     let n = sets.first().map_or(0, Vec::len);
+    if n == 0 {
+        return Ok(Vec::new());
+    }
     let outs: Vec<Tensor> = (0..n)
         .map(|k| {
             if equal {

@@ -4,8 +4,11 @@
 //! check runs in these builds); at frequency 3 the result is the mean of the replicas
 //! trained by hand.
 
-use ndfuse::{Array, Context, CpuDevice, Device, DeviceSet};
-use ndfuse_nn::{Activation, Dataset, Layer, Loss, Optimizer, Sequential, Trainer};
+use ndfuse::{Array, BatchNorm, Context, CpuDevice, Device, DeviceSet};
+use ndfuse_nn::{
+    Activation, BatchNorm2d, Dataset, Flatten, Init, Layer, Linear, Loss, Optimizer, Sequential,
+    Trainer,
+};
 use ndfuse_train::{ParallelWrapper, Ranks};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -133,10 +136,33 @@ fn sgd_trainer() -> Trainer<Sequential> {
     Trainer::new(model, opt, Loss::Mse).unwrap()
 }
 
+/// A batch norm over images of 2 x 3 x 3, then a linear layer.
+fn bn_trainer() -> Trainer<Sequential> {
+    let ctx = Context::new();
+    let m = Sequential::new()
+        .push(BatchNorm2d::new(&ctx, "bn", 2, BatchNorm::new()).unwrap())
+        .push(Flatten)
+        .push(Linear::new(&ctx, "fc", 18, 3, Init::GlorotUniform, 1).unwrap());
+    let opt = Optimizer::sgd(&m.parameters(), 0.1);
+    Trainer::new(m, opt, Loss::Mse).unwrap()
+}
+
+/// `n` images whose channels' statistics differ from image to image.
+fn images(n: usize) -> Dataset {
+    let ctx = Context::new();
+    let noise = ctx.rand_normal(&[n, 2, 3, 3], 0.0, 1.0, 11);
+    let shift = ctx.rand_normal(&[n, 2, 1, 1], 1.0, 2.0, 13);
+    let x = (noise + shift).eval().unwrap();
+    let y = ctx.rand_normal(&[n, 3], 0.0, 1.0, 14).eval().unwrap();
+    Dataset::new(x, y).unwrap()
+}
+
+/// The model's parameters, then its buffers (batch norm's running statistics).
 fn values(t: &Trainer<impl Layer>) -> Vec<Vec<f32>> {
     t.model()
         .parameters()
         .iter()
+        .chain(&t.model().buffers())
         .map(|p| p.array().unwrap().to_vec::<f32>().unwrap())
         .collect()
 }
@@ -144,6 +170,15 @@ fn values(t: &Trainer<impl Layer>) -> Vec<Vec<f32>> {
 /// Trains on `ranks` threads, each one rank of one worker; returns every rank's
 /// parameters and scores.
 fn on_ranks(ranks: usize, frequency: u64, data: &Dataset) -> Vec<(Vec<Vec<f32>>, Vec<f64>)> {
+    on_ranks_of(sgd_trainer, ranks, frequency, data)
+}
+
+fn on_ranks_of(
+    trainer: fn() -> Trainer<Sequential>,
+    ranks: usize,
+    frequency: u64,
+    data: &Dataset,
+) -> Vec<(Vec<Vec<f32>>, Vec<f64>)> {
     let hub = Hub::new(ranks);
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..ranks)
@@ -155,7 +190,7 @@ fn on_ranks(ranks: usize, frequency: u64, data: &Dataset) -> Vec<(Vec<Vec<f32>>,
                     let set = Arc::new(
                         DeviceSet::new(devices, &ndfuse::Config::load().unwrap()).unwrap(),
                     );
-                    let mut pw = ParallelWrapper::builder(sgd_trainer())
+                    let mut pw = ParallelWrapper::builder(trainer())
                         .workers(1)
                         .devices(set)
                         .batch_size(8)
@@ -228,6 +263,44 @@ fn two_ranks_at_frequency_3_average_their_replicas() {
             assert!(
                 (g - want).abs() <= 1e-6 * (1.0 + want.abs()),
                 "param {i} elem {e}: {g} vs {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn two_ranks_average_running_statistics_as_two_local_workers_do() {
+    // Five batches: the last round has one, and rank 1 takes part with none.
+    let data = images(8 * 5);
+    let ranks = on_ranks_of(bn_trainer, 2, 1, &data);
+    assert_eq!(ranks[0].0, ranks[1].0, "both ranks hold the same values");
+    let devices: Vec<Arc<dyn Device>> = CpuDevice::split(2, 2)
+        .unwrap()
+        .into_iter()
+        .map(|d| Arc::new(d) as Arc<dyn Device>)
+        .collect();
+    let set = Arc::new(DeviceSet::new(devices, &ndfuse::Config::load().unwrap()).unwrap());
+    let mut local = ParallelWrapper::builder(bn_trainer())
+        .workers(2)
+        .devices(set)
+        .batch_size(8)
+        .seed(9)
+        .progress(false)
+        .build()
+        .unwrap();
+    local.fit(&data, 1).unwrap();
+    let want = values(local.trainer());
+    let got = &ranks[0].0;
+    assert_eq!(
+        got.len(),
+        6,
+        "4 parameters, then the running mean and variance"
+    );
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        for (a, b) in g.iter().zip(w) {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "value {i}: {a} vs {b}"
             );
         }
     }
