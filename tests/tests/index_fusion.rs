@@ -272,3 +272,36 @@ fn routines_are_steps_of_their_own() {
     }
     insta::assert_snapshot!(report(&g));
 }
+
+/// A convolution's window gather: `where(mask, take(x, idx, axis=2), 0)` with one index
+/// and mask per position along the row (rows of 103 read from rows of 97, 18,963 of
+/// them: 1.95 M positions, cut into ranges that start mid-row). The CPU's scalar loop
+/// walks it row segment by row segment (the row's outer indices divided out once);
+/// the bits are the interpreter's, in one kernel.
+#[test]
+fn a_window_gather_walks_row_segments_with_the_interpreters_bits() {
+    let (n, c, s, l) = (63, 301, 97, 103);
+    let mut g = Graph::new();
+    let x = g.add_input("x", DType::F32, Shape::new([n, c, s]));
+    let idx = g.add_input("idx", DType::I64, Shape::new([l]));
+    let mask = g.add_input("mask", DType::Bool, Shape::new([l]));
+    let i3 = view(&mut g, ViewOp::Reshape(Shape::new([1, 1, l])), idx);
+    let i3 = view(&mut g, ViewOp::BroadcastTo(Shape::new([n, c, l])), i3);
+    let taken = g.add(Op::Gather { axis: 2 }, &[x, i3]).unwrap();
+    let m3 = view(&mut g, ViewOp::Reshape(Shape::new([1, 1, l])), mask);
+    let m3 = view(&mut g, ViewOp::BroadcastTo(Shape::new([n, c, l])), m3);
+    let zero = g.add_const(Scalar::F(0.0), DType::F32, Shape::new([n, c, l]));
+    let out = g.add(Op::Where, &[m3, taken, zero]).unwrap();
+    g.add_output(out);
+    let taps: Vec<i64> = (0..l as i64).map(|j| (j * 5 + 3) % s as i64).collect();
+    let inside: Vec<f64> = (0..l).map(|j| f64::from(j % 7 != 3)).collect();
+    let inputs: Inputs = HashMap::from([
+        (x, Arc::new(floats(&[n, c, s], 3))),
+        (idx, Arc::new(ints(&[l], &taps))),
+        (
+            mask,
+            Arc::new(HostArray::from_f64s(DType::Bool, Shape::new([l]), &inside)),
+        ),
+    ]);
+    assert_eq!(check(&g, &inputs), 1);
+}

@@ -4,12 +4,17 @@
 //! loop below for kernels whose loads broadcast.
 //!
 //! ```text
-//! block0(ptrs, start, end):   brif start < end, block1, block3
+//! block0(ptrs, start, end):   brif start < end, block1, exit
 //! block1:                     buffer pointers from ptrs; loads of fixed elements
-//!                             jump block2(start)
-//! block2(i):                  index math, loads, the body, stores
-//!                             brif i + 1 < end, block2(i + 1), block3
-//! block3:                     return
+//!                             jump entry(start)
+//! entry(i):                   the scalar loop from i: one loop dividing each position
+//!                             into its index groups, or, when the innermost group is
+//!                             16 or more long, row segment by row segment:
+//!   row = i / inner; rowend = min(row * inner + inner, end); outer groups of row
+//!   loop(p, j = i - row * inner): loads at (outer groups, j), the body, stores
+//!                                 brif p + 1 < rowend, loop(p + 1, j + 1), next
+//!   next:                         brif rowend < end, entry(rowend), exit
+//! exit:                       return
 //! ```
 //!
 //! The row loop of element-wise kernels whose loads broadcast: loads that repeat along
@@ -165,9 +170,7 @@ impl<M: Module> Lowering<'_, '_, M> {
         }
 
         let preheader = self.b.create_block();
-        let body = self.b.create_block();
         let exit = self.b.create_block();
-        let i = self.b.append_block_param(body, types::I64);
 
         let nonempty = self.b.ins().icmp(IntCC::SignedLessThan, start, end);
         self.b.ins().brif(nonempty, preheader, &[], exit, &[]);
@@ -235,7 +238,15 @@ impl<M: Module> Lowering<'_, '_, M> {
                 return Ok(());
             }
         }
-        // Vectors first where the kernel allows, then scalars for the rest.
+        // Vectors first where the kernel allows, then scalars for the rest: row segment
+        // by row segment where the innermost group is long (the index groups outside
+        // it divided out once per segment, not at every position: a convolution's
+        // window gather spent most of its time in those divisions), else one loop
+        // that divides each position.
+        let inner = plan.extents.last().copied().unwrap_or(1);
+        let segmented = plan.extents.len() > 1 && plan.outermost_needed().is_some() && inner >= 16;
+        let entry = self.b.create_block();
+        let from = self.b.append_block_param(entry, types::I64);
         match elementwise_type(kernel, &plan, &load_access) {
             Some(vt) => {
                 let bases = (in_bases, out_bases);
@@ -243,38 +254,99 @@ impl<M: Module> Lowering<'_, '_, M> {
                 let vend =
                     self.elementwise_vectors(kernel, (start, end), loads, &values, vt, bases)?;
                 let more = self.b.ins().icmp(IntCC::SignedLessThan, vend, end);
-                self.b.ins().brif(more, body, &[vend.into()], exit, &[]);
+                self.b.ins().brif(more, entry, &[vend.into()], exit, &[]);
             }
             None => {
-                self.b.ins().jump(body, &[start.into()]);
+                self.b.ins().jump(entry, &[start.into()]);
             }
         }
+        let env = ScalarEnv {
+            values: &values,
+            load_access: &load_access,
+            streams: &streams,
+            in_bases,
+            out_bases,
+        };
+        self.b.switch_to_block(entry);
+        if segmented {
+            // rowhead(i): the segment i..rowend of row i / inner, its outer indices.
+            let (consts, scaled) = (self.consts.clone(), self.scaled.clone());
+            let m = self.iconst(inner);
+            let row = self.b.ins().udiv(from, m);
+            let row_start = self.b.ins().imul(row, m);
+            let row_next = self.b.ins().iadd(row_start, m);
+            let row_end = self.b.ins().smin(row_next, end);
+            let j0 = self.b.ins().isub(from, row_start);
+            let outer = IndexPlan {
+                extents: plan.extents[..plan.extents.len() - 1].to_vec(),
+                needed: plan.needed[..plan.needed.len() - 1].to_vec(),
+            };
+            let mut indices = self.decompose(&outer, row);
+            let carried = [(types::I64, j0)];
+            self.counted_loop(
+                from,
+                Bound::Value(row_end),
+                1,
+                false,
+                &carried,
+                |lw, i, j| {
+                    indices.push(Some(j[0]));
+                    lw.scalar_position(kernel, &env, &indices, i)?;
+                    indices.pop();
+                    Ok(vec![lw.b.ins().iadd_imm_s(j[0], 1)])
+                },
+            )?;
+            let more = self.b.ins().icmp(IntCC::SignedLessThan, row_end, end);
+            self.b.ins().brif(more, entry, &[row_end.into()], exit, &[]);
+            (self.consts, self.scaled) = (consts, scaled);
+        } else {
+            self.counted_loop(from, Bound::Value(end), 1, false, &[], |lw, i, _| {
+                let indices = lw.decompose(&plan, i);
+                lw.scalar_position(kernel, &env, &indices, i)?;
+                Ok(Vec::new())
+            })?;
+            self.b.ins().jump(exit, &[]);
+        }
 
-        // Loop body.
-        self.b.switch_to_block(body);
-        let indices = self.decompose(&plan, i);
+        self.b.switch_to_block(exit);
+        self.b.ins().return_(&[]);
+        Ok(())
+    }
+
+    /// The kernel's body at position `i` of the flat scalar loop (`indices`: its index
+    /// groups), storing every output.
+    fn scalar_position(
+        &mut self,
+        kernel: &Kernel,
+        env: &ScalarEnv<'_>,
+        indices: &[Option<Value>],
+        i: Value,
+    ) -> Result<(), String> {
+        let mut values = env.values.to_vec();
         for (v, ins) in kernel.body.iter().enumerate() {
             if values[v].is_some() {
                 continue;
             }
             let value = match &ins.expr {
                 Expr::Load { input, .. } => {
-                    let access = load_access[v].take().expect("a load's access was planned");
-                    let off = self.element_offset(&access, &indices, i);
-                    self.load_at(in_bases[*input], off, ins.dtype)
+                    let access = env.load_access[v]
+                        .as_ref()
+                        .expect("a load's access was planned");
+                    let off = self.element_offset(access, indices, i);
+                    self.load_at(env.in_bases[*input], off, ins.dtype)
                 }
                 Expr::Random { key, view } => {
-                    let access = load_access[v]
-                        .take()
+                    let access = env.load_access[v]
+                        .as_ref()
                         .expect("a random op's access was planned");
-                    let off = self.element_offset(&access, &indices, i);
+                    let off = self.element_offset(access, indices, i);
                     let index = match off.var {
                         Some(var) if off.elems == 0 => var,
                         Some(var) => self.b.ins().iadd_imm_s(var, off.elems),
                         None => self.iconst(off.elems),
                     };
                     let key = values[key.index()].expect("SSA order: the key comes first");
-                    let stream = match streams[v] {
+                    let stream = match env.streams[v] {
                         Some(h) => Some(h),
                         None if random::below_2_32(view) => Some(self.random_stream(key, None)),
                         None => None,
@@ -282,10 +354,10 @@ impl<M: Module> Lowering<'_, '_, M> {
                     self.random_at(key, index, stream)
                 }
                 Expr::Position { .. } => {
-                    let access = load_access[v]
-                        .take()
+                    let access = env.load_access[v]
+                        .as_ref()
                         .expect("a position's access was planned");
-                    let off = self.element_offset(&access, &indices, i);
+                    let off = self.element_offset(access, indices, i);
                     match off.var {
                         Some(var) if off.elems == 0 => var,
                         Some(var) => self.b.ins().iadd_imm_s(var, off.elems),
@@ -293,12 +365,12 @@ impl<M: Module> Lowering<'_, '_, M> {
                     }
                 }
                 Expr::Gather { input, axes, .. } => {
-                    let access = load_access[v]
-                        .take()
+                    let access = env.load_access[v]
+                        .as_ref()
                         .expect("a gather's access was planned");
-                    let off = self.element_offset(&access, &indices, i);
+                    let off = self.element_offset(access, indices, i);
                     let off = self.gather_offset(kernel, off, axes, &values);
-                    self.load_at(in_bases[*input], off, ins.dtype)
+                    self.load_at(env.in_bases[*input], off, ins.dtype)
                 }
                 _ => self.compute(kernel, v, &values)?,
             };
@@ -311,16 +383,9 @@ impl<M: Module> Lowering<'_, '_, M> {
                 var: Some(i),
                 elems: 0,
             };
-            let (addr, imm) = self.address(out_bases[s.output], at, dtype);
+            let (addr, imm) = self.address(env.out_bases[s.output], at, dtype);
             self.store_typed(dtype, MemFlagsData::trusted(), value, addr, imm);
         }
-        let one = self.iconst(1);
-        let next = self.b.ins().iadd(i, one);
-        let more = self.b.ins().icmp(IntCC::SignedLessThan, next, end);
-        self.b.ins().brif(more, body, &[next.into()], exit, &[]);
-
-        self.b.switch_to_block(exit);
-        self.b.ins().return_(&[]);
         Ok(())
     }
 
@@ -600,6 +665,16 @@ impl<M: Module> Lowering<'_, '_, M> {
         }
         Ok(())
     }
+}
+
+/// What every position of the flat scalar loop reads: the values of fixed loads, each
+/// view's planned access, the key schedules made once, the buffers' base pointers.
+struct ScalarEnv<'a> {
+    values: &'a [Option<Value>],
+    load_access: &'a [Option<Access>],
+    streams: &'a [Option<Value>],
+    in_bases: &'a [Value],
+    out_bases: &'a [Value],
 }
 
 /// What every position of a row segment reads.
