@@ -7,9 +7,10 @@
 //! gather along the flattened spatial axes (im2col's `[C * k, out]` matrix per batch
 //! position, taps in the padding selected to zero), multiplied by the weights `[O, C *
 //! k]` (per group, a batched product) with the bias in the product's epilogue, the
-//! output already NCHW. `relu(conv2d(x, w, b))` is three kernels: the windows' matrix,
-//! the product with its bias, and the relu, which reads the product through the reshape
-//! of `[N, O, out]` to `[N, O, h, w]` (a view, which an epilogue does not take yet). The
+//! output already NCHW. `relu(conv2d(x, w, b))` is two kernels: the windows' matrix,
+//! and the product with the bias and the relu as its epilogue (the relu reads the
+//! product through the reshape of `[N, O, out]` to `[N, O, h, w]`, which the passes move
+//! below it: `ndfuse_passes::SinkReshapes`). The
 //! window matrix is materialised (`N * C * k * out` elements); an implicit GEMM that
 //! packs the windows straight from the input is the next step (issue 36).
 

@@ -18,6 +18,7 @@ pub mod pipeline;
 mod rewrite;
 pub mod schedule;
 pub mod simplify;
+pub mod sink_reshapes;
 pub mod views;
 
 pub use attention::{fuse_attention, FuseAttention};
@@ -32,4 +33,5 @@ pub use pipeline::{optimize, pipeline};
 pub use plan::TargetDesc;
 pub use schedule::{Placement, Schedule, Step};
 pub use simplify::Simplify;
+pub use sink_reshapes::SinkReshapes;
 pub use views::Views;

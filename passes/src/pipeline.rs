@@ -9,6 +9,7 @@ use crate::gather_views::GatherViews;
 use crate::manager::{PassLog, PassManager, PassOptions};
 use crate::pass::{Pass, PassError};
 use crate::simplify::Simplify;
+use crate::sink_reshapes::SinkReshapes;
 use crate::views::Views;
 use ndfuse_ir::Graph;
 
@@ -38,6 +39,12 @@ pub fn pipeline() -> Vec<Box<dyn Pass>> {
         // one `grad` made from the same pattern, and the views in front of both):
         // `softmax(scale * q @ k^T + bias) @ v` becomes one attention node.
         Box::new(FuseAttention),
+        // After attention (whose pattern it would otherwise have to read through
+        // reshapes), before CSE (the reshapes and broadcasts it makes can merge with
+        // existing ones): element-wise ops over a reshaped product move above the
+        // reshape, onto the product's shape, so they join its epilogue (a convolution's
+        // bias, batch norm, activation and residual add).
+        Box::new(SinkReshapes),
         // After every rewrite that canonicalises, so more duplicates look alike. Its
         // merges (two equal constants, two equal subexpressions) can enable simplify
         // rules that need identical operands (`maximum(x, x)`, `where(c, x, x)`): the

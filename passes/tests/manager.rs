@@ -47,6 +47,7 @@ fn the_pipeline_order() {
             "views",
             "gather_views",
             "fuse_attention",
+            "sink_reshapes",
             "cse",
             "dce"
         ]
@@ -79,7 +80,7 @@ fn a_clean_graph_takes_one_quiet_lap() {
     let before = g.to_string();
     let log = optimize(&mut g, &verifying()).unwrap();
     assert_eq!(g.to_string(), before);
-    assert_eq!(log.records.len(), 7);
+    assert_eq!(log.records.len(), 8);
     assert!(log
         .records
         .iter()
@@ -114,7 +115,7 @@ fn unknown_pass_names_are_an_error_but_later_stages_are_accepted() {
     assert!(matches!(err, PassError::UnknownPass { ref name, .. } if name == "csee"));
     assert_eq!(
         err.to_string(),
-        "cannot disable pass \"csee\": no such pass (known: cse, dce, fold, fuse_attention, fusion, gather_views, simplify, views)"
+        "cannot disable pass \"csee\": no such pass (known: cse, dce, fold, fuse_attention, fusion, gather_views, simplify, sink_reshapes, views)"
     );
     optimize(&mut g, &verifying().with_disabled("fusion")).unwrap();
 }
@@ -148,7 +149,7 @@ fn the_dump_dir_gets_one_file_per_pass() {
     files.sort();
     assert_eq!(files.len(), log.records.len() + 1);
     assert_eq!(
-        &files[..8],
+        &files[..9],
         [
             "00-input.txt",
             "01-fold.txt",
@@ -156,8 +157,9 @@ fn the_dump_dir_gets_one_file_per_pass() {
             "03-views.txt",
             "04-gather_views.txt",
             "05-fuse_attention.txt",
-            "06-cse.txt",
-            "07-dce.txt",
+            "06-sink_reshapes.txt",
+            "07-cse.txt",
+            "08-dce.txt",
         ]
     );
     let read = |f: &str| std::fs::read_to_string(nested.join(f)).unwrap();

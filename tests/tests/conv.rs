@@ -182,11 +182,13 @@ fn conv_matches_pytorch_forward_and_backward() {
 }
 
 #[test]
-fn relu_of_a_convolution_with_bias_is_three_kernels() {
-    // The windows' matrix (the gather and the padding's select, one kernel), the product
-    // with the bias as its epilogue, and the relu, which reads the product through the
-    // reshape to [N, O, h, w] (a view: not an epilogue yet). An implicit GEMM with the
-    // epilogue taking that reshape would make it one.
+fn relu_of_a_convolution_with_bias_is_the_products_epilogue() {
+    // The CNN's block, conv + bias + relu + max-pool: the windows' matrix (the gather
+    // and the padding's select, one kernel), the product with the bias and the relu as
+    // its epilogue (the relu reads the product through the reshape to [N, O, h, w],
+    // which moves below it: passes' `sink_reshapes`), then the pool's kernels. The
+    // relu was a kernel of its own before. An implicit GEMM would take the windows'
+    // kernel away too.
     let ctx = Context::new();
     let x = ctx.rand_uniform(&[2, 8, 10, 10], -1.0, 1.0, 1);
     let w = ctx.rand_uniform(&[16, 8, 3, 3], -1.0, 1.0, 2);
@@ -196,15 +198,59 @@ fn relu_of_a_convolution_with_bias_is_three_kernels() {
         ctx.from_array(&w.eval().expect("w")),
         ctx.from_array(&b.eval().expect("b")),
     );
-    let y = x.conv2d(&w, Some(&b), &Conv::new().padding(1)).relu();
+    let same = Conv::new().padding(1);
+    let pool = ndfuse::Pool::new(2);
+    let y = x.conv2d(&w, Some(&b), &same).relu().max_pool2d(&pool);
     let (out, report) = ctx.eval_report(&[&y]).expect("eval");
-    assert_eq!(out[0].shape(), &[2, 16, 10, 10]);
-    assert_eq!(
-        report.kernel_count(),
-        3,
-        "{}",
-        report.evaluation().annotated_graph()
-    );
+    assert_eq!(out[0].shape(), &[2, 16, 5, 5]);
+    let text = report.kernels_text();
+    assert!(text.contains("matmul_add_relu"), "{text}");
+    assert!(!text.contains("kernel k2_relu"), "{text}");
+    // The same bits as the convolution evaluated alone, then rectified and pooled.
+    let alone = x.conv2d(&w, Some(&b), &same).eval().expect("conv");
+    let want = ctx
+        .from_array(&alone)
+        .relu()
+        .max_pool2d(&pool)
+        .eval()
+        .expect("pool");
+    assert_eq!(out[0].to_f64_vec(), want.to_f64_vec());
+}
+
+#[test]
+fn conv_batch_norm_relu_and_a_residual_are_the_products_epilogue() {
+    // Inference batch norm folds into a per-channel scale and shift (one kernel of O
+    // elements); the scale and shift, the relu and the residual add join the product's
+    // epilogue, and the global pool after them reads its result: four kernels where
+    // the chain was a kernel of its own.
+    let ctx = Context::new();
+    let arr = |shape: &[usize], seed: u64, lo: f64| {
+        let t = ctx.rand_uniform(shape, lo, lo + 1.0, seed);
+        ctx.from_array(&t.eval().expect("input"))
+    };
+    let (x, w) = (arr(&[2, 8, 6, 6], 1, -0.5), arr(&[8, 8, 3, 3], 2, -0.5));
+    let skip = arr(&[2, 8, 6, 6], 3, -0.5);
+    let (m, v) = (arr(&[8], 4, -0.5), arr(&[8], 5, 0.5));
+    let (g, b) = (arr(&[8], 6, 0.5), arr(&[8], 7, -0.5));
+    let bn = ndfuse::BatchNorm::new();
+    let same = Conv::new().padding(1);
+    let block = |c: &Tensor| {
+        (c.batch_norm(Some(&m), Some(&v), Some(&g), Some(&b), &bn)
+            .relu()
+            + &skip)
+            .global_avg_pool2d()
+    };
+    let y = block(&x.conv2d(&w, None, &same));
+    let (out, report) = ctx.eval_report(&[&y]).expect("eval");
+    let text = report.kernels_text();
+    assert_eq!(report.kernel_count(), 4, "{text}");
+    assert!(text.contains("k2_matmul_mul_add_relu"), "{text}");
+    // The epilogue's values are the separate chain's bits; the pool may add the 36
+    // taps in another order: each mean within 36 roundings of f32 on taps below 2.
+    let alone = ctx.from_array(&x.conv2d(&w, None, &same).eval().expect("conv"));
+    let want = block(&alone).eval().expect("block");
+    let bound = 36.0 * 2.0 * f64::from(f32::EPSILON);
+    ndfuse_tests::assert_near("pooled block", &out[0], &want, 0.0, bound);
 }
 
 #[test]
