@@ -20,24 +20,13 @@ type KernelFn = blocks::SegmentFn;
 
 /// What a stage calls over a range of units: one JIT-compiled function, or the steps of
 /// a kernel on the wide path (`blocks`) with its segments' functions.
+#[derive(Clone)]
 pub(crate) enum Entry {
     Jit(KernelFn),
     Blocks {
         plan: Arc<BlockPlan>,
         segments: Vec<KernelFn>,
     },
-}
-
-impl Clone for Entry {
-    fn clone(&self) -> Entry {
-        match self {
-            Entry::Jit(f) => Entry::Jit(*f),
-            Entry::Blocks { plan, segments } => Entry::Blocks {
-                plan: Arc::clone(plan),
-                segments: segments.clone(),
-            },
-        }
-    }
 }
 
 impl fmt::Debug for Entry {

@@ -339,10 +339,9 @@ fn compiled_ref(kernel: &Kernel) -> Result<(Option<Held>, StepPath, Duration), R
     // A member of a known shape family runs that member's code when it lowers to the
     // same functions: a lowering instead of a compile. Outside the locks, as compiles.
     let started = Instant::now();
-    let family = {
-        let families = lock_families();
-        families.enabled.then(|| kernel.family_key()).flatten()
-    };
+    // The key is computed outside the lock: another thread's lookup need not wait.
+    let enabled = lock_families().enabled;
+    let family = if enabled { kernel.family_key() } else { None };
     let members: Vec<Arc<CompiledKernel>> = family
         .as_ref()
         .and_then(|key| {
