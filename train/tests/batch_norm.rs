@@ -4,24 +4,17 @@
 //! the model's and, handed back, every replica's start for the next round. The
 //! expected values are computed here in f64 from the same batches in the same order.
 
-use ndfuse::{Array, BatchNorm, Context, CpuDevice, Device, DeviceSet};
+mod support;
+
+use ndfuse::{Array, BatchNorm, Context};
 use ndfuse_nn::{
     BatchNorm2d, Dataset, Flatten, Init, Layer, Linear, Loss, Optimizer, Sequential, Trainer,
 };
 use ndfuse_train::ParallelWrapper;
-use std::sync::Arc;
+use support::cpus;
 
 const CHANNELS: usize = 2;
 const MOMENTUM: f64 = 0.1;
-
-fn cpus(n: usize) -> Arc<DeviceSet> {
-    let devices: Vec<Arc<dyn Device>> = CpuDevice::split(n, 2)
-        .unwrap()
-        .into_iter()
-        .map(|d| Arc::new(d) as Arc<dyn Device>)
-        .collect();
-    Arc::new(DeviceSet::new(devices, &ndfuse::Config::load().unwrap()).unwrap())
-}
 
 fn trainer() -> Trainer<Sequential> {
     let ctx = Context::new();
@@ -60,6 +53,14 @@ fn batch_stats(x: &Array) -> Vec<(f64, f64)> {
             let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
             (mean, var)
         })
+        .collect()
+}
+
+/// Each batch's statistics, in the epoch's order (batches of 8, seed 9).
+fn epoch_stats(data: &Dataset) -> Vec<Vec<(f64, f64)>> {
+    data.batches(8, 9, 0, false)
+        .unwrap()
+        .map(|b| batch_stats(&b.unwrap().features))
         .collect()
 }
 
@@ -109,7 +110,7 @@ fn assert_stats(got: &[(f64, f64)], want: &[(f64, f64)], what: &str) {
 fn fit(data: &Dataset, frequency: u64) -> Trainer<Sequential> {
     let mut pw = ParallelWrapper::builder(trainer())
         .workers(2)
-        .devices(cpus(2))
+        .devices(cpus(2, 2))
         .batch_size(8)
         .averaging_frequency(frequency)
         .seed(9)
@@ -125,11 +126,7 @@ fn synchronous_rounds_average_the_replicas_statistics() {
     // Two rounds of two batches: batch j of the epoch's order goes to worker j mod 2;
     // each round starts every replica from the last round's average.
     let data = images(32);
-    let stats: Vec<_> = data
-        .batches(8, 9, 0, false)
-        .unwrap()
-        .map(|b| batch_stats(&b.unwrap().features))
-        .collect();
+    let stats = epoch_stats(&data);
     let mut want = vec![(0.0, 1.0); CHANNELS];
     for round in stats.chunks(2) {
         let replicas: Vec<_> = round
@@ -146,11 +143,7 @@ fn averaging_rounds_average_the_replicas_statistics() {
     // Frequency 2: one round of four batches, worker 0 steps on batches 0 and 2,
     // worker 1 on 1 and 3, then the statistics are averaged with the parameters.
     let data = images(32);
-    let stats: Vec<_> = data
-        .batches(8, 9, 0, false)
-        .unwrap()
-        .map(|b| batch_stats(&b.unwrap().features))
-        .collect();
+    let stats = epoch_stats(&data);
     let start = vec![(0.0, 1.0); CHANNELS];
     let replicas = [
         update(start.clone(), &[stats[0].clone(), stats[2].clone()]),

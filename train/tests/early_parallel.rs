@@ -3,13 +3,14 @@
 //! climbs: it stops at the patience, records every epoch's score, and its best file,
 //! loaded back into the wrapper's trainer, scores the recorded best.
 
-use ndfuse::{Context, CpuDevice, Device, DeviceSet};
+mod support;
+
+use ndfuse::Context;
 use ndfuse_nn::{Activation, Dataset, Layer, Loss, Optimizer, Sequential, Trainer};
 use ndfuse_train::{
     EarlyStopping, EarlyStoppingParallelTrainer, ParallelWrapper, StopReason, Termination,
 };
 use std::path::Path;
-use std::sync::Arc;
 
 #[test]
 fn early_stopping_over_two_workers_stops_at_the_patience_and_keeps_the_best() {
@@ -25,12 +26,7 @@ fn early_stopping_over_two_workers_stops_at_the_patience_and_keeps_the_best() {
     let model = Sequential::mlp(&ctx, &[64, 128, 10], Activation::Relu, 7).unwrap();
     let opt = Optimizer::adam(&model.parameters(), 2e-2);
     let trainer = Trainer::new(model, opt, Loss::CrossEntropy).unwrap();
-    let devices: Vec<Arc<dyn Device>> = CpuDevice::split(2, 2)
-        .unwrap()
-        .into_iter()
-        .map(|d| Arc::new(d) as Arc<dyn Device>)
-        .collect();
-    let set = Arc::new(DeviceSet::new(devices, &ndfuse::Config::load().unwrap()).unwrap());
+    let set = support::cpus(2, 2);
     let pw = ParallelWrapper::builder(trainer)
         .workers(2)
         .devices(set)

@@ -2,11 +2,11 @@
 //! memory): workers are joined and their buffers go back to the host cache. Alone in its
 //! own test binary: the host cache is the process's.
 
-use ndfuse::{Context, CpuDevice, Device, DeviceSet};
+mod support;
+
+use ndfuse::Context;
 use ndfuse_nn::{Activation, Dataset, Layer, Loss, Optimizer, Sequential, Trainer};
-use ndfuse_runtime::Config;
 use ndfuse_train::ParallelWrapper;
-use std::sync::Arc;
 
 fn data() -> Dataset {
     let ctx = Context::new();
@@ -26,14 +26,7 @@ fn trainer() -> Trainer<Sequential> {
 fn repeated_fits_do_not_grow_memory() {
     let mut pw = ParallelWrapper::builder(trainer())
         .workers(2)
-        .devices({
-            let d: Vec<Arc<dyn Device>> = CpuDevice::split(2, 2)
-                .unwrap()
-                .into_iter()
-                .map(|d| Arc::new(d) as Arc<dyn Device>)
-                .collect();
-            Arc::new(DeviceSet::new(d, &Config::load().unwrap()).unwrap())
-        })
+        .devices(support::cpus(2, 2))
         .batch_size(8)
         .progress(false)
         .build()

@@ -3,21 +3,13 @@
 //! run and whatever the threads per device, and two one-thread CPU workers learn the
 //! digits.
 
-use ndfuse::{Array, Context, CpuDevice, Device, DeviceSet};
+mod support;
+
+use ndfuse::{Array, Context};
 use ndfuse_nn::{Activation, Dataset, Layer, Loss, Optimizer, Sequential, Trainer};
 use ndfuse_train::ParallelWrapper;
 use std::path::Path;
-use std::sync::Arc;
-
-/// `n` CPU devices sharing `threads` worker threads.
-fn cpus(n: usize, threads: usize) -> Arc<DeviceSet> {
-    let devices: Vec<Arc<dyn Device>> = CpuDevice::split(n, threads)
-        .unwrap()
-        .into_iter()
-        .map(|d| Arc::new(d) as Arc<dyn Device>)
-        .collect();
-    Arc::new(DeviceSet::new(devices, &ndfuse::Config::load().unwrap()).unwrap())
-}
+use support::cpus;
 
 /// A regression problem of `n` samples: 6 features, 2 targets.
 fn regression(n: usize) -> Dataset {

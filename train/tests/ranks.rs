@@ -4,7 +4,9 @@
 //! check runs in these builds); at frequency 3 the result is the mean of the replicas
 //! trained by hand.
 
-use ndfuse::{Array, BatchNorm, Context, CpuDevice, Device, DeviceSet};
+mod support;
+
+use ndfuse::{Array, BatchNorm, Context};
 use ndfuse_nn::{
     Activation, BatchNorm2d, Dataset, Flatten, Init, Layer, Linear, Loss, Optimizer, Sequential,
     Trainer,
@@ -185,11 +187,7 @@ fn on_ranks_of(
             .map(|rank| {
                 let hub = Arc::clone(&hub);
                 s.spawn(move || {
-                    let devices: Vec<Arc<dyn Device>> =
-                        vec![Arc::new(CpuDevice::split(1, 1).unwrap().pop().unwrap())];
-                    let set = Arc::new(
-                        DeviceSet::new(devices, &ndfuse::Config::load().unwrap()).unwrap(),
-                    );
+                    let set = support::cpus(1, 1);
                     let mut pw = ParallelWrapper::builder(trainer())
                         .workers(1)
                         .devices(set)
@@ -274,12 +272,7 @@ fn two_ranks_average_running_statistics_as_two_local_workers_do() {
     let data = images(8 * 5);
     let ranks = on_ranks_of(bn_trainer, 2, 1, &data);
     assert_eq!(ranks[0].0, ranks[1].0, "both ranks hold the same values");
-    let devices: Vec<Arc<dyn Device>> = CpuDevice::split(2, 2)
-        .unwrap()
-        .into_iter()
-        .map(|d| Arc::new(d) as Arc<dyn Device>)
-        .collect();
-    let set = Arc::new(DeviceSet::new(devices, &ndfuse::Config::load().unwrap()).unwrap());
+    let set = support::cpus(2, 2);
     let mut local = ParallelWrapper::builder(bn_trainer())
         .workers(2)
         .devices(set)
