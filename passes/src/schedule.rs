@@ -66,6 +66,12 @@ pub enum Placement {
     },
     /// A view or constant folded into the loads of the kernels that read it.
     Folded,
+    /// An output of the graph that is the buffer of `of` under its own shape: a reshape
+    /// reading that whole buffer in order, handed back without a copy.
+    Alias {
+        /// The node whose buffer holds the output's elements.
+        of: NodeId,
+    },
     /// Evaluated by the interpreter in step `step`.
     Interp {
         /// Index into [`Schedule::steps`].
@@ -93,6 +99,15 @@ impl Schedule {
             .count()
     }
 
+    /// The node whose buffer holds output `o`: `o`'s own, or the buffer an output
+    /// aliases ([`Placement::Alias`]).
+    pub fn output_buffer(&self, o: NodeId) -> NodeId {
+        match self.placement.get(&o) {
+            Some(Placement::Alias { of }) => *of,
+            _ => o,
+        }
+    }
+
     /// The kernels, in order.
     pub fn kernels(&self) -> impl Iterator<Item = &Kernel> {
         self.steps.iter().filter_map(|s| match s {
@@ -116,6 +131,11 @@ impl Schedule {
             Placement::Input => return None,
             Placement::Dead => s.push_str("dead: no output needs it"),
             Placement::Folded => s.push_str("folded into loads"),
+            Placement::Alias { of } => {
+                let num = g.print_numbering();
+                let of = num.get(of).map_or_else(|| "?".into(), ToString::to_string);
+                let _ = write!(s, "the buffer of %{of}, reshaped (no copy)");
+            }
             Placement::InKernel { step, stored } => {
                 let Step::Kernel { kernel, .. } = &self.steps[*step] else {
                     unreachable!("InKernel placement points at a kernel step (a bug otherwise)");

@@ -12,8 +12,8 @@
 //! reshape of a value of the new shape that value, and anything else a reshape view of
 //! it. A broadcast that a reshape cannot carry (its axes split across a merged group:
 //! `[1, 1, 1, W]` into `[.., H * W]` is fine only whole) leaves the op where it is.
-//! An output of the graph stays below its reshape (a reshaped output would be copied).
-//! Every rewrite computes the same op on the same elements in the same order, so
+//! An output moves too: a reshape of a whole buffer as an output is that buffer under
+//! the output's shape, with no copy (`Placement::Alias`). Every rewrite computes the same op on the same elements in the same order, so
 //! values are bit for bit unchanged.
 
 use crate::pass::{live_order, Pass, PassCx, PassError};
@@ -38,11 +38,11 @@ impl Pass for SinkReshapes {
         // One sweep in topological order: a reshape moves below one op at a time, and
         // the new reshape is an operand of the next op down the chain.
         for id in live_order(g, pass)? {
-            // A dead node (an earlier rewrite took its uses) is skipped, and so is an
-            // output of the graph: the reshape would then be the output, a view the
-            // runtime copies into a buffer of its own, which costs the kernel that
-            // reading the product through the view did.
-            if g.is_output(id) || g.users(id).is_empty() {
+            // A dead node (an earlier rewrite took its uses) is skipped. An output of
+            // the graph moves too: the reshape then becomes the output, which the
+            // schedule hands back as the op's buffer under the output's shape
+            // (`Placement::Alias`), with no copy.
+            if !g.is_output(id) && g.users(id).is_empty() {
                 continue;
             }
             let op = g.node(id).op.clone();

@@ -40,7 +40,16 @@ fn run(g: &Graph, s: &Schedule, inputs: &HashMap<NodeId, HostArray>) -> Vec<Host
             bufs.insert(*o, a);
         }
     }
-    g.outputs().iter().map(|o| bufs[o].clone()).collect()
+    // An output may be another node's buffer under its own shape (`Placement::Alias`).
+    g.outputs()
+        .iter()
+        .map(|o| {
+            bufs[&s.output_buffer(*o)]
+                .clone()
+                .reshaped(g.node(*o).shape.clone())
+                .expect("an output holds its node's elements")
+        })
+        .collect()
 }
 
 fn bits(a: &[HostArray]) -> Vec<Vec<u64>> {

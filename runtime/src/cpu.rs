@@ -151,6 +151,12 @@ pub(crate) fn run_cpu(
     // outside it (a user's thread), each step's parallel region would be injected into
     // the pool and waited for, ~10-20 µs a step (a decode step of 430 steps lost ~40%
     // of its time to it); from inside, a region is a local push that idle workers steal.
+    // The buffers the outputs are: theirs, or the buffer an output reshapes.
+    let sources: Vec<NodeId> = g
+        .outputs()
+        .iter()
+        .map(|&o| schedule.output_buffer(o))
+        .collect();
     let run_steps = || -> Result<_, RuntimeError> {
         let mut bufs: rustc_hash::FxHashMap<NodeId, Buf<'_>> =
             inputs.iter().map(|(&n, a)| (n, Buf::Borrowed(a))).collect();
@@ -241,31 +247,39 @@ pub(crate) fn run_cpu(
             }
             paths.push(path);
             for &r in step.reads() {
-                if last_read.get(&r) == Some(&i) && !g.is_output(r) {
+                if last_read.get(&r) == Some(&i) && !g.is_output(r) && !sources.contains(&r) {
                     bufs.remove(&r);
                 }
             }
         }
         // Outputs move out of the buffer table (their memory goes back to the cache when the
-        // caller drops them); an input returned as an output, or an output listed twice
-        // before its last mention, is copied.
+        // caller drops them); an input returned as an output, or a buffer that is an
+        // output again later (listed twice, or reshaped by another), is copied. An
+        // output aliasing a buffer takes its own shape.
         let outs = g.outputs();
         let outputs = outs
             .iter()
+            .zip(&sources)
             .enumerate()
-            .map(|(k, o)| {
-                let last_mention = !outs[k + 1..].contains(o);
-                match bufs.remove(o) {
-                    Some(Buf::Owned(a)) if last_mention => Ok(a),
+            .map(|(k, (o, src))| {
+                let last_mention = !sources[k + 1..].contains(src);
+                let a = match bufs.remove(src) {
+                    Some(Buf::Owned(a)) if last_mention => a,
                     Some(b) => {
                         let copy = copy_of(b.get());
-                        bufs.insert(*o, b);
-                        copy
+                        bufs.insert(*src, b);
+                        copy?
                     }
                     None => panic!("output {o} was never computed (a scheduling bug)"),
-                }
+                };
+                Ok(if src == o {
+                    a
+                } else {
+                    a.reshaped(g.node(*o).shape.clone())
+                        .expect("an aliased output has its buffer's element count")
+                })
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, RuntimeError>>()?;
         Ok((outputs, paths, compile_time, run_time))
     };
     let (outputs, paths, compile_time, run_time) = match pool {

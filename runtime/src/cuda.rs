@@ -23,7 +23,9 @@ use crate::alloc::{AllocError, Cache, Limits, Pooled, RawAlloc};
 use crate::code_cache::{CodeCacheLimits, Lru};
 use crate::config::Config;
 use crate::cublas::{self, Lt, LtProduct};
-use crate::cuda_host::{check_routine_sizes, check_scatter_indices, check_sizes, run_on_host};
+use crate::cuda_host::{
+    check_routine_sizes, check_scatter_indices, check_sizes, release_reads, run_on_host,
+};
 use crate::error::RuntimeError;
 use crate::step_path::StepPath;
 use cudarc::driver::{
@@ -605,23 +607,6 @@ impl Buf {
     }
 }
 
-/// Drops the buffers step `i` read last (not the graph's outputs): back to the device
-/// cache, where later allocations are ordered after this step's launches on the one
-/// stream.
-fn release_reads(
-    step: &Step,
-    i: usize,
-    last_read: &HashMap<NodeId, usize>,
-    g: &Graph,
-    bufs: &mut HashMap<NodeId, Buf>,
-) {
-    for &r in step.reads() {
-        if last_read.get(&r) == Some(&i) && !g.is_output(r) {
-            bufs.remove(&r);
-        }
-    }
-}
-
 /// A contraction kernel through cuBLASLt (see the `cublas` module): the product into
 /// the output itself, or into an f32 buffer that the kernel's body then reads as an
 /// element-wise kernel. Returns the outputs, the events around the step's device work,
@@ -758,6 +743,12 @@ pub(crate) fn run(
             last_read.insert(r, i);
         }
     }
+    // The outputs and the buffers they alias stay to the end.
+    let kept: Vec<NodeId> = g
+        .outputs()
+        .iter()
+        .flat_map(|&o| [o, schedule.output_buffer(o)])
+        .collect();
     let mut bufs: HashMap<NodeId, Buf> = HashMap::new();
     // Staging buffers of uploads still in flight: released after the final sync.
     let mut staged: Vec<Pooled<PinnedAlloc>> = Vec::new();
@@ -839,7 +830,7 @@ pub(crate) fn run(
                             cached: compiled.1,
                             device: dev.ordinal,
                         });
-                        release_reads(step, i, &last_read, g, &mut bufs);
+                        release_reads(step, i, &last_read, &kept, &mut bufs);
                         continue;
                     }
                 }
@@ -947,7 +938,7 @@ pub(crate) fn run(
                             cached,
                             device: dev.ordinal,
                         });
-                        release_reads(step, i, &last_read, g, &mut bufs);
+                        release_reads(step, i, &last_read, &kept, &mut bufs);
                         continue;
                     }
                     ndfuse_codegen_cuda::RoutineCode::Host(reason) => reason,
@@ -962,20 +953,30 @@ pub(crate) fn run(
                 bufs.insert(*node, Buf::Host(out));
             }
         }
-        release_reads(step, i, &last_read, g, &mut bufs);
+        release_reads(step, i, &last_read, &kept, &mut bufs);
     }
     let mut outputs = Vec::with_capacity(g.outputs().len());
     for o in g.outputs() {
+        // An output aliasing a buffer (a reshape of all of it) is read from that buffer
+        // under its own shape.
+        let src = schedule.output_buffer(*o);
         let ty = g.ty(*o);
-        let a = match bufs.get(o) {
+        let a = match bufs.get(&src) {
             Some(Buf::Host(a)) => a.clone(),
-            Some(b) => dev.download(b.device().expect("on the device"), ty.dtype, ty.shape)?,
+            Some(b) => dev.download(
+                b.device().expect("on the device"),
+                ty.dtype,
+                ty.shape.clone(),
+            )?,
             None => HostArray::clone(
                 inputs
-                    .get(o)
+                    .get(&src)
                     .unwrap_or_else(|| panic!("output {o} was never computed (a scheduling bug)")),
             ),
         };
+        let a = a
+            .reshaped(ty.shape)
+            .expect("an aliased output has its buffer's element count");
         outputs.push(a);
     }
     dev.stream

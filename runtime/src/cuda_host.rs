@@ -8,7 +8,9 @@ use crate::error::RuntimeError;
 use crate::routines::run_routine;
 use crate::step_path::StepPath;
 use cudarc::driver::CudaSlice;
-use ndfuse_ir::{HostArray, Node, TensorType};
+use ndfuse_ir::{HostArray, Node, NodeId, TensorType};
+use ndfuse_passes::Step;
+use std::collections::HashMap;
 
 /// Routine `node` on the host (the device has no kernel for it, for `reason`): its CPU
 /// routine, else the interpreter; with the path that says which.
@@ -119,4 +121,21 @@ pub(crate) fn check_scatter_indices(
         extent: n,
     }
     .into())
+}
+
+/// Drops the buffers step `i` read last (not the graph's outputs, nor a buffer an
+/// output aliases: `kept`): back to the device cache, where later allocations are
+/// ordered after this step's launches on the one stream.
+pub(crate) fn release_reads<B>(
+    step: &Step,
+    i: usize,
+    last_read: &HashMap<NodeId, usize>,
+    kept: &[NodeId],
+    bufs: &mut HashMap<NodeId, B>,
+) {
+    for &r in step.reads() {
+        if last_read.get(&r) == Some(&i) && !kept.contains(&r) {
+            bufs.remove(&r);
+        }
+    }
 }

@@ -218,6 +218,29 @@ fn relu_of_a_convolution_with_bias_is_the_products_epilogue() {
 }
 
 #[test]
+fn a_rectified_convolution_as_the_output_is_two_kernels() {
+    // The relu moves above the output's reshape, into the product's epilogue; the
+    // output is the product's buffer under the NCHW shape (no copy).
+    let ctx = Context::new();
+    let x = ctx.rand_uniform(&[2, 8, 10, 10], -1.0, 1.0, 1);
+    let w = ctx.rand_uniform(&[16, 8, 3, 3], -1.0, 1.0, 2);
+    let (x, w) = (
+        ctx.from_array(&x.eval().expect("x")),
+        ctx.from_array(&w.eval().expect("w")),
+    );
+    let same = Conv::new().padding(1);
+    let y = x.conv2d(&w, None, &same).relu();
+    let (out, report) = ctx.eval_report(&[&y]).expect("eval");
+    let graph = report.evaluation().annotated_graph();
+    assert_eq!(report.kernel_count(), 2, "{graph}");
+    assert!(graph.contains("reshaped (no copy)"), "{graph}");
+    assert_eq!(out[0].shape(), &[2, 16, 10, 10]);
+    let alone = x.conv2d(&w, None, &same).eval().expect("conv");
+    let want = ctx.from_array(&alone).relu().eval().expect("relu");
+    assert_eq!(out[0].to_f64_vec(), want.to_f64_vec());
+}
+
+#[test]
 fn conv_batch_norm_relu_and_a_residual_are_the_products_epilogue() {
     // Inference batch norm folds into a per-channel scale and shift (one kernel of O
     // elements); the scale and shift, the relu and the residual add join the product's

@@ -97,6 +97,23 @@ impl Fuser<'_> {
                 }
             }
         }
+        // An output that is a view reading a whole buffer in order (a reshape of a
+        // kernel's stored value, say) is that buffer under the output's shape: the
+        // runtime hands it back without a copy.
+        for &o in self.g.outputs() {
+            if self.role[&o] != Role::View {
+                continue;
+            }
+            if let Source::Buffer { base, view } = self.resolve_below(o) {
+                let whole = view.offset == 0
+                    && view.is_contiguous()
+                    && view.shape.numel() == self.g.node(base).shape.numel();
+                if whole {
+                    self.stored.remove(&o);
+                    self.reshaped_outputs.insert(o, base);
+                }
+            }
+        }
         // A GEMM reads its operands from memory: a constant or random operand (or a view
         // of one) is filled into a buffer first.
         for n in self.order.clone() {

@@ -88,6 +88,8 @@ pub(super) struct Fuser<'g> {
     pub(super) stored: BTreeMap<NodeId, String>,
     /// Views (and constants) copied into a buffer of their own.
     pub(super) copies: BTreeSet<NodeId>,
+    /// Outputs of the graph that are a whole buffer reshaped: the buffer's node.
+    pub(super) reshaped_outputs: BTreeMap<NodeId, NodeId>,
     pub(super) target: TargetDesc,
     /// Whether nodes may share kernels at all.
     pub(super) fuse: bool,
@@ -140,6 +142,7 @@ impl<'g> Fuser<'g> {
             groups: Vec::new(),
             stored: BTreeMap::new(),
             copies: BTreeSet::new(),
+            reshaped_outputs: BTreeMap::new(),
             target,
             fuse: true,
             share: true,

@@ -86,6 +86,9 @@ impl Fuser<'_> {
             };
             placement.insert(n, p);
         }
+        for (&o, &of) in &self.reshaped_outputs {
+            placement.insert(o, Placement::Alias { of });
+        }
         // Every member lives in the step of its group; stored ones say why.
         let mut group_step: HashMap<usize, usize> = HashMap::new();
         for (si, step) in steps.iter().enumerate() {
